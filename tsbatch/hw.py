@@ -1,0 +1,381 @@
+"""Hardware specifications: ``hw/*.toml`` loaded into frozen dataclasses.
+
+Each GPU file has sections ``[identity]`` (strings), ``[sm]``, ``[compute]``,
+``[memory]``, ``[launch]`` (spec numbers), optional ``[measured]`` (the same
+keys, microbenchmark values that override the spec for prediction) and
+optional ``[calibration]`` (the named per-GPU model constants of
+:data:`CALIBRATION_DEFAULTS`). Every number is written as an inline table
+``{ value = ..., source = "..." }`` so that each carries its provenance.
+
+Look a spec up by any of its aliases with :func:`get_hw`; an unknown name
+raises :class:`UnknownHardwareError` listing the known ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Mapping
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+__all__ = [
+    "HwSpec",
+    "UnknownHardwareError",
+    "HwFileError",
+    "CALIBRATION_DEFAULTS",
+    "get_hw",
+    "list_hw",
+    "load_hw_file",
+    "hw_dir",
+]
+
+#: Named per-GPU calibration constants, their defaults and meaning. A GPU file
+#: may set any of them in ``[calibration]`` with a ``source`` saying how the
+#: value was obtained. Nothing else is fitted (DESIGN.md, "Calibration").
+CALIBRATION_DEFAULTS: dict[str, tuple[float, str]] = {
+    "tc_efficiency": (
+        1.0,
+        "fraction of the measured tensor-core peak that a software-pipelined "
+        "tile loop sustains once fed (instruction issue, fragment loads)",
+    ),
+    "l2_capacity_fraction": (
+        1.0,
+        "fraction of the nominal L2 that holds distinct data (partitioned L2s "
+        "duplicate lines across halves)",
+    ),
+    "dram_efficiency": (
+        1.0,
+        "fraction of the measured DRAM bandwidth reached by tile loads",
+    ),
+    "launch_overhead_us": (
+        0.0,
+        "fixed per-kernel time not covered by the tile pipeline (launch, grid "
+        "setup, teardown); overrides [launch] when set",
+    ),
+    "iter_overhead_cycles": (
+        0.0,
+        "fixed SM cycles per reduction-loop iteration of one tile (barrier, "
+        "address arithmetic, loop control), not overlapped with the MMA",
+    ),
+    "tile_overhead_cycles": (
+        0.0,
+        "fixed SM cycles per tile outside the loop (index math, epilogue "
+        "conversion, store issue)",
+    ),
+    "mem_latency_us": (
+        0.6,
+        "latency of one global-memory tile load on an idle chip (fill cost of "
+        "the pipeline prologue)",
+    ),
+    "wgmma_min_warps": (
+        4.0,
+        "warps per block from which a Hopper Triton kernel issues warpgroup MMA "
+        "(one warpgroup = 4 warps)",
+    ),
+}
+
+_NUMERIC_SECTIONS = ("sm", "compute", "memory", "launch")
+
+_SM_KEYS = (
+    "count",
+    "clock_mhz",
+    "max_warps",
+    "max_threads",
+    "max_blocks",
+    "max_threads_per_block",
+    "registers",
+    "max_registers_per_thread",
+    "register_alloc_unit",
+    "smem_bytes",
+    "smem_per_block_bytes",
+    "smem_reserved_per_block_bytes",
+    "smem_bytes_per_clk",
+    "warp_schedulers",
+)
+_COMPUTE_KEYS = (
+    "tc_fp16_tflops",
+    "tc_bf16_tflops",
+    "tc_tf32_tflops",
+    "tc_fp8_tflops",
+    "fp32_tflops",
+    "sfu_tops",
+    "mma_sync_fraction",
+)
+_MEMORY_KEYS = (
+    "l2_bytes",
+    "l2_assoc",
+    "l2_line_bytes",
+    "l2_bw_tbps",
+    "l15_bytes",
+    "l15_group_sms",
+    "l15_bw_tbps",
+    "l15_assoc",
+    "dram_bytes",
+    "dram_bw_tbps",
+)
+_LAUNCH_KEYS = ("launch_overhead_us",)
+_REQUIRED = {
+    "sm": _SM_KEYS,
+    "compute": _COMPUTE_KEYS,
+    "memory": _MEMORY_KEYS,
+    "launch": _LAUNCH_KEYS,
+}
+_MMA_KINDS = ("mma_sync", "wgmma", "tcgen05", "mfma")
+
+
+class UnknownHardwareError(KeyError):
+    """Raised for a GPU name that no ``hw/*.toml`` file declares."""
+
+    def __str__(self) -> str:  # KeyError quotes its message otherwise
+        return str(self.args[0])
+
+
+class HwFileError(ValueError):
+    """Raised for a malformed hardware file; names the file and the key."""
+
+
+@dataclass(frozen=True)
+class HwSpec:
+    """One GPU, spec and measured values side by side.
+
+    Field names carry units. ``sm_*`` are per SM, rates are whole-chip.
+    Prediction uses :meth:`rate` which prefers ``[measured]`` values.
+    """
+
+    key: str
+    name: str
+    aliases: tuple[str, ...]
+    vendor: str
+    arch: str
+    compute_capability: str
+    mma: str
+    # per SM
+    sm_count: int
+    clock_mhz: float
+    sm_max_warps: int
+    sm_max_threads: int
+    sm_max_blocks: int
+    max_threads_per_block: int
+    sm_registers: int
+    max_registers_per_thread: int
+    register_alloc_unit: int
+    sm_smem_bytes: int
+    smem_per_block_bytes: int
+    smem_reserved_per_block_bytes: int
+    smem_bytes_per_clk: float
+    warp_schedulers: int
+    # compute, whole chip, dense
+    tc_fp16_tflops: float
+    tc_bf16_tflops: float
+    tc_tf32_tflops: float
+    tc_fp8_tflops: float
+    fp32_tflops: float
+    sfu_tops: float
+    mma_sync_fraction: float
+    # memory
+    l2_bytes: int
+    l2_assoc: int
+    l2_line_bytes: int
+    l2_bw_tbps: float
+    l15_bytes: int
+    l15_group_sms: int
+    l15_bw_tbps: float
+    l15_assoc: int
+    dram_bytes: int
+    dram_bw_tbps: float
+    launch_overhead_us: float
+    measured: Mapping[str, float] = field(default_factory=dict)
+    calibration: Mapping[str, float] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
+    file_sha256: str = ""
+
+    # ------------------------------------------------------------------
+    def rate(self, key: str) -> float:
+        """The value used for prediction: measured if the file has one, else spec."""
+        if key in self.measured:
+            return float(self.measured[key])
+        return float(getattr(self, key))
+
+    def cal(self, key: str) -> float:
+        """A calibration constant (default from :data:`CALIBRATION_DEFAULTS`)."""
+        if key in self.calibration:
+            return float(self.calibration[key])
+        return CALIBRATION_DEFAULTS[key][0]
+
+    @property
+    def has_l15(self) -> bool:
+        return self.l15_bytes > 0 and self.l15_group_sms > 0 and self.l15_bw_tbps > 0
+
+    def tc_tflops(self, dtype: str) -> float:
+        """Dense tensor-core peak for an input dtype (measured fp16 scales the others)."""
+        spec = {
+            "float16": self.tc_fp16_tflops,
+            "bfloat16": self.tc_bf16_tflops,
+            "tf32": self.tc_tf32_tflops,
+            "float8": self.tc_fp8_tflops,
+        }[dtype]
+        if "tc_fp16_tflops" in self.measured and self.tc_fp16_tflops > 0:
+            return spec * self.measured["tc_fp16_tflops"] / self.tc_fp16_tflops
+        return spec
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["aliases"] = list(self.aliases)
+        return d
+
+    def fingerprint(self) -> str:
+        """Short hash over every value, for result metadata."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------
+def hw_dir() -> Path:
+    """Directory holding the GPU TOML files (installed package or source tree)."""
+    try:
+        p = resources.files("tsbatch._hw")
+        path = Path(str(p))
+        if path.is_dir() and any(path.glob("*.toml")):
+            return path
+    except (ModuleNotFoundError, TypeError):  # pragma: no cover - odd installs
+        pass
+    return Path(__file__).resolve().parent.parent / "hw"
+
+
+def _num(path: Path, section: str, key: str, entry) -> tuple[float, str]:
+    if not isinstance(entry, dict) or "value" not in entry or "source" not in entry:
+        raise HwFileError(
+            f"{path}: [{section}] {key} must be an inline table "
+            "{ value = <number>, source = \"...\" }"
+        )
+    value = entry["value"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise HwFileError(f"{path}: [{section}] {key}.value must be a number, got {value!r}")
+    if value < 0:
+        raise HwFileError(f"{path}: [{section}] {key}.value must be >= 0, got {value!r}")
+    source = entry["source"]
+    if not isinstance(source, str) or not source.strip():
+        raise HwFileError(f"{path}: [{section}] {key}.source must be a non-empty string")
+    return value, source
+
+
+def load_hw_file(path: str | Path) -> HwSpec:
+    """Parse one GPU TOML file into a :class:`HwSpec` (strict: every key, every source)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh:
+            raw_bytes = fh.read()
+        doc = tomllib.loads(raw_bytes.decode())
+    except OSError as exc:
+        raise HwFileError(f"{path}: cannot read hardware file ({exc.strerror})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise HwFileError(f"{path}: invalid TOML ({exc})") from exc
+
+    ident = doc.get("identity")
+    if not isinstance(ident, dict):
+        raise HwFileError(f"{path}: missing [identity] section")
+    for k in ("name", "aliases", "vendor", "arch", "compute_capability", "mma"):
+        if k not in ident:
+            raise HwFileError(f"{path}: [identity] lacks '{k}'")
+    if ident["mma"] not in _MMA_KINDS:
+        raise HwFileError(f"{path}: [identity] mma must be one of {_MMA_KINDS}, got {ident['mma']!r}")
+
+    values: dict[str, float] = {}
+    sources: dict[str, str] = {}
+    for section, keys in _REQUIRED.items():
+        sec = doc.get(section)
+        if not isinstance(sec, dict):
+            raise HwFileError(f"{path}: missing [{section}] section")
+        for k in keys:
+            if k not in sec:
+                raise HwFileError(f"{path}: [{section}] lacks '{k}'")
+            v, s = _num(path, section, k, sec[k])
+            fname = f"sm_{k}" if section == "sm" and k in (
+                "count", "max_warps", "max_threads", "max_blocks", "registers", "smem_bytes"
+            ) else k
+            values[fname] = v
+            sources[f"{section}.{k}"] = s
+        extra = set(sec) - set(keys)
+        if extra:
+            raise HwFileError(f"{path}: [{section}] has unknown keys {sorted(extra)}")
+
+    measured: dict[str, float] = {}
+    for k, entry in (doc.get("measured") or {}).items():
+        v, s = _num(path, "measured", k, entry)
+        target = k
+        if target not in values:
+            raise HwFileError(f"{path}: [measured] {k} matches no spec key")
+        measured[target] = float(v)
+        sources[f"measured.{k}"] = s
+
+    calibration: dict[str, float] = {}
+    for k, entry in (doc.get("calibration") or {}).items():
+        if k not in CALIBRATION_DEFAULTS:
+            raise HwFileError(
+                f"{path}: [calibration] {k} is not a known constant; known: {sorted(CALIBRATION_DEFAULTS)}"
+            )
+        v, s = _num(path, "calibration", k, entry)
+        calibration[k] = float(v)
+        sources[f"calibration.{k}"] = s
+
+    ints = {
+        "sm_count", "sm_max_warps", "sm_max_threads", "sm_max_blocks",
+        "max_threads_per_block", "sm_registers", "max_registers_per_thread",
+        "register_alloc_unit", "sm_smem_bytes", "smem_per_block_bytes",
+        "smem_reserved_per_block_bytes", "warp_schedulers", "l2_bytes", "l2_assoc",
+        "l2_line_bytes", "l15_bytes", "l15_group_sms", "l15_assoc", "dram_bytes",
+    }
+    kwargs = {k: (int(v) if k in ints else float(v)) for k, v in values.items()}
+    return HwSpec(
+        key=path.stem,
+        name=str(ident["name"]),
+        aliases=tuple(str(a).lower() for a in ident["aliases"]),
+        vendor=str(ident["vendor"]),
+        arch=str(ident["arch"]),
+        compute_capability=str(ident["compute_capability"]),
+        mma=str(ident["mma"]),
+        measured=measured,
+        calibration=calibration,
+        sources=sources,
+        file_sha256=hashlib.sha256(raw_bytes).hexdigest(),
+        **kwargs,
+    )
+
+
+@lru_cache(maxsize=None)
+def _registry() -> dict[str, HwSpec]:
+    reg: dict[str, HwSpec] = {}
+    for p in sorted(hw_dir().glob("*.toml")):
+        spec = load_hw_file(p)
+        for name in (spec.key, *spec.aliases):
+            other = reg.get(name)
+            if other is not None and other.key != spec.key:
+                raise HwFileError(f"{p}: alias '{name}' already used by {other.key}.toml")
+            reg[name] = spec
+    return reg
+
+
+def list_hw() -> list[str]:
+    """File keys of every known GPU (``a100``, ``h100_sxm``, ...)."""
+    return sorted({s.key for s in _registry().values()})
+
+
+def get_hw(name: str | HwSpec) -> HwSpec:
+    """Look a GPU up by file key or alias, case-insensitively."""
+    if isinstance(name, HwSpec):
+        return name
+    reg = _registry()
+    key = str(name).strip().lower().replace(" ", "_")
+    if key in reg:
+        return reg[key]
+    known = ", ".join(sorted(reg))
+    raise UnknownHardwareError(f"unknown GPU '{name}'; known names: {known}")
