@@ -1,0 +1,97 @@
+"""What a kernel family is: its candidate columns and a vectorized lowering.
+
+A family declares the columns a candidate table must (or may) have, with
+types, defaults and meaning, which workload columns identify a problem
+(for ranking), and a ``lower`` function that turns the whole batch of
+candidates into a :class:`TilePlan`: the struct-of-arrays tile plan that
+the generic numba kernels of :mod:`tsbatch.kernels` consume. Adding a
+family adds no numba code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["Column", "TilePlan", "Family"]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One candidate column. ``kind`` is ``int``, ``str``, ``bool`` or ``float``."""
+
+    name: str
+    kind: str
+    doc: str
+    required: bool = True
+    default: object = None
+    positive: bool = False
+    choices: tuple = ()
+
+
+@dataclass
+class TilePlan:
+    """A batch of lowered tile plans, one entry per candidate row (SoA).
+
+    Grid and order: ``g0, g1, g2`` tiles along three grid dimensions, the
+    launch ``order`` code and its ``group``; ``ksteps`` reduction-loop
+    iterations per tile; ``stages`` software-pipeline stages.
+
+    Per block: ``smem_block`` bytes, ``regs_thread``, ``threads``.
+
+    Tensor accesses (``T`` tensors): ``t_mask`` reuse-dimension bit masks,
+    ``t_per_step`` cadence flags and ``t_bytes`` block bytes, each ``(n, T)``.
+
+    Resource vector (Eq. 1): ``work_iter`` and ``work_epi`` ``(n, N_RES)`` in
+    FLOPs or bytes, before the cache split: the memory columns hold the
+    bytes *requested* from global memory, which the cache model splits into
+    L1.5, L2 and DRAM traffic. ``rate`` ``(n, N_RES)`` per microsecond.
+    """
+
+    g0: np.ndarray
+    g1: np.ndarray
+    g2: np.ndarray
+    order: np.ndarray
+    group: np.ndarray
+    ksteps: np.ndarray
+    stages: np.ndarray
+    smem_block: np.ndarray
+    regs_thread: np.ndarray
+    threads: np.ndarray
+    warps: np.ndarray
+    t_mask: np.ndarray
+    t_per_step: np.ndarray
+    t_bytes: np.ndarray
+    work_iter: np.ndarray
+    work_epi: np.ndarray
+    rate: np.ndarray
+    warps_full: float
+    lat_us: np.ndarray
+    ovh_iter_us: np.ndarray
+    ovh_tile_us: np.ndarray
+    launch_us: np.ndarray
+    persistent: np.ndarray
+    useful_flops: np.ndarray
+    extra: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.g0.shape[0])
+
+
+@dataclass(frozen=True)
+class Family:
+    """A kernel family: columns, problem key and lowering."""
+
+    name: str
+    columns: tuple[Column, ...]
+    workload_columns: tuple[str, ...]
+    lower: Callable[..., TilePlan]
+    doc: str = ""
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)

@@ -1,0 +1,876 @@
+"""Accuracy benchmark: the model against measured kernel times.
+
+``tsbatch accuracy MEASURED.parquet [MORE.parquet ...] [--hw NAME] --json REPORT.json``
+reads measured data in the schemas of ``../shared/data`` (see its README),
+predicts every measured configuration with the model, and reports how close
+the predictions are, overall and per group (GPU, dtype, backend or family).
+
+Pipeline, all columnar (no Python loop per row):
+
+1. Read each file and detect its kernel family from its columns
+   (:data:`FAMILIES`). Families without a predictor (:data:`PREDICTORS`) are
+   counted as skipped, by rows, never silently dropped.
+2. Map the GPU: the ``gpu`` column, else the file-name prefix
+   (``h100_...``), else ``--hw``; ``--hw`` overrides all three when given.
+   Names resolve through :func:`tsbatch.hw.get_hw` to a ``hw/*.toml`` key.
+3. Drop rows whose time is not finite (configurations that failed to run),
+   counting them; aggregate repeated measurements of one configuration by
+   their median.
+4. Predict with the family's predictor (for GEMM :func:`tsbatch.evaluate.evaluate`),
+   one call per GPU.
+5. Compute :data:`tsbatch.metrics.METRICS` overall and per group.
+
+The predictors are injectable (``predictors={"gemm": fn}``) so the benchmark
+and its tests do not depend on the model, and so attention or collective
+predictors can be registered once the model supports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import polars as pl
+
+from tsbatch.errors import InputError
+from tsbatch.hw import UnknownHardwareError, get_hw, list_hw
+from tsbatch.metrics import METRICS, accuracy_metrics
+
+__all__ = [
+    "FamilySpec",
+    "FAMILIES",
+    "PREDICTORS",
+    "Predictor",
+    "GROUP_KEYS",
+    "AccuracyResult",
+    "Threshold",
+    "run_accuracy",
+    "load_measured",
+    "detect_family",
+    "parse_threshold",
+    "check_thresholds",
+    "format_table",
+    "write_markdown_report",
+    "add_parser",
+    "run",
+]
+
+#: A predictor takes the family's input columns (one row per configuration)
+#: and a ``hw/*.toml`` key, and returns a frame of the same height, in the same
+#: row order, with ``latency_us`` (float, NaN when infeasible) and ``feasible``.
+Predictor = Callable[[pl.DataFrame, str], pl.DataFrame]
+
+#: Columns of a group in the report, in order.
+GROUP_KEYS: tuple[str, ...] = ("gpu", "family", "dtype", "backend")
+
+#: Selector keys allowed in a threshold (``mape_pct[gpu=*,backend=triton]=15``).
+_SELECTOR_KEYS = GROUP_KEYS
+
+
+# ----------------------------------------------------------------------
+# kernel families of measured data
+# ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class FamilySpec:
+    """How one kernel family's measured files look.
+
+    Attributes
+    ----------
+    name : str
+        Family name, the key of :data:`PREDICTORS`.
+    detect : frozenset of str
+        Columns whose presence identifies the family (first match wins, in
+        :data:`FAMILIES` order).
+    time_col : str
+        Measured time column; ``time_scale_us`` converts it to microseconds.
+    problem_cols : tuple of str
+        Columns that identify one workload (without the GPU).
+    config_cols : tuple of str
+        Columns that identify one configuration of a workload (schedule).
+    unit_cols : tuple of str
+        Columns of ``config_cols`` that split a problem into sets of
+        configurations ranked separately (GEMM: ``backend``).
+    defaults : mapping
+        Columns filled when absent: name -> (value, polars dtype).
+    casts : mapping
+        Canonical dtype of each column the family keeps.
+    backend : str or None
+        Column giving the group's ``backend``; ``None`` uses the family name.
+    has_gpu : bool
+        Whether the data were taken on one GPU (``gpu`` column or file
+        prefix); collectives are measured on systems and have none.
+    together : tuple of str
+        Defaulted columns that come all or none (GEMM tile columns): a file
+        with some of them must have all.
+    """
+
+    name: str
+    detect: frozenset
+    time_col: str
+    time_scale_us: float
+    problem_cols: tuple[str, ...]
+    config_cols: tuple[str, ...]
+    unit_cols: tuple[str, ...] = ()
+    defaults: Mapping[str, tuple[object, pl.DataType]] = field(default_factory=dict)
+    casts: Mapping[str, pl.DataType] = field(default_factory=dict)
+    backend: str | None = None
+    has_gpu: bool = True
+    together: tuple[str, ...] = ()
+
+    @property
+    def input_cols(self) -> tuple[str, ...]:
+        """Columns handed to the predictor."""
+        return self.problem_cols + self.config_cols
+
+
+_TILE_COLS = ("block_m", "block_n", "block_k", "num_stages", "num_warps", "group_m")
+
+GEMM = FamilySpec(
+    name="gemm",
+    detect=frozenset({"m", "n", "k"}),
+    time_col="time_ms",
+    time_scale_us=1000.0,
+    problem_cols=("m", "n", "k", "dtype", "a_row_major", "b_row_major", "tf32"),
+    config_cols=("backend", *_TILE_COLS),
+    unit_cols=("backend",),
+    # Library-only sets (LLMCompass) carry no layout: both operands row-major,
+    # as in torch.matmul of contiguous tensors; no tile columns.
+    defaults={
+        "a_row_major": (True, pl.Boolean),
+        "b_row_major": (True, pl.Boolean),
+        "tf32": (False, pl.Boolean),
+        **{c: (None, pl.Int32) for c in _TILE_COLS},
+    },
+    casts={
+        "m": pl.Int64, "n": pl.Int64, "k": pl.Int64, "dtype": pl.String,
+        "a_row_major": pl.Boolean, "b_row_major": pl.Boolean, "tf32": pl.Boolean,
+        "backend": pl.String, **{c: pl.Int32 for c in _TILE_COLS},
+    },
+    backend="backend",
+    together=_TILE_COLS,
+)
+
+ATTENTION = FamilySpec(
+    name="attention",
+    detect=frozenset({"seq_len", "head_dim"}),
+    time_col="time_ms",
+    time_scale_us=1000.0,
+    problem_cols=("batch", "heads", "seq_len", "head_dim", "dtype", "score_mod_nodes"),
+    config_cols=("block_m", "block_n", "num_stages", "num_warps"),
+    casts={
+        "batch": pl.Int64, "heads": pl.Int64, "seq_len": pl.Int64, "head_dim": pl.Int64,
+        "dtype": pl.String, "score_mod_nodes": pl.Int32,
+        "block_m": pl.Int32, "block_n": pl.Int32, "num_stages": pl.Int32, "num_warps": pl.Int32,
+    },
+)
+
+COLLECTIVE = FamilySpec(
+    name="collective",
+    detect=frozenset({"collective", "bytes"}),
+    time_col="time_ms_median",
+    time_scale_us=1000.0,
+    problem_cols=("system", "collective", "num_gpus", "gpus_per_node", "bytes"),
+    config_cols=(),
+    casts={
+        "system": pl.String, "collective": pl.String, "num_gpus": pl.Int32,
+        "gpus_per_node": pl.Int32, "bytes": pl.Int64,
+    },
+    backend="collective",
+    has_gpu=False,
+)
+
+#: Known measured-data families, in detection order.
+FAMILIES: tuple[FamilySpec, ...] = (GEMM, ATTENTION, COLLECTIVE)
+
+
+def _gemm_predictor(frame: pl.DataFrame, hw: str) -> pl.DataFrame:
+    from tsbatch.evaluate import evaluate  # the evaluator lands separately
+
+    return evaluate(frame, hw)
+
+
+#: Default predictor per family. Families absent here are reported as skipped.
+PREDICTORS: dict[str, Predictor] = {"gemm": _gemm_predictor}
+
+
+# ----------------------------------------------------------------------
+# loading
+# ----------------------------------------------------------------------
+def _read(path: Path) -> pl.DataFrame:
+    if not path.exists():
+        raise InputError(f"{path}: measured file not found")
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, expected a Parquet file")
+    try:
+        return pl.read_parquet(path)
+    except Exception as exc:  # polars raises several kinds for a bad file
+        raise InputError(f"{path}: cannot read as Parquet ({type(exc).__name__}: {exc})") from exc
+
+
+def detect_family(columns: Sequence[str], path: str | Path = "<frame>") -> FamilySpec:
+    """The :class:`FamilySpec` whose ``detect`` columns ``columns`` contain."""
+    cols = set(columns)
+    for spec in FAMILIES:
+        if spec.detect <= cols:
+            return spec
+    wanted = "; ".join(f"{s.name}: {', '.join(sorted(s.detect))}" for s in FAMILIES)
+    raise InputError(
+        f"{path}: cannot tell the kernel family from its columns {sorted(cols)}; "
+        f"expected one of ({wanted})"
+    )
+
+
+def _check_types(df: pl.DataFrame, spec: FamilySpec, path: Path) -> None:
+    for col, dtype in spec.casts.items():
+        if col not in df.columns:
+            continue
+        have = df.schema[col]
+        if have == pl.Null:
+            continue
+        ok = (
+            (dtype.is_integer() and have.is_integer())
+            or (dtype == pl.Boolean and have == pl.Boolean)
+            or (dtype == pl.String and have in (pl.String, pl.Categorical, pl.Enum) )
+        )
+        if not ok:
+            raise InputError(f"{path}: column '{col}' has type {have}, expected {dtype}")
+    t = df.schema[spec.time_col]
+    if not t.is_numeric():
+        raise InputError(f"{path}: column '{spec.time_col}' has type {t}, expected a float time")
+
+
+def _prepare(df: pl.DataFrame, spec: FamilySpec, path: Path) -> pl.DataFrame:
+    """Check columns and types, fill defaults, cast to the canonical schema."""
+    if spec.time_col not in df.columns:
+        raise InputError(f"{path}: missing time column '{spec.time_col}' ({spec.name} data)")
+    fills = []
+    partial = any(c in df.columns for c in spec.together)
+    for col, (value, dtype) in spec.defaults.items():
+        if col not in df.columns and not (partial and col in spec.together):
+            fills.append(pl.lit(value, dtype=dtype).alias(col))
+    if spec is GEMM and "backend" not in df.columns:
+        # no backend column: tile columns name a Triton configuration, else a library kernel
+        has_tiles = "block_m" in df.columns
+        fills.append(
+            (pl.when(pl.col("block_m").is_not_null()).then(pl.lit("triton")).otherwise(pl.lit("cublas"))
+             if has_tiles else pl.lit("cublas")).alias("backend")
+        )
+    if fills:
+        df = df.with_columns(fills)
+    missing = [c for c in spec.input_cols if c not in df.columns]
+    if missing:
+        raise InputError(f"{path}: missing column(s) {', '.join(repr(c) for c in missing)} ({spec.name} data)")
+    _check_types(df, spec, path)
+    keep = list(spec.input_cols) + [spec.time_col] + (["gpu"] if "gpu" in df.columns else [])
+    df = df.select(keep).with_columns(
+        [pl.col(c).cast(t) for c, t in spec.casts.items()]
+        + [pl.col(spec.time_col).cast(pl.Float64)]
+    )
+    if "tf32" in df.columns:
+        df = df.with_columns(pl.col("tf32").fill_null(False))
+    return df
+
+
+def _resolve_gpu(name: str, what: str) -> str:
+    try:
+        return get_hw(name).key
+    except UnknownHardwareError:
+        raise InputError(f"{what}: unknown GPU '{name}'; known: {', '.join(list_hw())}") from None
+
+
+def _gpu_from_prefix(path: Path) -> str | None:
+    prefix = path.stem.split("_", 1)[0]
+    try:
+        return get_hw(prefix).key
+    except UnknownHardwareError:
+        return None
+
+
+def _attach_gpu(df: pl.DataFrame, path: Path, hw: str | None) -> pl.DataFrame:
+    """Add ``_hw`` (a ``hw/*.toml`` key) to every row."""
+    if hw is not None:
+        if "gpu" in df.columns:
+            names = [g for g in df["gpu"].unique().to_list() if g is not None]
+            keys = {_resolve_gpu(str(g), f"{path}: column 'gpu'") for g in names}
+            if len(keys) > 1:
+                raise InputError(
+                    f"{path}: column 'gpu' names several GPUs {sorted(keys)}; "
+                    f"--hw {hw} cannot stand for all of them"
+                )
+        return df.with_columns(pl.lit(hw).alias("_hw"))
+    fallback = _gpu_from_prefix(path)
+    if "gpu" not in df.columns:
+        if fallback is None:
+            raise InputError(
+                f"{path}: no 'gpu' column and the file name does not start with a known GPU "
+                f"(known: {', '.join(list_hw())}); pass --hw"
+            )
+        return df.with_columns(pl.lit(fallback).alias("_hw"))
+    if df["gpu"].null_count() and fallback is None:
+        raise InputError(f"{path}: column 'gpu' has null values and the file name names no GPU; pass --hw")
+    names = df["gpu"].drop_nulls().unique().to_list()
+    mapping = {str(g): _resolve_gpu(str(g), f"{path}: column 'gpu'") for g in names}
+    return df.with_columns(
+        pl.col("gpu").cast(pl.String).replace_strict(mapping, default=fallback, return_dtype=pl.String).alias("_hw")
+    )
+
+
+def _select_problems(
+    df: pl.DataFrame,
+    problem_cols: list[str],
+    limit: int | None,
+    sample: int | None,
+    seed: int,
+) -> pl.DataFrame:
+    if limit is None and sample is None:
+        return df
+    problems = df.select(problem_cols).unique().sort(problem_cols, nulls_last=True)
+    if limit is not None:
+        chosen = problems.head(limit)
+    else:
+        chosen = problems.sample(n=min(sample, problems.height), seed=seed, shuffle=True)
+    chosen = chosen.with_columns(_chosen=pl.lit(True))
+    # problem columns are never null after _prepare: a plain join is exact
+    return df.join(chosen, on=problem_cols, how="left").filter(pl.col("_chosen").fill_null(False)).drop("_chosen")
+
+
+def _dtype_label(spec: FamilySpec) -> pl.Expr:
+    if "dtype" not in spec.problem_cols:
+        return pl.lit("n/a").alias("dtype")
+    if "tf32" in spec.problem_cols:
+        return (
+            pl.when((pl.col("dtype") == "float32") & pl.col("tf32"))
+            .then(pl.lit("tf32"))
+            .otherwise(pl.col("dtype"))
+            .alias("dtype")
+        )
+    return pl.col("dtype").alias("dtype")
+
+
+@dataclass
+class _Loaded:
+    frames: dict[str, list[pl.DataFrame]] = field(default_factory=dict)
+    skipped_rows: dict[str, int] = field(default_factory=dict)
+    skipped_files: dict[str, list[str]] = field(default_factory=dict)
+    nonfinite_rows: int = 0
+    nonpositive_rows: int = 0
+    raw_rows: int = 0
+    files: list[str] = field(default_factory=list)
+
+
+def load_measured(
+    paths: Sequence[str | Path],
+    *,
+    hw: str | None = None,
+    families: Sequence[str] = ("gemm",),
+    limit_problems: int | None = None,
+    sample_problems: int | None = None,
+    seed: int = 0,
+) -> _Loaded:
+    """Read, validate, filter and median-aggregate measured files.
+
+    Rows of families not in ``families`` are counted, not loaded. Each
+    returned frame has ``_hw``, ``_problem`` (an id unique over all files),
+    ``_unit``, the family's input columns and ``measured_us``.
+    """
+    if not paths:
+        raise InputError("no measured file given")
+    if hw is not None:
+        hw = _resolve_gpu(hw, "--hw")
+    for name, value in (("--limit-problems", limit_problems), ("--sample-problems", sample_problems)):
+        if value is not None and value < 1:
+            raise InputError(f"{name} must be >= 1, got {value}")
+    out = _Loaded()
+    next_problem = 0
+    next_unit = 0
+    for raw_path in paths:
+        path = Path(raw_path)
+        df = _read(path)
+        spec = detect_family(df.columns, path)
+        out.files.append(str(path))
+        if spec.name not in families:
+            out.skipped_rows[spec.name] = out.skipped_rows.get(spec.name, 0) + df.height
+            out.skipped_files.setdefault(spec.name, []).append(str(path))
+            continue
+        out.raw_rows += df.height
+        df = _prepare(df, spec, path)
+        if spec.has_gpu:
+            df = _attach_gpu(df, path, hw)
+        else:
+            df = df.with_columns(pl.lit(hw or "n/a").alias("_hw"))
+        t = pl.col(spec.time_col)
+        finite = t.is_not_null() & t.is_finite()
+        counts = df.select(nonfinite=(~finite).sum(), nonpositive=(finite & (t <= 0)).sum()).row(0)
+        out.nonfinite_rows += int(counts[0])
+        out.nonpositive_rows += int(counts[1])
+        df = df.filter(finite & (t > 0))
+        problem_cols = ["_hw", *spec.problem_cols]
+        df = _select_problems(df, problem_cols, limit_problems, sample_problems, seed)
+        if df.height == 0:
+            continue
+        ident = [*problem_cols, *spec.config_cols]
+        agg = (
+            df.group_by(ident, maintain_order=True)
+            .agg(pl.col(spec.time_col).median().alias("_time"))
+            .with_columns(
+                measured_us=pl.col("_time") * spec.time_scale_us,
+                _problem=pl.struct(problem_cols).rank("dense").cast(pl.Int64) - 1 + next_problem,
+                _unit=pl.struct([*problem_cols, *spec.unit_cols]).rank("dense").cast(pl.Int64) - 1 + next_unit,
+            )
+            .drop("_time")
+        )
+        next_problem = int(agg["_problem"].max()) + 1
+        next_unit = int(agg["_unit"].max()) + 1
+        out.frames.setdefault(spec.name, []).append(agg)
+    return out
+
+
+# ----------------------------------------------------------------------
+# the benchmark
+# ----------------------------------------------------------------------
+@dataclass
+class AccuracyResult:
+    """Everything one accuracy run produced.
+
+    ``scored`` holds one row per measured configuration (group columns,
+    ``measured_us``, ``predicted_us``, ``feasible``, ``infeasible_reason``
+    where the predictor gives one, and the identifying columns).
+    """
+
+    overall: dict
+    groups: pl.DataFrame
+    by_gpu: pl.DataFrame
+    skipped: dict
+    scored: pl.DataFrame
+    files: list[str]
+
+    def to_json_dict(self) -> dict:
+        """The REPORT.json document: ``overall``, ``groups``, ``skipped``."""
+        return {
+            "overall": {k: _json_value(v) for k, v in self.overall.items()},
+            "groups": [{k: _json_value(v) for k, v in row.items()} for row in self.groups.to_dicts()],
+            "skipped": self.skipped,
+        }
+
+    def write_json(self, path: str | Path) -> None:
+        path = Path(path)
+        if path.parent and not path.parent.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json_dict(), indent=2, allow_nan=False) + "\n")
+
+
+def _json_value(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _predict(frame: pl.DataFrame, spec: FamilySpec, predictor: Predictor) -> pl.DataFrame:
+    parts = []
+    for (hw_key,), part in frame.group_by(["_hw"], maintain_order=True):
+        pred = predictor(part.select(spec.input_cols), hw_key)
+        if not isinstance(pred, pl.DataFrame) or pred.height != part.height:
+            raise RuntimeError(
+                f"{spec.name} predictor returned {getattr(pred, 'height', type(pred).__name__)} rows "
+                f"for {part.height} on {hw_key}"
+            )
+        if "latency_us" not in pred.columns:
+            raise RuntimeError(f"{spec.name} predictor returned no 'latency_us' column")
+        latency = pred["latency_us"].cast(pl.Float64)
+        feasible = pred["feasible"].cast(pl.Boolean) if "feasible" in pred.columns else latency.is_finite()
+        cols = [latency.alias("predicted_us"), feasible.fill_null(False).alias("feasible")]
+        if "infeasible_reason" in pred.columns:
+            cols.append(pred["infeasible_reason"].cast(pl.String).alias("infeasible_reason"))
+        parts.append(part.with_columns(cols))
+    return pl.concat(parts, how="diagonal_relaxed")
+
+
+def run_accuracy(
+    paths: Sequence[str | Path],
+    *,
+    hw: str | None = None,
+    predictors: Mapping[str, Predictor] | None = None,
+    limit_problems: int | None = None,
+    sample_problems: int | None = None,
+    seed: int = 0,
+) -> AccuracyResult:
+    """Score the model against measured files.
+
+    Parameters
+    ----------
+    paths : sequence of path
+        Measured Parquet files (any family of ``../shared/data``).
+    hw : str, optional
+        GPU for every row, overriding the ``gpu`` column and file prefix.
+    predictors : mapping, optional
+        Family -> :data:`Predictor`; default :data:`PREDICTORS`. Families
+        without one are reported in ``skipped``.
+    limit_problems, sample_problems : int, optional
+        Keep only the first N problems (in sorted order) or N problems drawn
+        with ``seed``, of each file.
+    """
+    predictors = dict(PREDICTORS if predictors is None else predictors)
+    loaded = load_measured(
+        paths, hw=hw, families=tuple(predictors), limit_problems=limit_problems,
+        sample_problems=sample_problems, seed=seed,
+    )
+    spec_by_name = {s.name: s for s in FAMILIES}
+    scored_parts = []
+    for name, frames in loaded.frames.items():
+        spec = spec_by_name[name]
+        frame = pl.concat(frames, how="vertical_relaxed")
+        frame = _predict(frame, spec, predictors[name])
+        backend = pl.col(spec.backend).cast(pl.String) if spec.backend else pl.lit(spec.name)
+        # group labels replace the input's own dtype/backend columns (tf32 stays
+        # recoverable from the 'tf32' column)
+        frame = frame.with_columns(
+            pl.col("_hw").alias("gpu"),
+            pl.lit(spec.name).alias("family"),
+            _dtype_label(spec).alias("_dtype_label"),
+            backend.alias("_backend_label"),
+        )
+        frame = frame.drop([c for c in ("dtype", "backend") if c in frame.columns]).rename(
+            {"_dtype_label": "dtype", "_backend_label": "backend"}
+        )
+        scored_parts.append(frame.drop("_hw"))
+    lead = [*GROUP_KEYS, "_problem", "_unit", "measured_us", "predicted_us", "feasible"]
+    if scored_parts:
+        scored = pl.concat(scored_parts, how="diagonal_relaxed")
+        scored = scored.select([*lead, *(c for c in scored.columns if c not in lead)])
+    else:
+        scored = pl.DataFrame(
+            schema={
+                "gpu": pl.String, "family": pl.String, "dtype": pl.String, "backend": pl.String,
+                "_problem": pl.Int64, "_unit": pl.Int64, "measured_us": pl.Float64,
+                "predicted_us": pl.Float64, "feasible": pl.Boolean,
+            }
+        )
+    overall_df = accuracy_metrics(scored, ())
+    if overall_df.height:
+        overall = overall_df.row(0, named=True)
+    else:
+        overall = {m: (0 if m in ("rows", "problems", "infeasible_rows") else None) for m in METRICS}
+    groups = accuracy_metrics(scored, GROUP_KEYS)
+    by_gpu = accuracy_metrics(scored, ("gpu", "family", "backend"))
+    skipped = {
+        "unsupported_family_rows": dict(sorted(loaded.skipped_rows.items())),
+        "unsupported_family_files": {k: v for k, v in sorted(loaded.skipped_files.items())},
+        "nonfinite_time_rows": loaded.nonfinite_rows,
+        "nonpositive_time_rows": loaded.nonpositive_rows,
+        "infeasible_rows": int(overall["infeasible_rows"] or 0),
+    }
+    return AccuracyResult(
+        overall=overall, groups=groups, by_gpu=by_gpu, skipped=skipped,
+        scored=scored, files=loaded.files,
+    )
+
+
+# ----------------------------------------------------------------------
+# thresholds
+# ----------------------------------------------------------------------
+_THRESHOLD_RE = re.compile(r"^\s*(?P<metric>[a-z0-9_]+)\s*(?:\[(?P<sel>[^\]]*)\])?\s*=\s*(?P<value>[^=\s]+)\s*$")
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """``metric`` must stay at or below (``above=True``: fails above) ``value``.
+
+    ``selector`` restricts the check to matching rows, pooled; a selector
+    value ``*`` checks each distinct value of that key separately.
+    """
+
+    metric: str
+    value: float
+    above: bool
+    selector: tuple[tuple[str, str], ...] = ()
+    text: str = ""
+
+
+def parse_threshold(text: str, *, above: bool) -> Threshold:
+    """Parse ``METRIC=VALUE`` or ``METRIC[key=val,key=*]=VALUE``.
+
+    Keys are ``gpu`` (any alias), ``family``, ``dtype``, ``backend``.
+    """
+    flag = "--fail-above" if above else "--fail-below"
+    m = _THRESHOLD_RE.match(text)
+    if not m:
+        raise InputError(
+            f"{flag} {text!r}: expected METRIC=VALUE or METRIC[key=value,...]=VALUE, "
+            f"e.g. mape_pct=15 or 'mape_pct[gpu=*,backend=triton]=15'"
+        )
+    metric = m["metric"]
+    if metric not in METRICS:
+        raise InputError(f"{flag} {text!r}: unknown metric '{metric}'; known: {', '.join(METRICS)}")
+    try:
+        value = float(m["value"])
+    except ValueError:
+        raise InputError(f"{flag} {text!r}: threshold '{m['value']}' is not a number") from None
+    selector: list[tuple[str, str]] = []
+    if m["sel"]:
+        for item in m["sel"].split(","):
+            if "=" not in item:
+                raise InputError(f"{flag} {text!r}: selector item '{item.strip()}' is not key=value")
+            key, val = (s.strip() for s in item.split("=", 1))
+            if key not in _SELECTOR_KEYS:
+                raise InputError(
+                    f"{flag} {text!r}: selector key '{key}' unknown; known: {', '.join(_SELECTOR_KEYS)}"
+                )
+            if key == "gpu" and val != "*":
+                val = _resolve_gpu(val, f"{flag} {text!r}")
+            selector.append((key, val))
+    return Threshold(metric=metric, value=value, above=above, selector=tuple(selector), text=text)
+
+
+def check_thresholds(result: AccuracyResult, thresholds: Sequence[Threshold]) -> list[str]:
+    """One message per broken threshold (empty: all hold)."""
+    broken: list[str] = []
+    for th in thresholds:
+        flag = "--fail-above" if th.above else "--fail-below"
+        scored = result.scored
+        for key, val in th.selector:
+            if val != "*":
+                scored = scored.filter(pl.col(key) == val)
+        each = [k for k, v in th.selector if v == "*"]
+        if scored.height == 0:
+            broken.append(f"{flag} {th.text}: no measured rows match the selector")
+            continue
+        table = accuracy_metrics(scored, each)
+        for row in table.iter_rows(named=True):
+            where = ", ".join(f"{k}={row[k]}" for k in each)
+            scope = ", ".join(f"{k}={v}" for k, v in th.selector if v != "*")
+            label = "; ".join(s for s in (scope, where) if s) or "overall"
+            got = row[th.metric]
+            if got is None or (isinstance(got, float) and math.isnan(got)):
+                broken.append(f"{flag} {th.text}: {th.metric} is undefined ({label})")
+            elif (th.above and got > th.value) or (not th.above and got < th.value):
+                rel = ">" if th.above else "<"
+                broken.append(f"{flag} {th.text}: {th.metric} = {got:.4g} {rel} {th.value:g} ({label})")
+    return broken
+
+
+# ----------------------------------------------------------------------
+# output
+# ----------------------------------------------------------------------
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:.2f}"
+    return str(v)
+
+
+def format_table(df: pl.DataFrame, *, markdown: bool = False) -> str:
+    """A plain-text (or Markdown) table of a metrics frame."""
+    cols = df.columns
+    rows = [[_fmt(v) for v in r] for r in df.iter_rows()]
+    if markdown:
+        lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(lines)
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([line(cols), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def _slug(*parts: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", "_".join(str(p) for p in parts))
+
+
+def _parity_plot(sub: pl.DataFrame, title: str, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    ok = sub.filter(pl.col("feasible") & pl.col("predicted_us").is_finite() & (pl.col("predicted_us") > 0))
+    fig = Figure(figsize=(5.5, 5.0), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    if ok.height:
+        x = ok["measured_us"].to_numpy()
+        y = ok["predicted_us"].to_numpy()
+        lo = float(min(x.min(), y.min())) / 1.5
+        hi = float(max(x.max(), y.max())) * 1.5
+        ax.scatter(x, y, s=3, alpha=0.35, linewidths=0, rasterized=True)
+        ax.plot([lo, hi], [lo, hi], color="black", lw=1, label="y = x")
+        ax.plot([lo, hi], [lo * 1.15, hi * 1.15], color="grey", lw=0.8, ls="--", label="±15 %")
+        ax.plot([lo, hi], [lo / 1.15, hi / 1.15], color="grey", lw=0.8, ls="--")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.legend(loc="upper left", fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no feasible prediction", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("measured (µs)")
+    ax.set_ylabel("predicted (µs)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.25)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def _ape_histogram(scored: pl.DataFrame, path: Path) -> None:
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    ok = scored.filter(pl.col("feasible") & pl.col("predicted_us").is_finite()).with_columns(
+        ape_pct=100.0 * (pl.col("predicted_us") - pl.col("measured_us")).abs() / pl.col("measured_us")
+    )
+    fig = Figure(figsize=(7.0, 4.2), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    if ok.height:
+        top = max(float(ok["ape_pct"].max()), 1.0)
+        bins = np.concatenate([[0.0], np.logspace(-1, math.log10(top * 1.01) + 1e-9, 60)])
+        for (gpu, backend), sub in ok.group_by(["gpu", "backend"], maintain_order=True):
+            ax.hist(sub["ape_pct"].to_numpy(), bins=bins, histtype="step", label=f"{gpu} {backend}")
+        ax.set_xscale("symlog", linthresh=0.1)
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no feasible prediction", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("absolute percentage error (%)")
+    ax.set_ylabel("configurations")
+    ax.set_title("APE of feasible predictions", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def write_markdown_report(
+    result: AccuracyResult, directory: str | Path, *, broken: Sequence[str] = ()
+) -> Path:
+    """Write ``README.md``, one parity PNG per group and ``ape_hist.png`` into ``directory``."""
+    from tsbatch import MODEL_VERSION
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "# tsbatch accuracy report",
+        "",
+        f"Model `{MODEL_VERSION}`. Measured files: " + ", ".join(f"`{f}`" for f in result.files) + ".",
+        "",
+        "## Overall",
+        "",
+        format_table(pl.DataFrame([result.overall]), markdown=True),
+        "",
+        "## Per GPU and backend",
+        "",
+        format_table(result.by_gpu, markdown=True),
+        "",
+        "## Per group",
+        "",
+        format_table(result.groups, markdown=True),
+        "",
+        "## Skipped",
+        "",
+    ]
+    sk = result.skipped
+    for fam, n in sk["unsupported_family_rows"].items():
+        lines.append(f"- {n} rows of family `{fam}` (no predictor yet)")
+    lines += [
+        f"- {sk['nonfinite_time_rows']} rows with non-finite measured time (configuration failed to run)",
+        f"- {sk['nonpositive_time_rows']} rows with a non-positive measured time",
+        f"- {sk['infeasible_rows']} configurations predicted infeasible "
+        "(left out of the error metrics, ranked last in retention and regret)",
+        "",
+    ]
+    if broken:
+        lines += ["## Broken thresholds", "", *(f"- {b}" for b in broken), ""]
+    lines += ["## Each group", ""]
+    for row in result.groups.iter_rows(named=True):
+        key = [row[k] for k in GROUP_KEYS]
+        sub = result.scored.filter(*(pl.col(k) == v for k, v in zip(GROUP_KEYS, key)))
+        name = "parity_" + _slug(row["gpu"], row["dtype"], row["backend"]) + ".png"
+        title = (
+            f"{row['gpu']} {row['dtype']} {row['backend']}: MAPE {_fmt(row['mape_pct'])} %, "
+            f"Spearman {_fmt(row['spearman'])}"
+        )
+        _parity_plot(sub, title, out / name)
+        metric_table = "\n".join(
+            ["| metric | value |", "|---|---|", *(f"| {m} | {_fmt(row[m])} |" for m in METRICS)]
+        )
+        lines += [
+            f"### {row['gpu']} / {row['dtype']} / {row['backend']}", "",
+            metric_table, "", f"![{title}]({name})", "",
+        ]
+    _ape_histogram(result.scored, out / "ape_hist.png")
+    lines += ["## Error distribution", "", "![APE histogram](ape_hist.png)", ""]
+    path = out / "README.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+# ----------------------------------------------------------------------
+# command line
+# ----------------------------------------------------------------------
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the ``accuracy`` subcommand on an ``argparse`` subparsers object."""
+    p = subparsers.add_parser(
+        "accuracy",
+        help="score the model against measured kernel times",
+        description=(
+            "Predict every configuration of measured Parquet files and report MAPE, WMAPE, "
+            "median APE, Spearman, top-5 %% retention and top-1 regret, overall and per "
+            "(gpu, dtype, backend)."
+        ),
+    )
+    p.add_argument("measured", nargs="+", metavar="MEASURED", help="measured Parquet file(s)")
+    p.add_argument("--hw", help="GPU of every row (overrides the 'gpu' column and file prefix)")
+    p.add_argument("--json", metavar="REPORT.json", help="write the metrics as JSON")
+    p.add_argument("--report", metavar="DIR", help="write a Markdown summary with parity plots")
+    p.add_argument(
+        "--fail-above", action="append", default=[], metavar="METRIC[SEL]=VALUE",
+        help="exit 1 when METRIC exceeds VALUE (repeatable), e.g. mape_pct=15 or "
+             "'mape_pct[gpu=*,backend=triton]=15' (each GPU's Triton rows)",
+    )
+    p.add_argument(
+        "--fail-below", action="append", default=[], metavar="METRIC[SEL]=VALUE",
+        help="exit 1 when METRIC falls below VALUE (repeatable), e.g. spearman=0.85",
+    )
+    sel = p.add_mutually_exclusive_group()
+    sel.add_argument("--limit-problems", type=int, metavar="N",
+                     help="only the first N problems of each file (quick runs)")
+    sel.add_argument("--sample-problems", type=int, metavar="N",
+                     help="N problems of each file drawn at random (see --seed)")
+    p.add_argument("--seed", type=int, default=0, help="seed of --sample-problems (default 0)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace, *, predictors: Mapping[str, Predictor] | None = None) -> int:
+    """Run the ``accuracy`` subcommand; 0 when every threshold holds, 1 otherwise.
+
+    Bad input raises :class:`~tsbatch.errors.InputError` (exit status 2 in the CLI).
+    """
+    thresholds = [parse_threshold(t, above=True) for t in args.fail_above]
+    thresholds += [parse_threshold(t, above=False) for t in args.fail_below]
+    result = run_accuracy(
+        args.measured, hw=args.hw, predictors=predictors,
+        limit_problems=args.limit_problems, sample_problems=args.sample_problems, seed=args.seed,
+    )
+    broken = check_thresholds(result, thresholds)
+    print("per GPU and backend")
+    print(format_table(result.by_gpu))
+    print()
+    print("per group")
+    print(format_table(result.groups))
+    sk = result.skipped
+    skipped = ", ".join(f"{n} {f} rows" for f, n in sk["unsupported_family_rows"].items())
+    print(
+        f"\nskipped: {skipped or 'no unsupported family'}; {sk['nonfinite_time_rows']} non-finite "
+        f"times; {sk['infeasible_rows']} predicted infeasible"
+    )
+    if args.json:
+        result.write_json(args.json)
+    if args.report:
+        write_markdown_report(result, args.report, broken=broken)
+    for b in broken:
+        print(f"tsbatch accuracy: threshold broken: {b}", file=sys.stderr)
+    return 1 if broken else 0

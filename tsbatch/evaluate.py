@@ -1,0 +1,274 @@
+"""The evaluation driver: candidates in, one result row per candidate out.
+
+Algorithm 1 of TileSight over a whole batch::
+
+    validate  ->  expand library rows  ->  lower (family, numpy)
+      -> resident tiles per SM (numba)           §3.4
+      -> cache model on unique cache problems    §3.5  (shared by rows)
+      -> envelope and waves (numba)              §3.4, Algorithm 2
+      -> result columns (+ best library tile per library row)
+
+No Python loop runs per candidate row.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+import polars as pl
+
+from kernels_catalog import gemm as gemm_family
+from kernels_catalog.base import Family, TilePlan
+from tsbatch.errors import InputError
+from tsbatch.hw import HwSpec, UnknownHardwareError, get_hw
+from tsbatch.kernels.envelope import (
+    N_RES, R_DRAM, R_L15, R_L2, R_NAMES, evaluate_envelopes,
+)
+from tsbatch.kernels.occupancy import REASON_TEXT, resident_tiles
+from tsbatch.kernels.reuse import cache_hit_rates
+from tsbatch.schema import to_polars, validate
+
+__all__ = ["FAMILIES", "RESULT_COLUMNS", "evaluate", "evaluate_plan", "resolve_hw", "get_family"]
+
+FAMILIES: dict[str, Family] = {"gemm": gemm_family.FAMILY}
+
+#: result columns and their meaning (units in the names)
+RESULT_COLUMNS = {
+    "feasible": "the configuration can run on this GPU",
+    "infeasible_reason": "why not (empty when feasible)",
+    "latency_us": "predicted kernel time, microseconds (null when infeasible)",
+    "t_prologue_us": "pipeline fill time summed over waves",
+    "t_steady_us": "steady-state time summed over waves",
+    "t_epilogue_us": "drain and store time summed over waves",
+    "t_launch_us": "fixed launch overhead",
+    "t_steady_iter_us": "steady-state time of one reduction iteration on one SM",
+    "waves": "tile waves (the last may be a partial tail)",
+    "tail_tiles": "tiles in the partial tail wave (0: none)",
+    "resident_tiles": "tile-blocks resident per SM",
+    "pipeline_depth": "effective depth d = stages x resident - 1",
+    "l15_hit": "fraction of global loads hitting the L1.5 tier",
+    "l2_hit": "fraction of L2 requests hitting L2",
+    "dram_bytes": "bytes moved to and from DRAM",
+    "l2_bytes": "bytes requested from L2",
+    "achieved_tflops": "useful FLOPs / latency",
+    "mma_path": "tensor-core instruction path (wgmma, mma_sync, fma)",
+    "register_spill": "estimated registers per thread spilled",
+    **{f"util_{r}": f"fraction of the kernel time the {r} resource is busy" for r in R_NAMES},
+    "bottleneck": "the resource with the highest utilization ('latency' when none "
+                  "exceeds 60 %: fill/latency bound; 'launch' when launch dominates)",
+    "library_tile": "for library rows, the catalog tile that won (BMxBNxBK/stages/warps/split)",
+}
+
+_BOTTLENECK_MIN_UTIL = 0.6
+
+
+def resolve_hw(hw: str | HwSpec) -> HwSpec:
+    try:
+        return get_hw(hw)
+    except UnknownHardwareError as exc:
+        raise InputError(str(exc)) from None
+
+
+def get_family(name: str) -> Family:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise InputError(f"unknown kernel family '{name}'; known: {', '.join(FAMILIES)}") from None
+
+
+def _dense_ids(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group identical rows of an int64 matrix: (inverse ids, one representative each)."""
+    if keys.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    frame = pl.DataFrame({f"c{j}": keys[:, j] for j in range(keys.shape[1])})
+    inv = frame.select(pl.struct(pl.all()).rank("dense")).to_series().to_numpy().astype(np.int64) - 1
+    rep = np.empty(int(inv.max()) + 1, dtype=np.int64)
+    rep[inv] = np.arange(inv.shape[0], dtype=np.int64)
+    return inv, rep
+
+
+def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: int = 16,
+                  timings: dict | None = None) -> dict:
+    """Run the generic kernels on a lowered plan; returns result arrays."""
+    t0 = time.perf_counter()
+    p, reason = resident_tiles(plan.smem_block, plan.regs_thread, plan.threads, hw)
+    rows = len(plan)
+    sms = hw.sm_count
+    t1 = time.perf_counter()
+
+    # ---- cache model, once per distinct cache problem
+    conc = sms * np.maximum(p, 1)
+    tb = np.rint(plan.t_bytes).astype(np.int64)
+    keys = np.column_stack([plan.g0, plan.g1, plan.g2, plan.order, plan.group, conc,
+                            plan.ksteps, tb, plan.t_mask, plan.t_per_step])
+    inv, rep = _dense_ids(keys)
+    cap2 = hw.l2_bytes * hw.cal("l2_capacity_fraction")
+    g15 = hw.l15_group_sms if hw.has_l15 else 0
+    u = rep.shape[0]
+    h15u, h2u, dramu = cache_hit_rates(
+        plan.g0[rep], plan.g1[rep], plan.g2[rep], plan.order[rep], plan.group[rep], conc[rep],
+        plan.ksteps[rep], plan.t_mask[rep], plan.t_per_step[rep], plan.t_bytes[rep],
+        np.full(u, cap2), np.full(u, float(hw.l2_assoc)), np.full(u, sms),
+        np.full(u, g15), np.full(u, float(hw.l15_bytes)), np.full(u, float(hw.l15_assoc)),
+        k_samples=k_samples, max_waves=wave_samples)
+    h15, h2, dram_frac = h15u[inv], h2u[inv], dramu[inv]
+    t2 = time.perf_counter()
+
+    # ---- split requested bytes into L1.5 / L2 / DRAM (per step tensors)
+    per_step = plan.t_per_step.astype(bool)
+    req = np.where(per_step, plan.t_bytes, 0.0)
+    work_iter = plan.work_iter.copy()
+    work_iter[:, R_L15] = req.sum(axis=1) if hw.has_l15 else 0.0
+    work_iter[:, R_L2] = (req * (1.0 - h15)).sum(axis=1)
+    work_iter[:, R_DRAM] = (req * dram_frac).sum(axis=1)
+    env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, plan.g0 * plan.g1 * plan.g2,
+                             sms, p, plan.ksteps, plan.stages, plan.warps, plan.warps_full,
+                             plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us, plan.persistent,
+                             plan.launch_us)
+    t3 = time.perf_counter()
+
+    tiles = plan.g0 * plan.g1 * plan.g2
+    feasible = p > 0
+    l2_req_b = (req * (1.0 - h15)).sum(axis=1)
+    l2_hit = np.divide((req * (1.0 - h15) * h2).sum(axis=1), l2_req_b,
+                       out=np.zeros(rows), where=l2_req_b > 0)
+    req_tot = req.sum(axis=1)
+    l15_hit = np.divide((req * h15).sum(axis=1), req_tot, out=np.zeros(rows), where=req_tot > 0)
+    lat = env["latency_us"]
+    out = {
+        "feasible": feasible,
+        "reason_code": reason,
+        "latency_us": lat,
+        "t_prologue_us": env["t_prologue_us"],
+        "t_steady_us": env["t_steady_us"],
+        "t_epilogue_us": env["t_epilogue_us"],
+        "t_launch_us": np.where(feasible, plan.launch_us, np.nan),
+        "t_steady_iter_us": env["t_steady_iter_us"],
+        "waves": env["waves"],
+        "tail_tiles": env["tail_tiles"],
+        "resident_tiles": p,
+        "pipeline_depth": np.where(feasible, np.maximum(plan.stages * p - 1, 0), 0),
+        "l15_hit": l15_hit,
+        "l2_hit": l2_hit,
+        "dram_bytes": tiles * (plan.ksteps * work_iter[:, R_DRAM] + plan.work_epi[:, R_DRAM]),
+        "l2_bytes": tiles * (plan.ksteps * work_iter[:, R_L2] + plan.work_epi[:, R_L2]),
+        "achieved_tflops": np.divide(plan.useful_flops, lat * 1e6, out=np.full(rows, np.nan),
+                                     where=np.isfinite(lat) & (lat > 0)),
+        "util": env["util"],
+    }
+    out.update({k: v for k, v in plan.extra.items() if k in ("mma_path", "register_spill")})
+    if timings is not None:
+        timings["occupancy_s"] = timings.get("occupancy_s", 0.0) + (t1 - t0)
+        timings["cache_s"] = timings.get("cache_s", 0.0) + (t2 - t1)
+        timings["envelope_s"] = timings.get("envelope_s", 0.0) + (t3 - t2)
+        timings["cache_problems"] = timings.get("cache_problems", 0) + u
+    return out
+
+
+def _bottleneck(util: np.ndarray, lat: np.ndarray, launch: np.ndarray) -> np.ndarray:
+    names = np.array(R_NAMES + ("latency", "launch", ""), dtype=object)
+    idx = np.argmax(np.nan_to_num(util, nan=-1.0), axis=1)
+    best = np.take_along_axis(np.nan_to_num(util, nan=0.0), idx[:, None], axis=1)[:, 0]
+    idx = np.where(best < _BOTTLENECK_MIN_UTIL, N_RES, idx)
+    idx = np.where((best < _BOTTLENECK_MIN_UTIL) & (launch > 0.5 * lat), N_RES + 1, idx)
+    idx = np.where(np.isfinite(lat), idx, N_RES + 2)
+    return names[idx]
+
+
+def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: int = 4,
+             timings: dict | None = None,
+             lower_hook: Callable[[dict], dict] | None = None) -> pl.DataFrame:
+    """Predict every candidate row.
+
+    Parameters
+    ----------
+    candidates : polars.DataFrame, pyarrow.Table, dict or path
+        One row per (workload, schedule) with the family's columns; other
+        columns pass through unchanged.
+    hw : str or HwSpec
+        GPU name (``h100``, ``a100``, ...) or a loaded spec.
+    family : str
+        Kernel family (``gemm``).
+    k_samples : int
+        Reduction-axis samples of the cross-wave reuse distance (§3.5.2).
+    timings : dict, optional
+        Filled with the seconds spent per stage.
+
+    Returns
+    -------
+    polars.DataFrame
+        The input columns followed by :data:`RESULT_COLUMNS`, row order kept.
+    """
+    t0 = time.perf_counter()
+    spec = resolve_hw(hw)
+    fam = get_family(family)
+    df = to_polars(candidates)
+    cols, is_lib = validate(df, fam)
+    if lower_hook is not None:
+        cols = lower_hook(cols)
+    n = df.height
+    if is_lib.any():
+        cols, parent = gemm_family.expand_library(cols, is_lib, spec.arch)
+    else:
+        parent = np.arange(n, dtype=np.int64)
+    t1 = time.perf_counter()
+    plan = fam.lower(cols, spec)
+    t2 = time.perf_counter()
+    res = evaluate_plan(plan, spec, k_samples=k_samples, timings=timings)
+    t3 = time.perf_counter()
+
+    # ---- library rows: keep the fastest catalog tile per input row
+    lat = res["latency_us"]
+    m = lat.shape[0]
+    if m != n:
+        key = np.where(np.isfinite(lat), lat, np.inf)
+        order = np.lexsort((key, parent))
+        first = np.ones(m, dtype=bool)
+        first[1:] = parent[order][1:] != parent[order][:-1]
+        pick = np.empty(n, dtype=np.int64)
+        pick[parent[order][first]] = order[first]
+    else:
+        pick = np.arange(n, dtype=np.int64)
+
+    reason = res["reason_code"][pick]
+    reason_text = np.array([REASON_TEXT[r] for r in range(len(REASON_TEXT))], dtype=object)[reason]
+    util = res["util"][pick]
+    latp = lat[pick]
+    data = {
+        "feasible": res["feasible"][pick],
+        "infeasible_reason": reason_text,
+    }
+    for name in ("latency_us", "t_prologue_us", "t_steady_us", "t_epilogue_us", "t_launch_us",
+                 "t_steady_iter_us", "waves", "tail_tiles", "resident_tiles", "pipeline_depth",
+                 "l15_hit", "l2_hit", "dram_bytes", "l2_bytes", "achieved_tflops", "mma_path",
+                 "register_spill"):
+        data[name] = res[name][pick]
+    for j, r in enumerate(R_NAMES):
+        data[f"util_{r}"] = util[:, j]
+    data["bottleneck"] = _bottleneck(util, latp, data["t_launch_us"])
+    lib_tile = np.full(n, "", dtype=object)
+    if m != n:
+        sel = np.flatnonzero(is_lib)
+        pk = pick[sel]
+        lib_tile[sel] = [f"{a}x{b}x{c}/s{d}/w{e}/k{f}" for a, b, c, d, e, f in zip(
+            cols["block_m"][pk], cols["block_n"][pk], cols["block_k"][pk],
+            cols["num_stages"][pk], cols["num_warps"][pk], cols["split_k"][pk])]
+    data["library_tile"] = lib_tile
+    out = pl.DataFrame({k: v for k, v in data.items()})
+    out = out.with_columns(
+        pl.col("latency_us").fill_nan(None),
+        pl.col("mma_path").cast(pl.String),
+        pl.col("bottleneck").cast(pl.String),
+        pl.col("infeasible_reason").cast(pl.String),
+        pl.col("library_tile").cast(pl.String),
+    )
+    drop = [c for c in out.columns if c in df.columns]
+    result = pl.concat([df.drop(drop), out], how="horizontal")
+    t4 = time.perf_counter()
+    if timings is not None:
+        timings["validate_s"] = timings.get("validate_s", 0.0) + (t1 - t0)
+        timings["lowering_s"] = timings.get("lowering_s", 0.0) + (t2 - t1)
+        timings["assemble_s"] = timings.get("assemble_s", 0.0) + (t4 - t3)
+    return result

@@ -1,0 +1,21 @@
+"""The one place that holds numba flags for every kernel (STYLE.md, "Kernels").
+
+``fastmath`` allows contraction and reassociation but keeps NaN/inf
+semantics: an infinite reuse distance (a cold miss) and a NaN latency (an
+infeasible row) carry meaning. ``cache=True`` stores compiled machine code
+next to the package (or in ``NUMBA_CACHE_DIR``), so a process start does not
+recompile.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+FASTMATH = {"contract", "arcp", "reassoc", "nsz", "afn"}
+
+#: decorator for scalar device-style helpers, inlined into callers
+jit_scalar = njit(cache=True, fastmath=FASTMATH, inline="always", nogil=True)
+#: decorator for serial array kernels
+jit_serial = njit(cache=True, fastmath=FASTMATH, nogil=True)
+#: decorator for row-parallel array kernels (``prange`` over rows)
+jit_parallel = njit(cache=True, fastmath=FASTMATH, nogil=True, parallel=True)

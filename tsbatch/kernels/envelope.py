@@ -1,0 +1,244 @@
+"""Prologue-steady-epilogue envelope and wave aggregation.
+
+TileSight §3.4, Eq. 2-5 and Algorithm 2. A tile's work is a resource
+vector (Eq. 1) over ``R_NAMES``: per reduction-loop iteration
+(``work_iter``) and once per tile after the loop (``work_epi``), in FLOPs
+or bytes. Rates turn work into time: private resources (tensor core, CUDA
+core, SFU, shared memory, L1.5) at a per-SM rate, shared ones (L2, DRAM,
+network) at the chip rate divided among the active SMs, which is why a
+tail wave with fewer active SMs runs its memory phases faster.
+
+With ``p`` resident tiles interleaved on an SM the loop has ``N = p K``
+iterations and effective depth ``d = stages p - 1`` (Eq. 3). Then
+
+``T = T_pro + max(N - d, 0) T_steady + T_epi`` (Eq. 2)
+
+with ``T_steady = max(compute, memory, (L + memory + compute)/(d + 1))``:
+independent resources overlap (Eq. 4, the best order of a load-compute
+body is the one that overlaps them), and a pipeline ``d`` deep can hide
+at most ``d`` iterations of the load latency ``L`` (for ``d = 0`` the body
+runs serially). ``T_pro = L + min(d, N) memory`` fills the pipeline;
+``T_epi = min(d, N) compute + p * epilogue + tile overhead`` drains it.
+
+Compute-class resources run at a fraction ``min(1, p w / w_full)`` of their
+rate when the resident warps ``p w`` cannot occupy all ``w_full`` issue
+slots (sub-partitions).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import prange
+
+from tsbatch.kernels._config import jit_parallel, jit_scalar
+
+__all__ = [
+    "R_NAMES",
+    "R_TC",
+    "R_CUDA",
+    "R_SFU",
+    "R_SMEM",
+    "R_L15",
+    "R_L2",
+    "R_DRAM",
+    "R_NET",
+    "N_RES",
+    "SHARED",
+    "COMPUTE",
+    "envelope_one",
+    "wave_time",
+    "evaluate_envelopes",
+]
+
+R_TC, R_CUDA, R_SFU, R_SMEM, R_L15, R_L2, R_DRAM, R_NET = range(8)
+N_RES = 8
+R_NAMES = ("tensor_core", "cuda_core", "sfu", "smem", "l15", "l2", "dram", "net")
+#: resources whose chip-wide rate is divided among the active SMs
+SHARED = np.array([0, 0, 0, 0, 0, 1, 1, 1], dtype=np.int64)
+#: compute-class resources (the others are memory-class)
+COMPUTE = np.array([1, 1, 1, 1, 0, 0, 0, 0], dtype=np.int64)
+
+
+@jit_scalar
+def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
+                 warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles):
+    """Envelope of one SM's share of one wave (or of a persistent run).
+
+    Returns ``(T, T_pro, T_steady_total, T_epi, T_steady_iter)`` in the
+    units of ``1 / rate`` (microseconds when rates are per microsecond).
+    ``persist_tiles > 0`` models a persistent program running that many
+    tiles back to back: its stores drain inside the loop.
+    """
+    f = p * warps_tile / warps_full
+    if f > 1.0:
+        f = 1.0
+    comp = 0.0
+    mem = 0.0
+    epi = 0.0
+    for r in range(work_iter.shape[0]):
+        rr = rate[r]
+        if rr <= 0.0:
+            continue
+        if shared[r] != 0:
+            rr = rr / active
+        if compute[r] != 0:
+            rr = rr * f
+        u = work_iter[r] / rr
+        e = work_epi[r] / rr
+        if persist_tiles > 0 and compute[r] == 0:
+            u += e / ksteps
+            e = 0.0
+        if compute[r] != 0:
+            if u > comp:
+                comp = u
+        else:
+            if u > mem:
+                mem = u
+        if e > epi:
+            epi = e
+    comp += ovh_iter
+    tiles = p
+    if persist_tiles > 0:
+        tiles = persist_tiles
+    n_it = tiles * ksteps
+    if persist_tiles > 0:
+        n_it = persist_tiles * ksteps
+    d = stages * p - 1
+    if d < 0:
+        d = 0
+    steady = comp
+    if mem > steady:
+        steady = mem
+    lat_bound = (lat + mem + comp) / (d + 1.0)
+    if lat_bound > steady:
+        steady = lat_bound
+    fill = d if d < n_it else n_it
+    t_pro = lat + fill * mem
+    rest = n_it - d
+    if rest < 0:
+        rest = 0
+    t_st = rest * steady
+    t_epi = fill * comp + p * epi + tiles * ovh_tile
+    return t_pro + t_st + t_epi, t_pro, t_st, t_epi, steady
+
+
+@jit_scalar
+def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
+              warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent):
+    """Whole-grid time by waves (Algorithm 2): full waves plus a recomputed tail.
+
+    Returns ``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``.
+    """
+    conc = sms * p
+    if persistent != 0:
+        per_sm = (tiles + sms - 1) // sms
+        active = sms if tiles > sms else tiles
+        t, a, b, c, s = envelope_one(work_iter, work_epi, rate, shared, compute, p, active,
+                                     ksteps, stages, warps_tile, warps_full, lat, ovh_iter,
+                                     ovh_tile, per_sm)
+        return t, a, b, c, s, (tiles + conc - 1) // conc, tiles % conc
+    full = tiles // conc
+    tail = tiles - full * conc
+    T = 0.0
+    tp = 0.0
+    ts = 0.0
+    te = 0.0
+    s_it = 0.0
+    if full > 0:
+        t, a, b, c, s = envelope_one(work_iter, work_epi, rate, shared, compute, p, sms,
+                                     ksteps, stages, warps_tile, warps_full, lat, ovh_iter,
+                                     ovh_tile, 0)
+        T += full * t
+        tp += full * a
+        ts += full * b
+        te += full * c
+        s_it = s
+    if tail > 0:
+        active = tail if tail < sms else sms
+        pt = (tail + sms - 1) // sms
+        t, a, b, c, s = envelope_one(work_iter, work_epi, rate, shared, compute, pt, active,
+                                     ksteps, stages, warps_tile, warps_full, lat, ovh_iter,
+                                     ovh_tile, 0)
+        T += t
+        tp += a
+        ts += b
+        te += c
+        if full == 0:
+            s_it = s
+    return T, tp, ts, te, s_it, full + (1 if tail > 0 else 0), tail
+
+
+@jit_parallel
+def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
+               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, launch,
+               out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util):
+    n = tiles.shape[0]
+    R = work_iter.shape[1]
+    for i in prange(n):
+        if p[i] <= 0 or tiles[i] <= 0:
+            out_t[i] = math.nan
+            out_pro[i] = math.nan
+            out_st[i] = math.nan
+            out_epi[i] = math.nan
+            out_it[i] = math.nan
+            out_waves[i] = 0
+            out_tail[i] = 0
+            for r in range(R):
+                out_util[i, r] = math.nan
+            continue
+        t, a, b, c, s, wv, tl = wave_time(work_iter[i], work_epi[i], rate[i], shared, compute,
+                                          tiles[i], sms, p[i], ksteps[i], stages[i],
+                                          warps_tile[i], warps_full, lat[i], ovh_iter[i],
+                                          ovh_tile[i], persistent[i])
+        total = t + launch[i]
+        out_t[i] = total
+        out_pro[i] = a
+        out_st[i] = b
+        out_epi[i] = c
+        out_it[i] = s
+        out_waves[i] = wv
+        out_tail[i] = tl
+        for r in range(R):
+            chip = rate[i, r]
+            if shared[r] == 0:
+                chip = chip * sms
+            if chip <= 0.0 or total <= 0.0:
+                out_util[i, r] = 0.0
+            else:
+                busy = tiles[i] * (ksteps[i] * work_iter[i, r] + work_epi[i, r]) / chip
+                u = busy / total
+                out_util[i, r] = u if u < 1.0 else 1.0
+
+
+def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages, warps_tile,
+                       warps_full, lat, ovh_iter, ovh_tile, persistent, launch):
+    """Batched :func:`wave_time` plus launch time and per-resource utilization.
+
+    ``work_iter``, ``work_epi``, ``rate`` are ``(n, N_RES)``; rates in work
+    units per microsecond (per SM for private resources, per chip for
+    shared). Rows with ``p <= 0`` (infeasible) get NaN times.
+
+    Returns a dict of arrays: ``latency_us, t_prologue_us, t_steady_us,
+    t_epilogue_us, t_steady_iter_us, waves, tail_tiles, util`` (n, N_RES).
+    """
+    n = np.shape(tiles)[0]
+    f = lambda a: np.ascontiguousarray(np.broadcast_to(a, (n,)), dtype=np.float64)  # noqa: E731
+    i = lambda a: np.ascontiguousarray(np.broadcast_to(a, (n,)), dtype=np.int64)  # noqa: E731
+    out = {k: np.empty(n, dtype=np.float64) for k in
+           ("latency_us", "t_prologue_us", "t_steady_us", "t_epilogue_us", "t_steady_iter_us")}
+    waves = np.empty(n, dtype=np.int64)
+    tail = np.empty(n, dtype=np.int64)
+    util = np.empty((n, N_RES), dtype=np.float64)
+    _envelopes(np.ascontiguousarray(work_iter, dtype=np.float64),
+               np.ascontiguousarray(work_epi, dtype=np.float64),
+               np.ascontiguousarray(rate, dtype=np.float64), SHARED, COMPUTE,
+               i(tiles), int(sms), i(p), i(ksteps), i(stages), f(warps_tile), float(warps_full),
+               f(lat), f(ovh_iter), f(ovh_tile), i(persistent), f(launch),
+               out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
+               out["t_steady_iter_us"], waves, tail, util)
+    out["waves"] = waves
+    out["tail_tiles"] = tail
+    out["util"] = util
+    return out
