@@ -9,7 +9,13 @@ recompile.
 
 from __future__ import annotations
 
-from numba import njit
+import os
+
+# GNU OpenMP's default busy-wait makes every parallel region cost ~8 ms on a
+# small machine; numba reads this when its threading layer first starts.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from numba import njit  # noqa: E402
 
 FASTMATH = {"contract", "arcp", "reassoc", "nsz", "afn"}
 

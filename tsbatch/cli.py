@@ -1,0 +1,257 @@
+"""Command line: ``tsbatch evaluate | sweep | explain | accuracy | simulate | hw``.
+
+Every user error (bad column, non-positive size, unknown GPU or dtype,
+unreadable file) prints one line naming what is wrong and exits with
+status 2, leaving no output file behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from tsbatch.errors import InputError
+
+__all__ = ["main", "build_parser"]
+
+EXIT_INPUT = 2
+
+
+def _out_path(p: str) -> Path:
+    path = Path(p)
+    if path.exists() and path.is_dir():
+        raise InputError(f"{path}: output path is a directory")
+    return path
+
+
+# ----------------------------------------------------------------------------- evaluate
+def cmd_evaluate(args) -> int:
+    import polars as pl
+
+    from tsbatch.evaluate import evaluate, resolve_hw
+    from tsbatch.io import provenance, sha256_file, write_parquet
+    from tsbatch.rank import parse_top, rank
+    from tsbatch.schema import read_candidates
+
+    hw = resolve_hw(args.hw)
+    out = _out_path(args.output)
+    top = parse_top(args.top)
+    df = read_candidates(args.candidates)
+    t0 = time.perf_counter()
+    res = evaluate(df, hw, args.family)
+    dt = time.perf_counter() - t0
+    if args.rank or args.top:
+        from tsbatch.evaluate import get_family
+
+        wl = [c for c in get_family(args.family).workload_columns]
+        res = rank(res, wl, top)
+    meta = provenance(hw, args.family, {"candidates": sha256_file(args.candidates)},
+                      extra={"top_fraction": str(top)})
+    write_parquet(res, out, meta)
+    n_inf = int((~res.get_column("feasible")).sum()) if res.height else 0
+    print(f"evaluated {df.height:,} candidates on {hw.name} in {dt:.2f} s "
+          f"({df.height / max(dt, 1e-9):,.0f} rows/s); {n_inf:,} infeasible; "
+          f"wrote {res.height:,} rows to {out}")
+    if res.height and not args.quiet:
+        show = res.filter(pl.col("feasible")).sort("latency_us").head(5)
+        _print_top(show)
+    return 0
+
+
+def _print_top(df) -> None:
+    import polars as pl
+
+    cols = [c for c in ("label", "m", "n", "k", "dtype", "block_m", "block_n", "block_k",
+                        "num_stages", "num_warps", "latency_us", "achieved_tflops", "l2_hit",
+                        "bottleneck", "rank") if c in df.columns]
+    with pl.Config(tbl_rows=20, tbl_cols=20, tbl_width_chars=160, float_precision=2,
+                   tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
+        print(df.select(cols))
+
+
+# ----------------------------------------------------------------------------- sweep
+def cmd_sweep(args) -> int:
+    import polars as pl
+
+    from tsbatch.rank import parse_top
+    from tsbatch.sweep import load_sweep, run_sweep
+
+    top = parse_top(args.top)
+    out = _out_path(args.output)
+    spec = load_sweep(args.sweep)
+    if args.engine == "ray":
+        from tsbatch import distributed
+
+        summary = distributed.run_sweep_ray(spec, args.hw, out, top, address=args.address)
+    else:
+        summary = run_sweep(spec, args.hw, out, top, chunk_rows=args.chunk_rows,
+                            progress=not args.quiet and sys.stderr.isatty() or args.progress)
+    rate = summary["candidates"] / max(summary["seconds"], 1e-9)
+    print(f"sweep '{summary['sweep']}' on {summary['hw']}: {summary['candidates']:,} candidates "
+          f"for {summary['workloads']:,} workloads ({summary['infeasible']:,} infeasible) in "
+          f"{summary['seconds']:.1f} s ({rate:,.0f} rows/s)")
+    print(f"kept the top {top:.0%} per workload: {summary['kept']:,} rows -> {out}")
+    if not args.quiet:
+        df = pl.read_parquet(out)
+        best = df.filter(pl.col("rank") == 1).sort("latency_us", descending=True).head(10)
+        print("best configuration per workload (slowest workloads first):")
+        _print_top(best)
+    return 0
+
+
+# ----------------------------------------------------------------------------- explain
+_OPT_COLS = ("m", "n", "k", "block_m", "block_n", "block_k", "num_stages", "num_warps",
+             "group_m", "split_k")
+
+
+def _single_row(args):
+    import polars as pl
+
+    from tsbatch.schema import read_candidates
+
+    if args.candidates:
+        df = read_candidates(args.candidates)
+        if not (0 <= args.row < df.height):
+            raise InputError(f"--row {args.row} is out of range: {args.candidates} has "
+                             f"{df.height} rows")
+        return df.slice(args.row, 1)
+    row = {}
+    for c in _OPT_COLS:
+        v = getattr(args, c)
+        if v is None:
+            if c in ("group_m", "split_k"):
+                continue
+            raise InputError(f"--{c.replace('_', '-')} is required (or give --candidates FILE --row I)")
+        row[c] = [v]
+    row["dtype"] = [args.dtype]
+    row["raster"] = [args.raster]
+    row["tf32"] = [args.dtype == "float32" and not args.no_tf32]
+    row["a_row_major"] = [not args.a_col_major]
+    row["b_row_major"] = [not args.b_col_major]
+    return pl.DataFrame(row)
+
+
+def cmd_explain(args) -> int:
+    from tsbatch.evaluate import evaluate, resolve_hw
+    from tsbatch.explain import explain_text
+
+    hw = resolve_hw(args.hw)
+    df = _single_row(args)
+    res = evaluate(df, hw, "gemm")
+    if args.json:
+        print(json.dumps(res.row(0, named=True), default=str, indent=2))
+    else:
+        print(explain_text(res.row(0, named=True), hw))
+    return 0
+
+
+def _add_config_options(p) -> None:
+    g = p.add_argument_group("one configuration (options named after the candidate columns)")
+    for c in _OPT_COLS:
+        g.add_argument(f"--{c.replace('_', '-')}", dest=c, type=int, default=None, metavar="N")
+    g.add_argument("--dtype", default="float16", help="float16, bfloat16, float32, float8")
+    g.add_argument("--raster", default="grouped",
+                   help="launch order: grouped, row, col, zorder, persistent")
+    g.add_argument("--no-tf32", action="store_true", help="float32 on CUDA cores (no TF32)")
+    g.add_argument("--a-col-major", action="store_true")
+    g.add_argument("--b-col-major", action="store_true")
+    g.add_argument("--candidates", metavar="FILE", help="take the row from a candidate file")
+    g.add_argument("--row", type=int, default=0, help="row index in --candidates")
+
+
+# ----------------------------------------------------------------------------- hw
+def cmd_hw(args) -> int:
+    from tsbatch.hw import get_hw, list_hw
+
+    if args.name:
+        from tsbatch.evaluate import resolve_hw
+
+        spec = resolve_hw(args.name)
+        print(json.dumps(spec.to_dict(), indent=2, default=str))
+        return 0
+    for key in list_hw():
+        s = get_hw(key)
+        print(f"{key:14s} {s.name:32s} {s.sm_count:4d} SMs  fp16 {s.tc_fp16_tflops:7.1f} TFLOPS  "
+              f"L2 {s.l2_bytes / 2**20:6.1f} MiB  DRAM {s.dram_bw_tbps:5.2f} TB/s  "
+              f"aliases: {', '.join(s.aliases)}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tsbatch",
+        description="Predict how fast tiled GPU kernels run, for millions of candidate "
+                    "schedules at a time (TileSight analytical model).")
+    from tsbatch import __version__
+
+    p.add_argument("--version", action="version", version=f"tsbatch {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    e = sub.add_parser("evaluate", help="predict every row of a candidate Parquet file",
+                       description="Predict every candidate row; write results with provenance.")
+    e.add_argument("candidates", help="candidate Parquet file (GEMM columns: m, n, k, dtype, "
+                                      "block_m, block_n, block_k, num_stages, num_warps, ...)")
+    e.add_argument("--hw", required=True, help="GPU name (see 'tsbatch hw')")
+    e.add_argument("-o", "--output", required=True, help="output Parquet file")
+    e.add_argument("--family", default="gemm")
+    e.add_argument("--rank", action="store_true", help="add per-workload ranks")
+    e.add_argument("--top", default=None, help="keep only the top fraction per workload, e.g. 5%%")
+    e.add_argument("-q", "--quiet", action="store_true")
+    e.set_defaults(func=cmd_evaluate)
+
+    s = sub.add_parser("sweep", help="generate, evaluate and rank a declarative sweep",
+                       description="Generate the candidates of a sweep file (or built-in sweep "
+                                   "name), predict them and keep the top fraction per workload.")
+    s.add_argument("sweep", help="sweep TOML file or built-in name (e.g. llama3, tiny)")
+    s.add_argument("--hw", required=True)
+    s.add_argument("--top", default="5%", help="fraction kept per workload (default 5%%)")
+    s.add_argument("-o", "--output", required=True)
+    s.add_argument("--engine", choices=("local", "ray"), default="local")
+    s.add_argument("--address", default=None, help="Ray cluster address (engine ray)")
+    s.add_argument("--chunk-rows", type=int, default=1_000_000)
+    s.add_argument("--progress", action="store_true", help="force the progress bar")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(func=cmd_sweep)
+
+    x = sub.add_parser("explain", help="explain one configuration in words",
+                       description="Predict one configuration and explain its resource vector, "
+                                   "envelope phases, occupancy, cache hit rates and bottleneck.")
+    x.add_argument("--hw", required=True)
+    x.add_argument("--json", action="store_true", help="print the result row as JSON")
+    _add_config_options(x)
+    x.set_defaults(func=cmd_explain)
+
+    h = sub.add_parser("hw", help="list known GPUs or show one spec")
+    h.add_argument("name", nargs="?")
+    h.set_defaults(func=cmd_hw)
+
+    for modname in ("tsbatch.accuracy", "tsbatch.sim.cli", "tsbatch.measure"):
+        try:
+            mod = __import__(modname, fromlist=["add_parser"])
+        except ImportError:
+            continue
+        if hasattr(mod, "add_parser"):
+            mod.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc = args.func(args)
+    except InputError as exc:
+        print(f"tsbatch: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:  # pragma: no cover
+        print("tsbatch: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Parquet output with provenance metadata, written atomically.
+
+Every file tsbatch writes carries in its schema metadata the model version,
+the hardware spec used (as JSON) and a hash over every input that shaped the
+result (candidate or sweep file, hardware file, family catalog source). A
+file is written to a temporary sibling and renamed into place only when
+complete, so a failed run leaves no partial output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import tsbatch
+from tsbatch.errors import InputError
+from tsbatch.hw import HwSpec
+
+__all__ = ["provenance", "ParquetSink", "write_parquet", "sha256_file", "sha256_bytes"]
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _catalog_hash(family: str) -> str:
+    import importlib
+
+    mod = importlib.import_module(f"kernels_catalog.{family}")
+    return sha256_file(mod.__file__)
+
+
+def provenance(hw: HwSpec, family: str, inputs: dict[str, str], extra: dict | None = None) -> dict:
+    """Metadata dict (str -> str) for a result file."""
+    parts = {"hw_file": hw.file_sha256, "catalog": _catalog_hash(family), **inputs}
+    combined = sha256_bytes(json.dumps(parts, sort_keys=True).encode())
+    meta = {
+        "tsbatch.version": tsbatch.__version__,
+        "tsbatch.model_version": tsbatch.MODEL_VERSION,
+        "tsbatch.family": family,
+        "tsbatch.hw": hw.key,
+        "tsbatch.hw_spec": json.dumps(hw.to_dict(), sort_keys=True, default=str),
+        "tsbatch.input_hashes": json.dumps(parts, sort_keys=True),
+        "tsbatch.input_hash": combined,
+    }
+    if extra:
+        meta.update({f"tsbatch.{k}": (v if isinstance(v, str) else json.dumps(v))
+                     for k, v in extra.items()})
+    return meta
+
+
+class ParquetSink:
+    """Append record batches to a Parquet file; commit renames it into place."""
+
+    def __init__(self, path: str | Path, metadata: dict[str, str]):
+        self.path = Path(path)
+        parent = self.path.parent if str(self.path.parent) else Path(".")
+        if not parent.exists():
+            raise InputError(f"{self.path}: output directory {parent} does not exist")
+        self.tmp = parent / f".{self.path.name}.tmp-{os.getpid()}"
+        self.metadata = {k.encode(): v.encode() for k, v in metadata.items()}
+        self.writer: pq.ParquetWriter | None = None
+        self.rows = 0
+
+    def write(self, df: pl.DataFrame) -> None:
+        table = df.to_arrow()
+        if self.writer is None:
+            schema = table.schema.with_metadata(self.metadata)
+            self.writer = pq.ParquetWriter(self.tmp, schema, compression="zstd")
+        table = table.cast(self.writer.schema)
+        self.writer.write_table(table)
+        self.rows += table.num_rows
+
+    def commit(self, empty_schema: pl.DataFrame | None = None) -> None:
+        if self.writer is None:
+            base = empty_schema if empty_schema is not None else pl.DataFrame()
+            self.write(base.head(0))
+        assert self.writer is not None
+        self.writer.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except Exception:  # pragma: no cover
+                pass
+        if self.tmp.exists():
+            self.tmp.unlink()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self.abort()
+        return False
+
+
+def write_parquet(df: pl.DataFrame, path: str | Path, metadata: dict[str, str]) -> None:
+    with ParquetSink(path, metadata) as sink:
+        sink.write(df)
+        sink.commit()
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    md = pq.read_schema(path).metadata or {}
+    return {k.decode(): v.decode() for k, v in md.items() if k.startswith(b"tsbatch.")}
+
+
+_ = pa  # pyarrow is the writer
