@@ -1,0 +1,1 @@
+"""GPU specification files (TOML), packaged as tsbatch._hw."""

@@ -1,0 +1,1 @@
+"""Multi-GPU system files (TOML), packaged as tsbatch._hw.systems."""

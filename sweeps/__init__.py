@@ -1,0 +1,1 @@
+"""Declarative sweep files (TOML), packaged as tsbatch._sweeps."""
