@@ -275,7 +275,14 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, mask, tbytes, gdim, koff
         newcum[w + 1] = newcum[w] + newb
         oncecum[w + 1] = oncecum[w] + nw * once_bytes
         if do_hits:
-            step_distances(ids, wts, n, last_idx, tree, dist)
+            # every within-step distance is below the step's footprint; when
+            # even that footprint surely hits (monotone SDCM), skip the tree
+            if hit_prob_gauss(run / unit, assoc2, B2) >= 1.0 - 1e-12:
+                for j in range(n):
+                    if dist[j] < 0.0:
+                        dist[j] = 0.0
+            else:
+                step_distances(ids, wts, n, last_idx, tree, dist)
             # ---- L1.5: within-step reuse inside each SM group (bucketed by group)
             for j in range(n):
                 h15[j] = 0.0
