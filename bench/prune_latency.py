@@ -1,0 +1,82 @@
+"""Warm latency of one :func:`tsbatch.prune.prune` call on 1,000 configurations.
+
+Prints, per workload, the median of 50 warm uncached ``prune`` calls, the
+median of 50 cache hits of a :class:`~tsbatch.prune.Pruner`, and the cost of
+one plain :func:`tsbatch.evaluate.evaluate` call on the same configurations
+(median of 3, measured in the same run), and checks that the kept sets agree.
+
+    OMP_WAIT_POLICY=passive python bench/prune_latency.py [--hw h100] [--n 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import numpy as np  # noqa: E402
+import polars as pl  # noqa: E402
+
+from tsbatch.evaluate import evaluate  # noqa: E402
+from tsbatch.prune import Pruner, prune  # noqa: E402
+from tsbatch.rank import rank  # noqa: E402
+
+WORKLOADS = [
+    {"m": 4096, "n": 4096, "k": 4096, "dtype": "float16"},
+    {"m": 8192, "n": 8192, "k": 1024, "dtype": "bfloat16"},
+    {"m": 512, "n": 512, "k": 512, "dtype": "float16"},
+    {"m": 16, "n": 4096, "k": 4096, "dtype": "float16"},
+]
+
+
+def configs(n: int, seed: int = 0) -> list[dict]:
+    """``n`` distinct Triton-style tile configurations (some infeasible)."""
+    space = list(itertools.product([16, 32, 64, 128, 256], [16, 32, 64, 128, 256],
+                                   [32, 64, 128], [2, 3, 4, 5, 6], [2, 4, 8], [4, 8], [1, 2]))
+    pick = np.random.default_rng(seed).choice(len(space), n, replace=False)
+    keys = ("block_m", "block_n", "block_k", "num_stages", "num_warps", "group_m", "split_k")
+    return [dict(zip(keys, (int(v) for v in space[i]))) for i in pick]
+
+
+def median_ms(fn, reps: int) -> float:
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hw", default="h100")
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--top", type=float, default=0.05)
+    ap.add_argument("--reps", type=int, default=50)
+    args = ap.parse_args()
+    cfgs = configs(args.n)
+    print(f"hw={args.hw}  configs={args.n}  top={args.top}  cpus={os.cpu_count()}")
+    print(f"{'workload':>24} {'prune ms':>9} {'cached ms':>9} {'evaluate ms':>11} "
+          f"{'predicted':>9} {'kept':>5} {'same':>5}")
+    for wl in WORKLOADS:
+        res = prune(wl, cfgs, hw=args.hw, top=args.top)  # warm-up (JIT, caches)
+        t_prune = median_ms(lambda: prune(wl, cfgs, hw=args.hw, top=args.top), args.reps)
+        pr = Pruner(args.hw, args.top)
+        pr.prune(wl, cfgs)
+        t_hit = median_ms(lambda: pr.prune(wl, cfgs), args.reps)
+        df = pl.DataFrame(cfgs).with_columns(**{k: pl.lit(v) for k, v in wl.items()})
+        evaluate(df, args.hw)
+        t_eval = median_ms(lambda: evaluate(df, args.hw), 3)
+        ref = rank(evaluate(df, args.hw).with_row_index("_i"), [], top=args.top)
+        same = ref["_i"].to_list() == list(res.indices)
+        name = f"{wl['m']}x{wl['n']}x{wl['k']} {wl['dtype']}"
+        print(f"{name:>24} {t_prune:9.2f} {t_hit:9.3f} {t_eval:11.1f} "
+              f"{res.n_predicted:>9} {len(res):>5} {str(same):>5}")
+
+
+if __name__ == "__main__":
+    main()
