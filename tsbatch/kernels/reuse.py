@@ -91,7 +91,7 @@ def step_distances(ids, wts, n, last_idx, tree, out):
 @jit_serial
 def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                cap2, assoc2, nsm, g15, cap15, assoc15, k_samples, max_waves,
-               out_h15, out_h2, out_dram):
+               max_lookback, out_h15, out_h2, out_dram):
     T = mask.shape[0]
     P = g0 * g1 * g2
     zorder = order == ORDER_ZORDER
@@ -178,18 +178,27 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
     kf = float(ksteps)
 
     # lookback window: waves further back than this cannot hold a block in L2
-    # (their distance exceeds 4x the capacity even at the minimum per-wave
-    # footprint of 2*sqrt(conc) blocks per step)
-    minb = math.inf
+    # (their distance exceeds 4x the capacity even at the minimum footprint of
+    # a wave: a block of tensor t serves at most prod(reuse dims) tiles, so a
+    # full wave touches at least ceil(conc / that) of its blocks per step)
+    cw = conc if conc < P else P
+    foot = 0.0
     for t in range(T):
-        if per_step[t] != 0 and tbytes[t] < minb:
-            minb = tbytes[t]
-    foot = kf * 2.0 * math.sqrt(min(conc, P)) * minb
+        if per_step[t] == 0:
+            continue
+        share = 1
+        for d in range(3):
+            if (mask[t] >> d) & 1 == 1:
+                share *= gdim[d]
+        foot += tbytes[t] * ((cw + share - 1) // share)
+    foot *= kf
     lookback = W
     if foot > 0.0:
         lb = int(math.ceil(4.0 * cap2 / foot)) + 1
         if lb < lookback:
             lookback = lb
+    if lookback > max_lookback:
+        lookback = max_lookback
     valid_from = 0
     done = -1
     for w in range(W):
@@ -348,17 +357,18 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, mask, tbytes, gdim, koff
 @jit_parallel
 def _cache_batch(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                  cap2, assoc2, nsm, g15, cap15, assoc15, k_samples, max_waves,
-                 out_h15, out_h2, out_dram):
+                 max_lookback, out_h15, out_h2, out_dram):
     n = g0.shape[0]
     for i in prange(n):
         _cache_one(g0[i], g1[i], g2[i], order[i], group[i], conc[i], ksteps[i],
                    mask[i], per_step[i], tbytes[i], cap2[i], assoc2[i], nsm[i],
                    g15[i], cap15[i], assoc15[i], k_samples, max_waves,
-                   out_h15[i], out_h2[i], out_dram[i])
+                   max_lookback, out_h15[i], out_h2[i], out_dram[i])
 
 
 def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
-                    cap2, assoc2, nsm, g15, cap15, assoc15, k_samples=4, max_waves=1 << 30):
+                    cap2, assoc2, nsm, g15, cap15, assoc15, k_samples=4, max_waves=1 << 30,
+                    max_lookback=1 << 30):
     """Per-tensor hit rates for a batch of cache problems.
 
     Parameters are 1-D arrays of length ``n`` (one cache problem each) except
@@ -389,5 +399,5 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
     _cache_batch(g0, i64(g1), i64(g2), i64(order), i64(group), i64(conc), i64(ksteps),
                  mask, i64(per_step).reshape(n, T), f64(tbytes).reshape(n, T),
                  f64(cap2), f64(assoc2), i64(nsm), i64(g15), f64(cap15), f64(assoc15),
-                 int(k_samples), int(max(max_waves, 2)), h15, h2, dram)
+                 int(k_samples), int(max(max_waves, 2)), int(max(max_lookback, 1)), h15, h2, dram)
     return h15, h2, dram
