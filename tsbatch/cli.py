@@ -30,33 +30,61 @@ def _out_path(p: str) -> Path:
 # ----------------------------------------------------------------------------- evaluate
 def cmd_evaluate(args) -> int:
     import polars as pl
+    import pyarrow.parquet as pq
 
-    from tsbatch.evaluate import evaluate, resolve_hw
-    from tsbatch.io import provenance, sha256_file, write_parquet
+    from tsbatch.evaluate import evaluate, get_family, resolve_hw
+    from tsbatch.io import ParquetSink, provenance, sha256_file, write_parquet
     from tsbatch.rank import parse_top, rank
     from tsbatch.schema import read_candidates
 
     hw = resolve_hw(args.hw)
     out = _out_path(args.output)
     top = parse_top(args.top)
-    df = read_candidates(args.candidates)
-    t0 = time.perf_counter()
-    res = evaluate(df, hw, args.family)
-    dt = time.perf_counter() - t0
-    if args.rank or args.top:
-        from tsbatch.evaluate import get_family
-
-        wl = [c for c in get_family(args.family).workload_columns]
-        res = rank(res, wl, top)
+    fam = get_family(args.family)
+    try:
+        pf = pq.ParquetFile(args.candidates)
+    except FileNotFoundError:
+        raise InputError(f"{args.candidates}: no such file") from None
+    except Exception:
+        read_candidates(args.candidates)  # raises the descriptive InputError
+        raise
     meta = provenance(hw, args.family, {"candidates": sha256_file(args.candidates)},
                       extra={"top_fraction": str(top)})
-    write_parquet(res, out, meta)
-    n_inf = int((~res.get_column("feasible")).sum()) if res.height else 0
-    print(f"evaluated {df.height:,} candidates on {hw.name} in {dt:.2f} s "
-          f"({df.height / max(dt, 1e-9):,.0f} rows/s); {n_inf:,} infeasible; "
-          f"wrote {res.height:,} rows to {out}")
-    if res.height and not args.quiet:
-        show = res.filter(pl.col("feasible")).sort("latency_us").head(5)
+    ranked = bool(args.rank or args.top)
+    t0 = time.perf_counter()
+    n_rows = 0
+    n_inf = 0
+    # stream record batches: memory stays bounded by --batch-rows, not the file
+    target = out if not ranked else out.with_name(f".{out.name}.unranked")
+    with ParquetSink(target, meta if not ranked else {}) as sink:
+        for batch in pf.iter_batches(batch_size=args.batch_rows):
+            df = pl.from_arrow(batch)
+            if isinstance(df, pl.Series):  # pragma: no cover - single column
+                df = df.to_frame()
+            res = evaluate(df, hw, args.family)
+            if ranked:
+                res = res.with_columns(pl.int_range(n_rows, n_rows + res.height,
+                                                    dtype=pl.Int64).alias("_pos"))
+            n_rows += df.height
+            n_inf += int((~res.get_column("feasible")).sum())
+            sink.write(res)
+        sink.commit()
+    if ranked:
+        try:
+            res = rank(pl.read_parquet(target), list(fam.workload_columns), top, order_col="_pos")
+            write_parquet(res, out, meta)
+        finally:
+            target.unlink(missing_ok=True)
+        kept = res.height
+    else:
+        kept = n_rows
+    dt = time.perf_counter() - t0
+    print(f"evaluated {n_rows:,} candidates on {hw.name} in {dt:.2f} s "
+          f"({n_rows / max(dt, 1e-9):,.0f} rows/s); {n_inf:,} infeasible; "
+          f"wrote {kept:,} rows to {out}")
+    if not args.quiet and kept:
+        show = pl.read_parquet(out, n_rows=200_000).filter(pl.col("feasible")) \
+            .sort("latency_us").head(5)
         _print_top(show)
     return 0
 
@@ -200,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--family", default="gemm")
     e.add_argument("--rank", action="store_true", help="add per-workload ranks")
     e.add_argument("--top", default=None, help="keep only the top fraction per workload, e.g. 5%%")
+    e.add_argument("--batch-rows", type=int, default=1_000_000,
+                   help="rows evaluated per record batch (bounds memory)")
     e.add_argument("-q", "--quiet", action="store_true")
     e.set_defaults(func=cmd_evaluate)
 
