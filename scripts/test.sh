@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q '.[test]'
+.venv/bin/python -m pip install -q '.[test,ray]'
 cd tests && ../.venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -167,3 +167,10 @@ def test_shared_h100_file_is_valid_input_issue2(shared_data, tmp_path):
     assert res.filter(pl.col("feasible"))["latency_us"].is_not_null().all()
     cub = res.filter(pl.col("backend") == "cublas")
     assert cub.height > 0 and (cub["library_tile"].str.len_chars() > 0).all()
+
+
+def test_empty_candidate_table_evaluates_to_empty_issue2():
+    from tsbatch.evaluate import evaluate
+
+    res = evaluate(pl.DataFrame(GOOD).head(0), "h100")
+    assert res.height == 0 and "latency_us" in res.columns

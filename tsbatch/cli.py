@@ -113,7 +113,9 @@ def cmd_sweep(args) -> int:
     if args.engine == "ray":
         from tsbatch import distributed
 
-        summary = distributed.run_sweep_ray(spec, args.hw, out, top, address=args.address)
+        summary = distributed.run_sweep_ray(spec, args.hw, out, top, address=args.address,
+                                            shard_dir=args.shard_dir, shard_rows=args.shard_rows,
+                                            chunk_rows=args.chunk_rows, progress=args.progress)
     else:
         summary = run_sweep(spec, args.hw, out, top, chunk_rows=args.chunk_rows,
                             progress=not args.quiet and sys.stderr.isatty() or args.progress)
@@ -241,7 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top", default="5%", help="fraction kept per workload (default 5%%)")
     s.add_argument("-o", "--output", required=True)
     s.add_argument("--engine", choices=("local", "ray"), default="local")
-    s.add_argument("--address", default=None, help="Ray cluster address (engine ray)")
+    s.add_argument("--address", default=None, help="Ray cluster address (engine ray; see "
+                                                    "docs/distributed.md)")
+    s.add_argument("--shard-dir", default=None, help="shared directory or URI (s3://...) for the "
+                                                      "Ray engine's candidate shards")
+    s.add_argument("--shard-rows", type=int, default=250_000)
     s.add_argument("--chunk-rows", type=int, default=1_000_000)
     s.add_argument("--progress", action="store_true", help="force the progress bar")
     s.add_argument("-q", "--quiet", action="store_true")

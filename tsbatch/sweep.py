@@ -192,6 +192,8 @@ def run_sweep(spec: str | Path | SweepSpec, hw: str, out: str | Path, top: float
     tm = timings if timings is not None else {}
     with ParquetSink(out, meta) as sink:
         for chunk in candidate_chunks(sp, chunk_rows):
+            if chunk.height == 0:  # the rules removed every candidate of these workloads
+                continue
             res = evaluate(chunk, hwspec, sp.family, timings=tm)
             n_infeasible += int((~res.get_column("feasible")).sum())
             t_r = time.perf_counter()

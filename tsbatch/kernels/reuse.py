@@ -389,8 +389,9 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
     f64 = lambda a: np.ascontiguousarray(a, dtype=np.float64)  # noqa: E731
     g0 = i64(g0)
     n = g0.shape[0]
-    mask = i64(mask).reshape(n, -1)
-    T = mask.shape[1]
+    mask = i64(mask)
+    T = mask.shape[-1] if mask.ndim > 1 else mask.shape[0] // max(n, 1)
+    mask = mask.reshape(n, T)
     h15 = np.zeros((n, T), dtype=np.float64)
     h2 = np.zeros((n, T), dtype=np.float64)
     dram = np.ones((n, T), dtype=np.float64)
