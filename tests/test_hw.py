@@ -265,7 +265,11 @@ def test_unknown_measured_key_names_file_and_key(tmp_path: Path, good_text: str)
 
 
 def test_unknown_calibration_constant_names_file_and_key(tmp_path: Path, good_text: str):
-    text = good_text + '\n[calibration]\nfudge = { value = 1.0, source = "invented" }\n'
+    fudge = 'fudge = { value = 1.0, source = "invented" }\n'
+    if "\n[calibration]\n" in good_text:
+        text = good_text.replace("\n[calibration]\n", "\n[calibration]\n" + fudge, 1)
+    else:
+        text = good_text + "\n[calibration]\n" + fudge
     path = _write(tmp_path, text)
     with pytest.raises(HwFileError) as info:
         load_hw_file(path)

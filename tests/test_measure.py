@@ -1,0 +1,612 @@
+"""``tsbatch measure`` / ``tsbatch calibrate``: the data shaping, on the CPU.
+
+The GPU timing itself (torch, triton, CUDA events) cannot run here; every
+function that shapes data around it can: working-set sizes, grids, the
+measured-schema row builder, the kernel's launch order, device-name mapping,
+the plateau/cliff analysis of bandwidth sweeps, the compute ceilings and the
+hw TOML that ``calibrate`` writes. ``measure`` without torch/CUDA must exit 2
+with one clear line.
+
+Tolerances of the bandwidth analysis (synthetic logistic cliffs in log size,
+multiplicative log-normal noise, seeded):
+
+* noise 1 %: plateaus within 3 %, L2 cliff within 5 %;
+* noise 2 %: plateaus within 5 %, L2 cliff within 8 %;
+* L1.5 cliffs (small steps, coarse sampling): within 12 %, about half a
+  sampling step at 4 points per octave.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import sys
+import types
+
+import numpy as np
+import polars as pl
+import pytest
+
+from tsbatch import measure as ms
+from tsbatch.calibrate import (
+    analyze_bandwidth,
+    best_gemm_tflops,
+    launch_floor_us,
+    tc_ceilings,
+    update_toml_text,
+)
+from tsbatch.cli import main
+from tsbatch.errors import InputError
+from tsbatch.hw import get_hw, hw_dir, load_hw_file
+from tsbatch.io import read_metadata, write_parquet
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover
+    import tomli as tomllib  # type: ignore[no-redef]
+
+MIB = 1 << 20
+DATE = "2025-06-01T12:00:00+00:00"
+
+
+def _curve(sizes, levels, cliffs, widths, noise, seed):
+    """Rates (GB/s): ``levels`` from small to large working sets, logistic steps
+    centred (midpoint of the two levels) at ``cliffs`` bytes, ``widths`` in octaves."""
+    rng = np.random.default_rng(seed)
+    lx = np.log2(np.asarray(sizes, dtype=float))
+    bw = np.full(lx.size, float(levels[-1]))
+    for j, (c, w) in enumerate(zip(cliffs, widths)):
+        bw += (levels[j] - levels[j + 1]) / (1.0 + np.exp((lx - math.log2(c)) / w))
+    return bw * np.exp(rng.normal(0.0, noise, lx.size))
+
+
+def _rel(a, b):
+    return abs(a / b - 1.0)
+
+
+# ============================================================================ bandwidth analysis
+TWO_LEVEL = {  # name: (L2 GB/s, DRAM GB/s, cliff bytes, width octaves, nominal L2 bytes)
+    "h100": (9200, 3020, 40 * MIB, 0.2, 50 * MIB),
+    "a100": (5000, 1700, 30 * MIB, 0.1, 40 * MIB),
+    "b6000": (7434, 1600, 130.62 * MIB, 0.08, 128 * MIB),
+}
+
+
+@pytest.mark.parametrize("gpu", sorted(TWO_LEVEL))
+@pytest.mark.parametrize("noise,tol_level,tol_cliff", [(0.0, 0.005, 0.02), (0.01, 0.03, 0.05),
+                                                       (0.02, 0.05, 0.08)])
+@pytest.mark.parametrize("per_octave", [4, 6])
+def test_two_level_curve_plateaus_and_cliff(gpu, noise, tol_level, tol_cliff, per_octave):
+    l2, dram, cliff, width, nominal = TWO_LEVEL[gpu]
+    sizes = ms.working_set_sizes(MIB, 4 * nominal, per_octave)
+    for seed in range(8):
+        fit = analyze_bandwidth(sizes, _curve(sizes, [l2, dram], [cliff], [width], noise, seed))
+        assert fit.l2 is not None and fit.l15 is None, (seed, fit)
+        assert len(fit.caches) == 1
+        assert _rel(fit.dram.gbps, dram) <= tol_level, (seed, fit.dram)
+        assert _rel(fit.l2.gbps, l2) <= tol_level, (seed, fit.l2)
+        assert _rel(fit.l2_cliff_bytes, cliff) <= tol_cliff, (seed, fit.l2_cliff_bytes / MIB)
+        assert fit.warnings == ()
+
+
+THREE_LEVEL = {  # TileSight Fig. 2 B200 (L1.5/LRC tier 9 % above L2), and an H200-like step
+    "h200_like": ((12760, 9200, 4200), (4 * MIB, 40 * MIB), (0.2, 0.2), 50 * MIB, 0.01, 4),
+    "b200_fig2": ((22465, 20549, 7407), (6 * MIB, 83.12 * MIB), (0.15, 0.35), 126.5 * MIB,
+                  0.005, 6),
+}
+
+
+@pytest.mark.parametrize("gpu", sorted(THREE_LEVEL))
+def test_three_level_curve_finds_l15_and_l2(gpu):
+    levels, cliffs, widths, nominal, noise, per_octave = THREE_LEVEL[gpu]
+    sizes = ms.working_set_sizes(MIB, 4 * nominal, per_octave)
+    for seed in range(8):
+        fit = analyze_bandwidth(sizes, _curve(sizes, levels, cliffs, widths, noise, seed))
+        assert fit.l15 is not None and fit.l2 is not None, (seed, fit.caches)
+        assert _rel(fit.l15.gbps, levels[0]) <= 0.03, (seed, fit.l15)
+        assert _rel(fit.l2.gbps, levels[1]) <= 0.03, (seed, fit.l2)
+        assert _rel(fit.dram.gbps, levels[2]) <= 0.03, (seed, fit.dram)
+        assert _rel(fit.l2_cliff_bytes, cliffs[1]) <= 0.05, (seed, fit.l2_cliff_bytes / MIB)
+        assert _rel(fit.l15_cliff_bytes, cliffs[0]) <= 0.12, (seed, fit.l15_cliff_bytes / MIB)
+        assert fit.l15.last_bytes < fit.l2.first_bytes
+
+
+def test_analysis_is_order_and_duplicate_insensitive():
+    sizes = np.array(ms.working_set_sizes(MIB, 200 * MIB, 4))
+    y = _curve(sizes, [9200, 4200], [40 * MIB], [0.2], 0.01, 3)
+    a = analyze_bandwidth(sizes, y)
+    perm = np.random.default_rng(0).permutation(sizes.size)
+    b = analyze_bandwidth(np.r_[sizes[perm], sizes], np.r_[y[perm], y])
+    assert b.l2.gbps == pytest.approx(a.l2.gbps) and b.dram.gbps == pytest.approx(a.dram.gbps)
+    assert b.l2_cliff_bytes == pytest.approx(a.l2_cliff_bytes)
+
+
+def test_low_rate_at_the_smallest_sets_is_not_a_cache_level():
+    # a ramp-up (too little parallelism at 1-2 MiB) below the L2 plateau is dropped
+    sizes = np.array(ms.working_set_sizes(MIB, 200 * MIB, 4))
+    y = _curve(sizes, [9200, 4200], [40 * MIB], [0.2], 0.0, 0)
+    y[:4] = 6000.0
+    fit = analyze_bandwidth(sizes, y)
+    assert fit.l15 is None and fit.l2.gbps == pytest.approx(9200, rel=0.01)
+    assert any("below the next level" in w for w in fit.warnings)
+
+
+def test_flat_curve_has_no_cache_level():
+    sizes = ms.working_set_sizes(MIB, 64 * MIB, 4)
+    fit = analyze_bandwidth(sizes, _curve(sizes, [3000, 3000], [8 * MIB], [0.2], 0.005, 1))
+    assert fit.l2 is None and fit.l2_cliff_bytes is None
+    assert fit.dram.gbps == pytest.approx(3000, rel=0.02)
+    assert any("no cache plateau" in w for w in fit.warnings)
+
+
+def test_sweep_that_stops_inside_the_cliff_warns():
+    sizes = ms.working_set_sizes(MIB, 64 * MIB, 4)     # the cliff (40 MiB) is in the top octave
+    fit = analyze_bandwidth(sizes, _curve(sizes, [9200, 3000], [40 * MIB], [0.3], 0.0, 0))
+    assert any("may not reach the DRAM plateau" in w for w in fit.warnings)
+
+
+@pytest.mark.parametrize("sizes,gbps", [
+    ([1, 2, 3], [1.0, 1.0, 1.0]),                      # too few sizes
+    (list(range(1, 11)), [1.0] * 9 + [0.0]),           # non-positive rate
+    (list(range(1, 11)), [1.0] * 9 + [float("nan")]),
+    (list(range(1, 11)), [1.0] * 9),                   # unequal lengths
+])
+def test_bad_bandwidth_input_raises(sizes, gbps):
+    with pytest.raises(InputError):
+        analyze_bandwidth(sizes, gbps)
+
+
+# ============================================================================ working sets, frames
+@pytest.mark.parametrize("hi,per_octave", [(200 * MIB, 4), (4 * 126.5 * MIB, 6), (4 * 40 * MIB, 3)])
+def test_working_set_sizes_are_geometric_from_1mib_to_4x_l2(hi, per_octave):
+    s = np.array(ms.working_set_sizes(MIB, int(hi), per_octave, align=16 * 1024))
+    assert s[0] == MIB and s[-1] >= hi * 0.99 and np.all(np.diff(s) > 0)
+    assert np.all(s % (16 * 1024) == 0)
+    steps = np.diff(np.log2(s))
+    assert np.allclose(steps, 1.0 / per_octave, atol=0.02)
+
+
+def test_bandwidth_and_matmul_frames():
+    bw = ms.bandwidth_frame([
+        {"bytes": 2 * MIB, "times_ms": [0.2, 0.1, 0.3], "passes": 500},
+        {"bytes": MIB, "times_ms": [0.1, 0.1], "passes": 1000, "kernel": "torch_sum"},
+    ])
+    assert bw["bytes"].to_list() == [MIB, 2 * MIB]                # sorted by size
+    row = bw.row(1, named=True)
+    assert row["gbps"] == pytest.approx(2 * MIB * 500 / 0.2e-3 / 1e9)   # median time
+    assert row["gbps_min"] < row["gbps"] < row["gbps_max"] and row["repeats"] == 3
+    assert bw.schema["bytes"] == pl.Int64 and bw.schema["gbps"] == pl.Float64
+    mm = ms.matmul_frame([{"dtype": "float16", "m": 8192, "n": 8192, "k": 8192,
+                           "times_ms": [1.5, 1.4, 1.6]},
+                          {"dtype": "float32", "m": 4096, "n": 4096, "k": 4096,
+                           "times_ms": [0.5]}])
+    assert mm["tflops"][0] == pytest.approx(2 * 8192 ** 3 / 1.5e-3 / 1e12)
+    assert mm["tf32"].to_list() == [False, True]
+    with pytest.raises(ValueError):
+        ms.bandwidth_frame([{"bytes": MIB, "times_ms": [0.0], "passes": 1}])
+
+
+def test_metadata_has_provenance():
+    env = {"device_name": "NVIDIA H200", "gpu": "h200", "driver": "550.54.15", "cuda": "12.4",
+           "torch": "2.5.1", "triton": "3.1.0", "date": DATE, "sm_count": 132}
+    md = ms.measurement_metadata(env, "bandwidth", {"args": {"quick": True}})
+    assert md["tsbatch.device_name"] == "NVIDIA H200" and md["tsbatch.driver"] == "550.54.15"
+    assert md["tsbatch.torch_version"] == "2.5.1" and md["tsbatch.triton_version"] == "3.1.0"
+    assert md["tsbatch.date"] == DATE and md["tsbatch.sm_count"] == "132"
+    assert md["tsbatch.args"] == '{"quick": true}'
+    assert all(isinstance(v, str) and k.startswith("tsbatch.") for k, v in md.items())
+
+
+@pytest.mark.parametrize("name,key", [
+    ("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100_sxm"),
+    ("NVIDIA H100 PCIe", "h100_pcie"), ("NVIDIA A100-SXM4-80GB", "a100"),
+    ("NVIDIA B200", "b200"), ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx_pro_6000"),
+    ("AMD Instinct MI210", "mi210"), ("NVIDIA GeForce RTX 4090", "geforce_rtx_4090"),
+])
+def test_gpu_key_maps_device_names_to_hw_keys(name, key):
+    assert ms.gpu_key(name) == key
+
+
+def test_known_gpu_keys_are_hw_files():
+    for name in ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA B200",
+                 "NVIDIA RTX PRO 6000 Blackwell Server Edition", "AMD Instinct MI210"):
+        assert get_hw(ms.gpu_key(name)).key == ms.gpu_key(name)
+
+
+# ============================================================================ GEMM grid and rows
+def _shared_gemm_schema(shared_dir):
+    return pl.read_parquet_schema(shared_dir / "gemm" / "h100_triton_mm.parquet")
+
+
+MEASURED_SCHEMA = {  # ../shared/data/README.md, gemm/ Triton sets
+    "source": pl.String, "gpu": pl.String, "m": pl.Int64, "n": pl.Int64, "k": pl.Int64,
+    "dtype": pl.String, "a_row_major": pl.Boolean, "b_row_major": pl.Boolean,
+    "tf32": pl.Boolean, "backend": pl.String, "block_m": pl.Int32, "block_n": pl.Int32,
+    "block_k": pl.Int32, "num_stages": pl.Int32, "num_warps": pl.Int32, "group_m": pl.Int32,
+    "time_ms": pl.Float64,
+}
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_grid_rows_are_exactly_the_measured_schema(quick):
+    grid = ms.default_grid(quick)
+    dtypes = ("float16", "bfloat16", "float32")
+    problems = ms.grid_problems(grid, dtypes)
+    recs = []
+    for i, p in enumerate(problems):
+        recs.append(ms.gemm_record(p, None, 0.5 + i))
+        for j, cfg in enumerate(grid.configs):
+            recs.append(ms.gemm_record(p, cfg, math.inf if j == 0 else 1.0 + j))
+    df = ms.gemm_rows(recs, "h200")
+    assert list(df.schema.items()) == list(MEASURED_SCHEMA.items()) + [("raster", pl.String)]
+    assert df.height == len(problems) * (len(grid.configs) + 1)
+    assert len(problems) == len(grid.shapes) * len(dtypes)
+    assert set(df["source"]) == {"tsbatch measure"} and set(df["gpu"]) == {"h200"}
+    lib = df.filter(pl.col("backend") == "cublas")
+    tri = df.filter(pl.col("backend") == "triton")
+    assert lib.height == len(problems)
+    for c in ("block_m", "block_n", "block_k", "num_stages", "num_warps", "group_m", "raster"):
+        assert lib[c].null_count() == lib.height and tri[c].null_count() == 0
+    assert tri.filter(pl.col("raster") == "grouped")["group_m"].unique().to_list() == [8]
+    assert tri.filter(pl.col("raster") == "row")["group_m"].unique().to_list() == [1]
+    assert (df["tf32"] == (df["dtype"] == "float32")).all()
+    assert int(tri["time_ms"].is_infinite().sum()) == len(problems)
+    assert set(df["raster"].drop_nulls()) == {"grouped", "row"}
+
+
+def test_grid_rows_match_the_shared_data_schema(shared_data):
+    want = _shared_gemm_schema(shared_data)
+    df = ms.gemm_rows([ms.gemm_record(ms.Problem(64, 64, 64, True, True, "float16"),
+                                      ms.default_grid(True).configs[0], 0.01)], "h100_sxm")
+    assert list(df.drop("raster").schema.items()) == list(want.items())
+
+
+def test_measured_rows_evaluate_and_score(tmp_path):
+    """The rows measure writes are valid tsbatch candidates (raster included)."""
+    grid = ms.default_grid(True)
+    p = ms.Problem(4096, 4096, 4096, True, True, "float16")
+    df = ms.gemm_rows([ms.gemm_record(p, c, 1.0) for c in grid.configs], "h200")
+    f = tmp_path / "h200_gemm.parquet"
+    df.write_parquet(f)
+    out = tmp_path / "pred.parquet"
+    assert main(["evaluate", str(f), "--hw", "h200", "-o", str(out), "-q"]) == 0
+    assert pl.read_parquet(out)["latency_us"].is_not_null().all()
+
+
+def test_gemm_rows_rejects_bad_records():
+    p = ms.Problem(64, 64, 64, True, True, "float16")
+    good = ms.gemm_record(p, ms.default_grid(True).configs[0], 1.0)
+    for bad in ({**good, "backend": "cutlass"}, {**good, "dtype": "int8"},
+                {**good, "time_ms": 0.0}, {**good, "raster": "spiral"}):
+        with pytest.raises(ValueError):
+            ms.gemm_rows([bad], "h200")
+
+
+@pytest.mark.parametrize("raster,order_name", [("grouped", "grouped"), ("row", "row"),
+                                               ("col", "col")])
+@pytest.mark.parametrize("gm,gn,group", [(7, 5, 3), (16, 4, 8), (3, 9, 8), (8, 8, 1)])
+def test_kernel_launch_order_matches_the_model(raster, order_name, gm, gn, group):
+    """The Triton kernel's pid -> tile mapping is the model's order of the same name."""
+    from tsbatch.kernels.order import ORDER_NAMES, launch_order_array
+
+    x0, x1, _ = launch_order_array(ORDER_NAMES[order_name], gm, gn, 1, group)
+    got = ms.kernel_tile_order(raster, gm, gn, group)
+    assert got == list(zip(x0.tolist(), x1.tolist()))
+
+
+def test_kernel_source_is_python_with_the_constexprs():
+    tree = ast.parse(ms.KERNEL_SOURCE)
+    fns = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert set(fns) == {"read_kernel", "matmul_kernel"}
+    args = [a.arg for a in fns["matmul_kernel"].args.args]
+    for c in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "RASTER"):
+        assert c in args
+    # the mirrored order arithmetic is the kernel's
+    for line in ("group_size_m = min(num_pid_m - first_pid_m, GROUP_M)",
+                 "pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)",
+                 "pid_n = (pid % num_pid_in_group) // group_size_m"):
+        assert line in ms.KERNEL_SOURCE
+
+
+def test_load_grid_product_and_explicit(tmp_path):
+    f = tmp_path / "grid.toml"
+    f.write_text('shapes = [[4096, 4096, 4096], [512, 8192, 4096]]\n'
+                 'dtypes = ["bf16"]\n'
+                 'block_m = [64, 128]\nblock_n = [128]\nblock_k = [32, 64]\n'
+                 'num_stages = [3]\nnum_warps = [4, 8]\ngroup_m = [4, 8]\n'
+                 'raster = ["grouped", "row", "col"]\nb_row_major = [true, false]\n')
+    g = ms.load_grid(f)
+    assert g.shapes == ((4096, 4096, 4096), (512, 8192, 4096)) and g.dtypes == ("bfloat16",)
+    assert len(g.configs) == 2 * 1 * 2 * 1 * 2 * 4       # tiles x (grouped 4, 8, row, col)
+    assert {(c.raster, c.group_m) for c in g.configs} == {("grouped", 4), ("grouped", 8),
+                                                          ("row", 1), ("col", 1)}
+    assert g.layouts == ((True, True), (True, False))
+    assert len(ms.grid_problems(g, g.dtypes)) == 4
+    f.write_text('shapes = [[64, 64, 64]]\nconfigs = [{block_m = 128, block_n = 64, '
+                 'block_k = 32, num_stages = 4, num_warps = 4}, {block_m = 64, block_n = 64, '
+                 'block_k = 32, num_stages = 2, num_warps = 4, raster = "row", group_m = 8}]\n')
+    g = ms.load_grid(f)
+    assert g.configs == (ms.GemmConfig(128, 64, 32, 4, 4, 8, "grouped"),
+                         ms.GemmConfig(64, 64, 32, 2, 4, 1, "row"))
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("block_m = [64]", "'shapes'"),
+    ("shapes = [[64, 64]]", "[m, n, k]"),
+    ("shapes = [[64, 64, 0]]", "positive integer"),
+    ("shapes = [[64, 64, 64]]\nblock_m = [64]\nblock_n=[64]\nblock_k=[32]\nnum_stages=[2]\n"
+     "num_warps=[4]\nraster=['spiral']", "spiral"),
+    ("shapes = [[64, 64, 64]]\nblock_m = [96]\nblock_n=[64]\nblock_k=[32]\nnum_stages=[2]\n"
+     "num_warps=[4]", "powers of two"),
+    ("shapes = [[64, 64, 64]]\nblock_m = [64]", "'block_n' is required"),
+    ("shapes = [[64, 64, 64]]\ntile = 3", "unknown keys ['tile']"),
+    ("shapes = [[64, 64, 64]]\ndtypes = ['int8']", "unknown dtype"),
+    ("shapes = [[64, 64, 64]]\nconfigs = [{block_m = 64}]", "lacks 'block_n'"),
+    ("shapes = [[64, 64, 64", "invalid TOML"),
+])
+def test_load_grid_errors_name_the_problem(tmp_path, text, needle):
+    f = tmp_path / "grid.toml"
+    f.write_text(text)
+    with pytest.raises(InputError) as exc:
+        ms.load_grid(f)
+    assert needle in str(exc.value) and str(f) in str(exc.value)
+
+
+def test_parse_dtypes():
+    assert ms.parse_dtypes(None) == ("float16", "bfloat16")
+    assert ms.parse_dtypes("fp16, bf16,float16,tf32") == ("float16", "bfloat16", "float32")
+    for bad in ("", "int8", "float16,fp64"):
+        with pytest.raises(InputError):
+            ms.parse_dtypes(bad)
+
+
+# ============================================================================ measure without a GPU
+def _hide(monkeypatch, torch=None, triton=None):
+    monkeypatch.setitem(sys.modules, "torch", torch)      # None makes `import torch` fail
+    monkeypatch.setitem(sys.modules, "triton", triton)
+
+
+def test_measure_without_torch_exits_2_with_a_clear_message(tmp_path, capsys, monkeypatch):
+    _hide(monkeypatch)
+    out = tmp_path / "meas"
+    assert main(["measure", "--out", str(out), "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tsbatch: error: tsbatch measure needs a CUDA GPU with torch and "
+                          "triton installed (found: ")
+    assert "torch not importable" in err and "triton not importable" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_measure_with_cpu_only_torch_names_the_missing_cuda(tmp_path, capsys, monkeypatch):
+    torch = types.ModuleType("torch")
+    torch.__version__ = "2.5.1+cpu"
+    torch.cuda = types.SimpleNamespace(is_available=lambda: False)
+    triton = types.ModuleType("triton")
+    triton.__version__ = "3.1.0"
+    _hide(monkeypatch, torch, triton)
+    out = tmp_path / "meas"
+    assert main(["measure", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA GPU" in err
+    assert "torch 2.5.1+cpu with no CUDA device available" in err and "triton 3.1.0" in err
+    assert not out.exists()
+
+
+def test_measure_checks_its_arguments_before_the_gpu(tmp_path, capsys, monkeypatch):
+    _hide(monkeypatch)
+    bad = tmp_path / "grid.toml"
+    bad.write_text("shapes = 3\n")
+    assert main(["measure", "--out", str(tmp_path / "m"), "--gemm-grid", str(bad)]) == 2
+    assert "grid.toml: 'shapes'" in capsys.readouterr().err
+    assert main(["measure", "--out", str(tmp_path / "m"), "--dtypes", "int4"]) == 2
+    assert "unknown dtype 'int4'" in capsys.readouterr().err
+    f = tmp_path / "file"
+    f.write_text("")
+    assert main(["measure", "--out", str(f)]) == 2
+    assert "must be a directory" in capsys.readouterr().err
+
+
+# ============================================================================ ceilings
+def _gemm_frame():
+    P = ms.Problem
+    g = ms.default_grid(True).configs
+    recs = [ms.gemm_record(P(64, 64, 64, True, True, "float16"), None, 0.0062),
+            ms.gemm_record(P(64, 64, 64, True, True, "float16"), g[0], 0.0071),
+            ms.gemm_record(P(64, 64, 64, True, True, "float16"), g[1], math.inf),
+            ms.gemm_record(P(8192, 8192, 8192, True, True, "bfloat16"), None, 1.70),
+            ms.gemm_record(P(8192, 8192, 8192, True, True, "float16"), g[2], 1.80),
+            ms.gemm_record(P(8192, 8192, 8192, True, True, "float32"), None, 1.0)]
+    return ms.gemm_rows(recs, "h200")
+
+
+def test_ceilings_from_matmul_and_gemm_frames():
+    mm = ms.matmul_frame([
+        {"dtype": "float16", "m": 4096, "n": 4096, "k": 4096, "times_ms": [0.25]},
+        {"dtype": "float16", "m": 8192, "n": 8192, "k": 8192, "times_ms": [1.60, 1.62]},
+        {"dtype": "bfloat16", "m": 8192, "n": 8192, "k": 8192, "times_ms": [1.65]},
+    ])
+    c = tc_ceilings(mm)
+    assert set(c) == {"float16", "bfloat16"}
+    assert c["float16"]["m"] == 8192
+    assert c["float16"]["tflops"] == pytest.approx(2 * 8192 ** 3 / 1.61e-3 / 1e12)
+    best = best_gemm_tflops(_gemm_frame())
+    assert best["backend"] == "cublas" and best["dtype"] == "bfloat16"   # float32 not counted
+    assert best["tflops"] == pytest.approx(2 * 8192 ** 3 / 1.70e-3 / 1e12)
+    floor = launch_floor_us(_gemm_frame())
+    assert floor["time_us"] == pytest.approx(6.2) and floor["backend"] == "cublas"
+    empty = _gemm_frame().head(0)
+    assert best_gemm_tflops(empty) is None and launch_floor_us(empty) is None
+
+
+# ============================================================================ calibrate end to end
+ENV = {"device_name": "NVIDIA H200", "gpu": "h200", "driver": "550.54.15", "cuda": "12.4",
+       "torch": "2.5.1", "triton": "3.1.0", "date": DATE}
+
+
+def _write_measurements(d, *, gpu="h200", bandwidth=True, matmul=True, gemm=True, seed=0):
+    d.mkdir(parents=True, exist_ok=True)
+    env = {**ENV, "gpu": gpu}
+    if bandwidth:
+        sizes = ms.working_set_sizes(MIB, 200 * MIB, 6)
+        y = _curve(sizes, [9300, 4300], [42 * MIB], [0.2], 0.005, seed)
+        recs = [{"bytes": b, "times_ms": [b * 10 / (g * 1e9) * 1e3], "passes": 10}
+                for b, g in zip(sizes, y)]
+        write_parquet(ms.bandwidth_frame(recs), d / "bandwidth.parquet",
+                      ms.measurement_metadata(env, "bandwidth"))
+    if matmul:
+        mm = ms.matmul_frame([
+            {"dtype": "float16", "m": 8192, "n": 8192, "k": 8192, "times_ms": [1.6]},
+            {"dtype": "bfloat16", "m": 8192, "n": 8192, "k": 8192, "times_ms": [1.65]}])
+        write_parquet(mm, d / "matmul.parquet", ms.measurement_metadata(env, "matmul"))
+    if gemm:
+        write_parquet(_gemm_frame().with_columns(pl.lit(gpu).alias("gpu")), d / "gemm.parquet",
+                      ms.measurement_metadata(env, "gemm"))
+    return d
+
+
+def test_calibrate_writes_a_loadable_hw_file(tmp_path, capsys):
+    d = _write_measurements(tmp_path / "meas")
+    out = tmp_path / "h200.toml"
+    src = hw_dir() / "h200.toml"
+    before = src.read_bytes()
+    assert main(["calibrate", str(d), "--hw", "h200", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert src.read_bytes() == before                       # the repository file is untouched
+    spec = load_hw_file(out)
+    old = get_hw("h200")
+    # [measured]
+    assert spec.measured["dram_bw_tbps"] == pytest.approx(4.3, rel=0.02)
+    assert spec.measured["l2_bw_tbps"] == pytest.approx(9.3, rel=0.02)
+    tc16 = 2 * 8192 ** 3 / 1.6e-3 / 1e12
+    assert spec.measured["tc_fp16_tflops"] == pytest.approx(tc16, rel=1e-3)
+    assert "l15_bw_tbps" not in spec.measured
+    # [calibration]
+    assert spec.calibration["l2_capacity_fraction"] == pytest.approx(42 / 50, rel=0.04)
+    best = 2 * 8192 ** 3 / 1.70e-3 / 1e12
+    assert spec.calibration["tc_efficiency"] == pytest.approx(best / tc16, rel=2e-3)
+    lat = old.cal("mem_latency_us")
+    assert spec.calibration["launch_overhead_us"] == pytest.approx(6.2 - lat, abs=1e-3)
+    # sources name the file, the device and the date
+    for key in ("measured.dram_bw_tbps", "measured.l2_bw_tbps",
+                "calibration.l2_capacity_fraction"):
+        s = spec.sources[key]
+        assert "tsbatch calibrate" in s and "meas/bandwidth.parquet" in s
+        assert "NVIDIA H200" in s and "2025-06-01" in s
+    assert "meas/matmul.parquet" in spec.sources["measured.tc_fp16_tflops"]
+    for key in ("calibration.tc_efficiency", "calibration.launch_overhead_us"):
+        assert "meas/gemm.parquet" in spec.sources[key]
+    # everything else is kept
+    assert spec.measured["clock_mhz"] == old.measured["clock_mhz"]
+    assert spec.sources["measured.clock_mhz"] == old.sources["measured.clock_mhz"]
+    assert (spec.name, spec.aliases, spec.l2_bytes) == (old.name, old.aliases, old.l2_bytes)
+    assert out.read_text().splitlines()[0] == src.read_text().splitlines()[0]   # comments kept
+    # the summary names what changed
+    assert "[measured] l2_bw_tbps" in text and "[calibration] l2_capacity_fraction" in text
+    assert f"wrote 6 calibrated values to {out}" in text
+
+
+def test_calibrate_with_only_some_files(tmp_path, capsys):
+    d = _write_measurements(tmp_path / "meas", matmul=False, gemm=False)
+    out = tmp_path / "h200.toml"
+    assert main(["calibrate", str(d), "--hw", "h200", "-o", str(out)]) == 0
+    spec = load_hw_file(out)
+    assert spec.measured["tc_fp16_tflops"] == get_hw("h200").measured["tc_fp16_tflops"]
+    assert "tc_efficiency" not in spec.calibration
+    assert "not calibrated: tc_fp16_tflops: no matmul.parquet" in capsys.readouterr().out
+
+
+def test_calibrate_dry_run_writes_nothing(tmp_path, capsys):
+    d = _write_measurements(tmp_path / "meas")
+    out = tmp_path / "x.toml"
+    assert main(["calibrate", str(d), "--hw", "h200", "-o", str(out), "--dry-run"]) == 0
+    assert not out.exists() and "dry run" in capsys.readouterr().out
+
+
+def test_calibrate_refuses_another_gpus_measurements(tmp_path, capsys):
+    d = _write_measurements(tmp_path / "meas", gpu="a100")
+    out = tmp_path / "h200.toml"
+    assert main(["calibrate", str(d), "--hw", "h200", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "measured on 'a100'" in err and "--force" in err and not out.exists()
+    assert main(["calibrate", str(d), "--hw", "h200", "-o", str(out), "--force"]) == 0
+
+
+@pytest.mark.parametrize("case", ["missing_dir", "empty_dir", "bad_hw", "out_is_dir",
+                                  "second_file_in_hw_dir", "missing_column"])
+def test_calibrate_input_errors_exit_2(tmp_path, capsys, case):
+    d = _write_measurements(tmp_path / "meas")
+    argv = ["calibrate", str(d), "--hw", "h200", "-o", str(tmp_path / "o.toml")]
+    needle = {"missing_dir": "not a directory", "empty_dir": "has none of",
+              "bad_hw": "unknown GPU", "out_is_dir": "is a directory",
+              "second_file_in_hw_dir": "would repeat its aliases",
+              "missing_column": "missing column 'gbps'"}[case]
+    if case == "missing_dir":
+        argv[1] = str(tmp_path / "nope")
+    elif case == "empty_dir":
+        (tmp_path / "empty").mkdir()
+        argv[1] = str(tmp_path / "empty")
+    elif case == "bad_hw":
+        argv[3] = "h900"
+    elif case == "out_is_dir":
+        argv[5] = str(tmp_path)
+    elif case == "second_file_in_hw_dir":
+        argv[5] = str(hw_dir() / "h200_calibrated.toml")
+    elif case == "missing_column":
+        pl.DataFrame({"bytes": [1, 2]}).write_parquet(d / "bandwidth.parquet")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tsbatch: error: ") and needle in err, err
+    assert not (tmp_path / "o.toml").exists()
+    assert not (hw_dir() / "h200_calibrated.toml").exists()
+
+
+def test_calibrate_accepts_a_hw_file_path(tmp_path, capsys):
+    d = _write_measurements(tmp_path / "meas")
+    src = tmp_path / "h200.toml"
+    src.write_bytes((hw_dir() / "h200.toml").read_bytes())
+    assert main(["calibrate", str(d), "--hw", str(src)]) == 0      # in place
+    assert load_hw_file(src).measured["l2_bw_tbps"] == pytest.approx(9.3, rel=0.02)
+
+
+def test_measurement_metadata_survives_the_round_trip(tmp_path):
+    d = _write_measurements(tmp_path / "meas")
+    md = read_metadata(d / "gemm.parquet")
+    assert md["tsbatch.device_name"] == "NVIDIA H200" and md["tsbatch.date"] == DATE
+
+
+# ============================================================================ TOML editing
+def test_update_toml_text_replaces_inserts_and_appends():
+    text = ('# head comment\n[identity]\nname = "x"\n\n[measured]\n# keep me\n'
+            'l2_bw_tbps = { value = 1.0, source = "old" }  # trailing\n'
+            'clock_mhz = { value = 1000, source = "clk" }\n\n[memory]\n'
+            'l2_bw_tbps = { value = 5.0, source = "spec" }\n')
+    new = update_toml_text(text, {
+        "measured": {"l2_bw_tbps": (9.3, 'a "quoted" \\ source'), "dram_bw_tbps": (4.2, "d")},
+        "calibration": {"tc_efficiency": (0.8, "e")},
+    })
+    doc = tomllib.loads(new)
+    assert doc["measured"]["l2_bw_tbps"] == {"value": 9.3, "source": 'a "quoted" \\ source'}
+    assert doc["measured"]["dram_bw_tbps"] == {"value": 4.2, "source": "d"}
+    assert doc["measured"]["clock_mhz"]["value"] == 1000
+    assert doc["memory"]["l2_bw_tbps"]["value"] == 5.0            # other sections untouched
+    assert doc["calibration"]["tc_efficiency"] == {"value": 0.8, "source": "e"}
+    assert "# head comment" in new and "# keep me" in new
+    lines = new.splitlines()
+    # the inserted key sits inside [measured], before [memory]
+    assert lines.index("[memory]") > next(i for i, ln in enumerate(lines) if "dram_bw" in ln)
+
+
+def test_calibrate_keep_leaves_a_key_and_rebases_the_efficiency(tmp_path, capsys):
+    d = _write_measurements(tmp_path / "meas")
+    out = tmp_path / "h200.toml"
+    assert main(["calibrate", str(d), "--hw", "h200", "-o", str(out),
+                 "--keep", "tc_fp16_tflops"]) == 0
+    spec, old = load_hw_file(out), get_hw("h200")
+    assert spec.measured["tc_fp16_tflops"] == old.measured["tc_fp16_tflops"]
+    assert spec.sources["measured.tc_fp16_tflops"] == old.sources["measured.tc_fp16_tflops"]
+    best = 2 * 8192 ** 3 / 1.70e-3 / 1e12
+    assert spec.calibration["tc_efficiency"] == pytest.approx(best / 928.0, rel=2e-3)
+    assert "kept as in the file (--keep)" in capsys.readouterr().out
+    assert main(["calibrate", str(d), "--hw", "h200", "-o", str(out), "--keep", "clock"]) == 2
+    assert "--keep: clock" in capsys.readouterr().err

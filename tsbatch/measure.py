@@ -1,0 +1,1027 @@
+"""``tsbatch measure`` and ``tsbatch calibrate``: GPU microbenchmarks and the hw files they calibrate.
+
+``tsbatch measure --out DIR`` runs on a CUDA machine with torch and triton
+(TileSight §5, "calibrated once per architecture with small microbenchmarks:
+bandwidth sweeps over working-set sizes, as in Figure 2, and short
+matrix-multiply probes") and writes three Parquet files:
+
+``bandwidth.parquet``
+    Read bandwidth versus working-set size (geometric, 1 MiB .. 4x L2): a
+    looped read kernel re-reads the working set until about 1 GiB has been
+    read, timed with CUDA events. Columns ``bytes, gbps, gbps_min,
+    gbps_max, time_ms, passes, repeats, kernel``. The plateaus and cliffs of
+    this curve are TileSight Fig. 2.
+``matmul.parquet``
+    Large square ``torch.matmul`` probes per dtype: ``dtype, tf32, m, n, k,
+    time_ms, tflops, repeats``.
+``gemm.parquet``
+    A standard Triton grouped-launch matmul timed over an explicit grid of
+    tile configurations, ``group_m`` and launch orders (``raster``) and
+    problem shapes, plus ``torch.matmul`` (``backend == 'cublas'``) for each
+    problem, in exactly the measured schema of ``../shared/data/gemm``
+    (:func:`gemm_schema`) plus a ``raster`` column. Configurations that do
+    not run (out of shared memory or registers) have ``time_ms = inf``.
+
+Each file carries provenance metadata (``tsbatch.device_name``,
+``tsbatch.gpu``, ``tsbatch.driver``, ``tsbatch.torch_version``,
+``tsbatch.triton_version``, ``tsbatch.date``, ...; read it with
+:func:`tsbatch.io.read_metadata`).
+
+``tsbatch calibrate DIR --hw NAME`` (pure data shaping, no GPU; see
+:mod:`tsbatch.calibrate`) turns those files into the ``[measured]`` and
+``[calibration]`` values of ``hw/NAME.toml``.
+
+Everything that shapes data (grids, working-set sizes, row builders, device
+name mapping, metadata) is a pure function tested on the CPU; only
+:func:`run_measure` and the helpers it calls need the GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import importlib.util
+import itertools
+import math
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from tsbatch.errors import InputError
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+__all__ = [
+    "add_parser",
+    "gemm_schema",
+    "GEMM_COLUMNS",
+    "RASTERS",
+    "DTYPES",
+    "GemmConfig",
+    "GemmGrid",
+    "default_grid",
+    "load_grid",
+    "parse_dtypes",
+    "working_set_sizes",
+    "gpu_key",
+    "gemm_rows",
+    "Problem",
+    "grid_problems",
+    "gemm_record",
+    "kernel_tile_order",
+    "bandwidth_frame",
+    "matmul_frame",
+    "measurement_metadata",
+    "require_gpu",
+    "run_measure",
+    "KERNEL_SOURCE",
+    "SOURCE",
+]
+
+#: ``source`` column of every row ``tsbatch measure`` writes
+SOURCE = "tsbatch measure"
+
+#: launch orders the Triton kernel implements (``RASTER`` constexpr 0, 1, 2);
+#: names as in :mod:`tsbatch.kernels.order` / the ``raster`` candidate column
+RASTERS = ("grouped", "row", "col")
+
+#: input dtypes of the probes; float32 runs on tensor cores as TF32
+DTYPES = ("float16", "bfloat16", "float32")
+
+MIB = 1 << 20
+
+
+def gemm_schema() -> dict:
+    """The measured GEMM schema of ``../shared/data/gemm/*_triton_mm.parquet``
+    (column order and polars dtypes) followed by ``raster``: the columns of
+    ``gemm.parquet``. A function so that importing this module (the CLI does,
+    always) does not import polars."""
+    import polars as pl
+
+    return {
+        "source": pl.String, "gpu": pl.String,
+        "m": pl.Int64, "n": pl.Int64, "k": pl.Int64,
+        "dtype": pl.String, "a_row_major": pl.Boolean, "b_row_major": pl.Boolean,
+        "tf32": pl.Boolean, "backend": pl.String,
+        "block_m": pl.Int32, "block_n": pl.Int32, "block_k": pl.Int32,
+        "num_stages": pl.Int32, "num_warps": pl.Int32, "group_m": pl.Int32,
+        "time_ms": pl.Float64,
+        "raster": pl.String,
+    }
+
+
+#: column names of :func:`gemm_schema`, in order
+GEMM_COLUMNS: tuple[str, ...] = (
+    "source", "gpu", "m", "n", "k", "dtype", "a_row_major", "b_row_major", "tf32", "backend",
+    "block_m", "block_n", "block_k", "num_stages", "num_warps", "group_m", "time_ms", "raster",
+)
+
+
+# ============================================================================ grids
+@dataclass(frozen=True)
+class GemmConfig:
+    """One Triton launch configuration: tile, pipeline and launch order."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_stages: int
+    num_warps: int
+    group_m: int = 8
+    raster: str = "grouped"
+
+    def smem_bytes(self, elem_bytes: int) -> int:
+        """Shared memory of the A and B ring buffers (Triton's dominant allocation)."""
+        return self.num_stages * (self.block_m + self.block_n) * self.block_k * elem_bytes
+
+
+@dataclass(frozen=True)
+class GemmGrid:
+    """Problems and configurations ``tsbatch measure`` times."""
+
+    shapes: tuple[tuple[int, int, int], ...]
+    configs: tuple[GemmConfig, ...]
+    layouts: tuple[tuple[bool, bool], ...] = ((True, True),)   # (a_row_major, b_row_major)
+    dtypes: tuple[str, ...] | None = None                    # None: the --dtypes default
+    name: str = "default"
+
+
+#: Tile configurations of PyTorch Inductor's mm template (the development
+#: data were autotuned over these) plus the large Hopper tiles.
+_DEFAULT_TILES = (
+    (32, 32, 16, 1, 2), (32, 32, 128, 2, 4), (32, 64, 32, 5, 8), (64, 32, 32, 5, 8),
+    (64, 32, 128, 5, 4), (64, 64, 16, 2, 4), (64, 64, 32, 2, 4), (64, 64, 64, 3, 8),
+    (64, 64, 128, 5, 4), (64, 128, 32, 3, 4), (64, 128, 32, 4, 8), (64, 128, 64, 3, 4),
+    (64, 128, 128, 4, 4), (128, 64, 32, 3, 4), (128, 64, 32, 4, 8), (128, 128, 32, 2, 8),
+    (128, 128, 32, 3, 4), (128, 128, 64, 3, 4), (128, 128, 64, 5, 8), (128, 128, 64, 4, 8),
+    (128, 256, 64, 3, 8), (256, 128, 64, 3, 8),
+)
+_QUICK_TILES = (
+    (64, 64, 32, 2, 4), (64, 128, 64, 3, 4), (128, 64, 32, 4, 8), (128, 128, 32, 3, 4),
+    (128, 128, 64, 4, 8), (128, 256, 64, 3, 8),
+)
+_DEFAULT_SHAPES = (
+    (64, 64, 64), (128, 4096, 4096), (1024, 1024, 1024), (2048, 2048, 2048),
+    (4096, 4096, 4096), (8192, 8192, 8192), (4096, 14336, 4096), (16384, 4096, 1024),
+    (1024, 8192, 28672),
+)
+_QUICK_SHAPES = ((64, 64, 64), (512, 4096, 4096), (4096, 4096, 4096), (8192, 8192, 1024))
+
+
+def _configs(tiles, orders) -> tuple[GemmConfig, ...]:
+    return tuple(GemmConfig(bm, bn, bk, ns, nw, g, r)
+                 for (bm, bn, bk, ns, nw) in tiles for (r, g) in orders)
+
+
+def default_grid(quick: bool = False) -> GemmGrid:
+    """The built-in grid: Inductor's tiles, grouped (``group_m`` 8) and row launch order."""
+    orders = (("grouped", 8), ("row", 1))
+    if quick:
+        return GemmGrid(_QUICK_SHAPES, _configs(_QUICK_TILES, orders), name="quick")
+    return GemmGrid(_DEFAULT_SHAPES, _configs(_DEFAULT_TILES, orders), name="default")
+
+
+_GRID_KEYS = {"shapes", "dtypes", "block_m", "block_n", "block_k", "num_stages", "num_warps",
+              "group_m", "raster", "configs", "a_row_major", "b_row_major"}
+_TILE_KEYS = ("block_m", "block_n", "block_k", "num_stages", "num_warps")
+
+
+def _pos_int(path, what, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise InputError(f"{path}: {what} must be a positive integer, got {v!r}")
+    return v
+
+
+def _int_list(path, doc, key, default=None) -> list[int]:
+    v = doc.get(key, default)
+    if v is None:
+        raise InputError(f"{path}: '{key}' is required (a list of positive integers)")
+    if not isinstance(v, list) or not v:
+        raise InputError(f"{path}: '{key}' must be a non-empty list, got {v!r}")
+    return [_pos_int(path, f"'{key}' entry", x) for x in v]
+
+
+def _bool_list(path, doc, key) -> list[bool]:
+    v = doc.get(key, [True])
+    if not isinstance(v, list) or not v or not all(isinstance(x, bool) for x in v):
+        raise InputError(f"{path}: '{key}' must be a non-empty list of true/false, got {v!r}")
+    return v
+
+
+def _raster(path, what, r) -> str:
+    if r not in RASTERS:
+        raise InputError(f"{path}: {what} {r!r} is not a launch order this kernel has; "
+                         f"use one of {', '.join(RASTERS)}")
+    return r
+
+
+def load_grid(path: str | Path) -> GemmGrid:
+    """Read a GEMM grid TOML file (see ``docs/measure.md``).
+
+    ::
+
+        shapes = [[4096, 4096, 4096], [512, 8192, 4096]]   # [m, n, k], required
+        dtypes = ["float16"]                    # optional (--dtypes overrides)
+        block_m = [64, 128]                     # the tile grid: every combination
+        block_n = [64, 128, 256]
+        block_k = [32, 64]
+        num_stages = [3, 4]
+        num_warps = [4, 8]
+        group_m = [8]                           # optional, default [8]
+        raster = ["grouped", "row"]             # optional, default both
+        a_row_major = [true]                    # optional layouts, default [true]
+        b_row_major = [true, false]
+        # or an explicit list instead of the tile grid:
+        # configs = [{block_m = 128, block_n = 128, block_k = 64, num_stages = 3,
+        #             num_warps = 8, group_m = 8, raster = "grouped"}]
+
+    ``group_m`` applies to the grouped order; row and column orders are
+    recorded with ``group_m = 1`` (grouped with one row per group is the row
+    order).
+    """
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read GEMM grid ({exc.strerror})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: invalid TOML ({exc})") from None
+    extra = sorted(set(doc) - _GRID_KEYS)
+    if extra:
+        raise InputError(f"{path}: unknown keys {extra}; known: {sorted(_GRID_KEYS)}")
+
+    shapes = doc.get("shapes")
+    if not isinstance(shapes, list) or not shapes:
+        raise InputError(f"{path}: 'shapes' must be a non-empty list of [m, n, k]")
+    shp = []
+    for s in shapes:
+        if not isinstance(s, list) or len(s) != 3:
+            raise InputError(f"{path}: each shape must be [m, n, k], got {s!r}")
+        shp.append(tuple(_pos_int(path, "shape size", x) for x in s))
+
+    dtypes = doc.get("dtypes")
+    if dtypes is not None:
+        if not isinstance(dtypes, list) or not dtypes:
+            raise InputError(f"{path}: 'dtypes' must be a non-empty list of names")
+        dtypes = tuple(_dtype(str(d), str(path)) for d in dtypes)
+
+    layouts = tuple(itertools.product(_bool_list(path, doc, "a_row_major"),
+                                      _bool_list(path, doc, "b_row_major")))
+
+    if "configs" in doc:
+        present = sorted(k for k in (*_TILE_KEYS, "group_m", "raster") if k in doc)
+        if present:
+            raise InputError(f"{path}: give either 'configs' or the tile grid keys, not both "
+                             f"(found {present})")
+        cfgs = doc["configs"]
+        if not isinstance(cfgs, list) or not cfgs:
+            raise InputError(f"{path}: 'configs' must be a non-empty list of tables")
+        out = []
+        for i, c in enumerate(cfgs):
+            if not isinstance(c, dict):
+                raise InputError(f"{path}: configs[{i}] must be a table")
+            bad = sorted(set(c) - {*_TILE_KEYS, "group_m", "raster"})
+            if bad:
+                raise InputError(f"{path}: configs[{i}] has unknown keys {bad}")
+            for k in _TILE_KEYS:
+                if k not in c:
+                    raise InputError(f"{path}: configs[{i}] lacks '{k}'")
+            r = _raster(path, f"configs[{i}] raster", c.get("raster", "grouped"))
+            g = _pos_int(path, f"configs[{i}] group_m", c.get("group_m", 8))
+            out.append(GemmConfig(*(_pos_int(path, f"configs[{i}] {k}", c[k]) for k in _TILE_KEYS),
+                                  group_m=g if r == "grouped" else 1, raster=r))
+        configs = tuple(out)
+    else:
+        lists = [_int_list(path, doc, k) for k in _TILE_KEYS]
+        groups = _int_list(path, doc, "group_m", [8])
+        rasters = doc.get("raster", ["grouped", "row"])
+        if not isinstance(rasters, list) or not rasters:
+            raise InputError(f"{path}: 'raster' must be a non-empty list")
+        orders: list[tuple[str, int]] = []
+        for r in rasters:
+            r = _raster(path, "raster", r)
+            for g in (groups if r == "grouped" else [1]):
+                if (r, g) not in orders:
+                    orders.append((r, g))
+        configs = _configs(itertools.product(*lists), orders)
+    for c in configs:
+        for k in ("block_m", "block_n", "block_k"):
+            v = getattr(c, k)
+            if v & (v - 1) or v < 16:
+                raise InputError(f"{path}: {k} = {v}: Triton tiles must be powers of two >= 16")
+        if c.num_warps & (c.num_warps - 1):
+            raise InputError(f"{path}: num_warps = {c.num_warps} must be a power of two")
+    return GemmGrid(tuple(shp), configs, layouts, dtypes, name=str(path))
+
+
+def _dtype(name: str, where: str = "--dtypes") -> str:
+    aliases = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32",
+               "tf32": "float32", "float": "float32"}
+    d = aliases.get(name.strip().lower(), name.strip().lower())
+    if d not in DTYPES:
+        raise InputError(f"{where}: unknown dtype {name!r}; use {', '.join(DTYPES)}")
+    return d
+
+
+def parse_dtypes(text: str | None, default: Sequence[str] = ("float16", "bfloat16")) -> tuple[str, ...]:
+    """``'float16,bf16'`` -> ``('float16', 'bfloat16')``; ``None`` -> the default."""
+    if text is None:
+        return tuple(default)
+    names = [t for t in (s.strip() for s in text.split(",")) if t]
+    if not names:
+        raise InputError("--dtypes: give at least one dtype (float16, bfloat16, float32)")
+    out: list[str] = []
+    for n in names:
+        d = _dtype(n)
+        if d not in out:
+            out.append(d)
+    return tuple(out)
+
+
+_PARTS = ("bandwidth", "matmul", "gemm")
+
+
+def parse_parts(text: str | None) -> tuple[str, ...]:
+    if text is None:
+        return _PARTS
+    parts = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [p for p in parts if p not in _PARTS]
+    if bad or not parts:
+        raise InputError(f"--only: unknown part(s) {bad or [text]}; use {', '.join(_PARTS)}")
+    return parts
+
+
+# ============================================================================ pure helpers
+def working_set_sizes(lo_bytes: int, hi_bytes: int, per_octave: int = 4,
+                      align: int = 64 * 1024) -> list[int]:
+    """Geometric working-set sizes from ``lo`` to at least ``hi``, ``per_octave``
+    points per doubling, each rounded to a multiple of ``align`` bytes (the
+    read kernel's chunk), strictly increasing."""
+    if lo_bytes <= 0 or hi_bytes < lo_bytes or per_octave <= 0 or align <= 0:
+        raise InputError(f"working-set range {lo_bytes}..{hi_bytes} ({per_octave}/octave) is empty")
+    n = int(math.ceil(per_octave * math.log2(hi_bytes / lo_bytes) - 1e-9))
+    out: list[int] = []
+    for i in range(n + 1):
+        b = lo_bytes * 2.0 ** (i / per_octave)
+        b = max(align, int(round(b / align)) * align)
+        if not out or b > out[-1]:
+            out.append(b)
+    return out
+
+
+#: device-name patterns -> hw keys (first match wins; checked on the lowered name)
+_GPU_PATTERNS = (
+    (r"h200", "h200"),
+    (r"h100.*(pcie|nvl)", None),          # not the SXM part: keep the device's own name
+    (r"h100|h800", "h100_sxm"),
+    (r"a100|a800", "a100"),
+    (r"b200", "b200"),
+    (r"rtx pro 6000", "rtx_pro_6000"),
+    (r"mi210", "mi210"),
+)
+
+
+def gpu_key(device_name: str) -> str:
+    """Map ``torch.cuda.get_device_name()`` to a ``hw/`` key (``'NVIDIA H200'`` -> ``'h200'``).
+
+    Unknown devices (and H100 PCIe/NVL, which ``hw/h100_sxm.toml`` does not
+    describe) get their name lowered with non-alphanumerics as ``_``.
+    """
+    low = device_name.strip().lower()
+    for pat, key in _GPU_PATTERNS:
+        if re.search(pat, low):
+            if key is None:
+                break
+            return key
+    low = re.sub(r"^(nvidia|amd)\s+", "", low)
+    return re.sub(r"[^a-z0-9]+", "_", low).strip("_") or "unknown_gpu"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One GEMM problem of a grid: C[m, n] = A[m, k] @ B[k, n] with layouts and dtype."""
+
+    m: int
+    n: int
+    k: int
+    a_row_major: bool
+    b_row_major: bool
+    dtype: str
+
+
+def grid_problems(grid: GemmGrid, dtypes: Sequence[str]) -> list[Problem]:
+    """Every (shape, layout, dtype) of the grid, in measuring order."""
+    return [Problem(m, n, k, a, b, d)
+            for (m, n, k), (a, b), d in itertools.product(grid.shapes, grid.layouts, dtypes)]
+
+
+def gemm_record(p: Problem, cfg: GemmConfig | None, time_ms: float) -> dict:
+    """The record of one timing: a Triton configuration, or the library (``cfg=None``)."""
+    rec = {"m": p.m, "n": p.n, "k": p.k, "dtype": p.dtype, "a_row_major": p.a_row_major,
+           "b_row_major": p.b_row_major, "tf32": p.dtype == "float32", "time_ms": time_ms}
+    if cfg is None:
+        return {**rec, "backend": "cublas"}
+    return {**rec, "backend": "triton", **dataclasses.asdict(cfg)}
+
+
+def kernel_tile_order(raster: str, num_pid_m: int, num_pid_n: int, group_m: int) -> list[tuple[int, int]]:
+    """``(pid_m, pid_n)`` of each program id, as :data:`KERNEL_SOURCE`'s ``matmul_kernel``
+    computes them (the same integer arithmetic, kept in step with the kernel)."""
+    out = []
+    for pid in range(num_pid_m * num_pid_n):
+        if raster == "grouped":
+            num_pid_in_group = group_m * num_pid_n
+            group_id = pid // num_pid_in_group
+            first_pid_m = group_id * group_m
+            group_size_m = min(num_pid_m - first_pid_m, group_m)
+            pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+            pid_n = (pid % num_pid_in_group) // group_size_m
+        elif raster == "row":
+            pid_m, pid_n = pid // num_pid_n, pid % num_pid_n
+        elif raster == "col":
+            pid_m, pid_n = pid % num_pid_m, pid // num_pid_m
+        else:
+            raise ValueError(f"raster {raster!r} is not one of {RASTERS}")
+        out.append((pid_m, pid_n))
+    return out
+
+
+def gemm_rows(records: Iterable[dict], gpu: str, source: str = SOURCE):
+    """Rows of ``gemm.parquet``: exactly :func:`gemm_schema` (measured schema + ``raster``).
+
+    Each record has ``m, n, k, dtype, backend, time_ms`` and, for Triton rows,
+    ``block_m, block_n, block_k, num_stages, num_warps, group_m, raster``;
+    optional ``a_row_major``/``b_row_major`` (default true) and ``tf32``
+    (default: ``dtype == 'float32'``, as both the Triton kernel and the
+    cuBLAS probe run float32 on tensor cores). Library rows have null tile
+    columns, ``group_m`` and ``raster``. Unrunnable configurations carry
+    ``time_ms = inf``.
+    """
+    import polars as pl
+
+    schema = gemm_schema()
+    cols: dict[str, list] = {c: [] for c in GEMM_COLUMNS}
+    for i, r in enumerate(records):
+        backend = r.get("backend", "triton")
+        if backend not in ("triton", "cublas"):
+            raise ValueError(f"record {i}: backend {backend!r} is not triton or cublas")
+        dtype = r["dtype"]
+        if dtype not in DTYPES:
+            raise ValueError(f"record {i}: dtype {dtype!r} is not one of {DTYPES}")
+        t = float(r["time_ms"])
+        if not (t > 0):
+            raise ValueError(f"record {i}: time_ms must be positive or inf, got {t!r}")
+        cols["source"].append(source)
+        cols["gpu"].append(gpu)
+        for c in ("m", "n", "k"):
+            cols[c].append(int(r[c]))
+        cols["dtype"].append(dtype)
+        cols["a_row_major"].append(bool(r.get("a_row_major", True)))
+        cols["b_row_major"].append(bool(r.get("b_row_major", True)))
+        cols["tf32"].append(bool(r.get("tf32", dtype == "float32")))
+        cols["backend"].append(backend)
+        for c in _TILE_KEYS + ("group_m",):
+            cols[c].append(None if backend == "cublas" else int(r[c]))
+        cols["time_ms"].append(t)
+        raster = None if backend == "cublas" else r.get("raster", "grouped")
+        if raster is not None and raster not in RASTERS:
+            raise ValueError(f"record {i}: raster {raster!r} is not one of {RASTERS}")
+        cols["raster"].append(raster)
+    return pl.DataFrame(cols, schema=schema)
+
+
+def bandwidth_frame(records: Iterable[dict]):
+    """``bandwidth.parquet`` rows from per-size records ``{bytes, times_ms, passes, kernel}``:
+    one row per working set with the median rate (``gbps`` = 1e9 B/s) and its spread."""
+    import numpy as np
+    import polars as pl
+
+    out: dict[str, list] = {k: [] for k in ("bytes", "gbps", "gbps_min", "gbps_max", "time_ms",
+                                            "passes", "repeats", "kernel")}
+    for r in records:
+        times = np.asarray(r["times_ms"], dtype=np.float64)
+        if times.size == 0 or not np.all(times > 0):
+            raise ValueError(f"working set {r['bytes']}: times must be positive")
+        read = float(r["bytes"]) * float(r["passes"])
+        rates = read / (times * 1e-3) / 1e9
+        out["bytes"].append(int(r["bytes"]))
+        out["gbps"].append(float(np.median(rates)))
+        out["gbps_min"].append(float(rates.min()))
+        out["gbps_max"].append(float(rates.max()))
+        out["time_ms"].append(float(np.median(times)))
+        out["passes"].append(int(r["passes"]))
+        out["repeats"].append(int(times.size))
+        out["kernel"].append(str(r.get("kernel", "triton_read")))
+    return pl.DataFrame(out, schema={"bytes": pl.Int64, "gbps": pl.Float64,
+                                     "gbps_min": pl.Float64, "gbps_max": pl.Float64,
+                                     "time_ms": pl.Float64, "passes": pl.Int64,
+                                     "repeats": pl.Int32, "kernel": pl.String}).sort("bytes")
+
+
+def matmul_frame(records: Iterable[dict]):
+    """``matmul.parquet`` rows from ``{dtype, m, n, k, times_ms}`` records (median time)."""
+    import numpy as np
+    import polars as pl
+
+    out: dict[str, list] = {k: [] for k in ("dtype", "tf32", "m", "n", "k", "time_ms", "tflops",
+                                            "repeats")}
+    for r in records:
+        times = np.asarray(r["times_ms"], dtype=np.float64)
+        if times.size == 0 or not np.all(times > 0):
+            raise ValueError(f"matmul {r['dtype']} {r['m']}: times must be positive")
+        t = float(np.median(times))
+        out["dtype"].append(r["dtype"])
+        out["tf32"].append(r["dtype"] == "float32")
+        for c in ("m", "n", "k"):
+            out[c].append(int(r[c]))
+        out["time_ms"].append(t)
+        out["tflops"].append(2.0 * r["m"] * r["n"] * r["k"] / (t * 1e-3) / 1e12)
+        out["repeats"].append(int(times.size))
+    return pl.DataFrame(out, schema={"dtype": pl.String, "tf32": pl.Boolean, "m": pl.Int64,
+                                     "n": pl.Int64, "k": pl.Int64, "time_ms": pl.Float64,
+                                     "tflops": pl.Float64, "repeats": pl.Int32})
+
+
+def measurement_metadata(env: dict, kind: str, extra: dict | None = None) -> dict[str, str]:
+    """Provenance of one measurement file (``tsbatch.*`` keys, all strings).
+
+    ``env`` holds ``device_name``, ``gpu``, ``driver``, ``cuda``, ``torch``,
+    ``triton``, ``date`` (ISO 8601 UTC) and optionally ``sm_count``,
+    ``l2_bytes``.
+    """
+    import json
+
+    import tsbatch
+
+    meta = {
+        "tsbatch.version": tsbatch.__version__,
+        "tsbatch.measure_kind": kind,
+        "tsbatch.source": SOURCE,
+        "tsbatch.device_name": str(env.get("device_name", "unknown")),
+        "tsbatch.gpu": str(env.get("gpu", "unknown")),
+        "tsbatch.driver": str(env.get("driver", "unknown")),
+        "tsbatch.cuda_version": str(env.get("cuda", "unknown")),
+        "tsbatch.torch_version": str(env.get("torch", "unknown")),
+        "tsbatch.triton_version": str(env.get("triton", "unknown")),
+        "tsbatch.date": str(env.get("date", "unknown")),
+    }
+    for k in ("sm_count", "l2_bytes", "capability", "hostname"):
+        if k in env:
+            meta[f"tsbatch.{k}"] = str(env[k])
+    for k, v in (extra or {}).items():
+        meta[f"tsbatch.{k}"] = v if isinstance(v, str) else json.dumps(v)
+    return meta
+
+
+# ============================================================================ GPU access
+_NEED = "tsbatch measure needs a CUDA GPU with torch and triton installed"
+
+
+def require_gpu():
+    """Import torch and triton; return ``(torch, triton)`` or raise InputError naming what is missing."""
+    found: list[str] = []
+    torch = triton = None
+    try:
+        import torch  # type: ignore[no-redef]
+    except Exception as exc:  # ImportError, or a broken install
+        found.append(f"torch not importable: {type(exc).__name__}: {exc}".rstrip(": "))
+    try:
+        import triton  # type: ignore[no-redef]
+    except Exception as exc:
+        found.append(f"triton not importable: {type(exc).__name__}: {exc}".rstrip(": "))
+    if torch is not None:
+        ver = getattr(torch, "__version__", "?")
+        try:
+            ok = bool(torch.cuda.is_available())
+        except Exception:  # pragma: no cover - odd builds
+            ok = False
+        found.insert(0, f"torch {ver}" + ("" if ok else " with no CUDA device available"))
+        if not ok:
+            torch = None
+    if triton is not None:
+        found.append(f"triton {getattr(triton, '__version__', '?')}")
+    if torch is None or triton is None:
+        raise InputError(f"{_NEED} (found: {'; '.join(found)})")
+    return torch, triton
+
+
+def _driver_version() -> str:
+    exe = shutil.which("nvidia-smi")
+    if exe:
+        try:
+            out = subprocess.run([exe, "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip().splitlines()[0].strip()
+        except (OSError, subprocess.SubprocessError):  # pragma: no cover
+            pass
+    return "unknown"
+
+
+def _environment(torch, triton) -> dict:
+    dev = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(dev)
+    name = torch.cuda.get_device_name(dev)
+    env = {
+        "device_name": name,
+        "gpu": gpu_key(name),
+        "driver": _driver_version(),
+        "cuda": str(torch.version.cuda or getattr(torch.version, "hip", None) or "unknown"),
+        "torch": torch.__version__,
+        "triton": getattr(triton, "__version__", "unknown"),
+        "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "sm_count": int(props.multi_processor_count),
+        "capability": f"{props.major}.{props.minor}",
+    }
+    l2 = int(getattr(props, "L2_cache_size", 0) or 0)
+    try:
+        from tsbatch.hw import get_hw
+
+        l2 = int(get_hw(env["gpu"]).l2_bytes)
+    except Exception:
+        pass
+    env["l2_bytes"] = l2 if l2 > 0 else 64 * MIB
+    return env
+
+
+# ---------------------------------------------------------------------------- Triton kernels
+#: Source of the two Triton kernels. It is written to a private module file
+#: and imported, because Triton's ``@jit`` reads a kernel's source from its
+#: file and resolves ``tl`` in that module's globals (this module must not
+#: import triton at import time).
+KERNEL_SOURCE = '''\
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def read_kernel(x_ptr, out_ptr, n_chunks, total, CHUNK: tl.constexpr):
+    """Read work items pid, pid + P, ... of a virtual range of `passes` copies of
+    the working set; item i reads chunk i % n_chunks. Loads bypass L1 (.cg), so
+    the rate is that of the cache level holding the working set."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    lanes = tl.arange(0, CHUNK)
+    acc = tl.zeros([CHUNK], dtype=tl.float32)
+    for i in range(pid, total, nprog):
+        base = (i % n_chunks).to(tl.int64) * CHUNK
+        acc += tl.load(x_ptr + base + lanes, cache_modifier=".cg")
+    tl.store(out_ptr + pid, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  GROUP_M: tl.constexpr, RASTER: tl.constexpr):
+    """C = A @ B, one BLOCK_M x BLOCK_N tile per program. RASTER 0: grouped
+    launch order (GROUP_M rows of tiles per super-group, column-major inside),
+    1: row order (along N), 2: column order (along M)."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    if RASTER == 0:
+        num_pid_in_group = GROUP_M * num_pid_n
+        group_id = pid // num_pid_in_group
+        first_pid_m = group_id * GROUP_M
+        group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+        pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+        pid_n = (pid % num_pid_in_group) // group_size_m
+    elif RASTER == 1:
+        pid_m = pid // num_pid_n
+        pid_n = pid % num_pid_n
+    else:
+        pid_m = pid % num_pid_m
+        pid_n = pid // num_pid_m
+    offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + (offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak)
+    b_ptrs = b_ptr + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < K - kk * BLOCK_K, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < K - kk * BLOCK_K, other=0.0)
+        acc += tl.dot(a, b)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c = acc.to(c_ptr.dtype.element_ty)
+    offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + stride_cm * offs_cm[:, None] + stride_cn * offs_cn[None, :]
+    c_mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
+    tl.store(c_ptrs, c, mask=c_mask)
+'''
+
+
+def _load_kernels(workdir: Path):
+    digest = hashlib.sha256(KERNEL_SOURCE.encode()).hexdigest()[:12]
+    name = f"_tsbatch_measure_kernels_{digest}"
+    path = workdir / f"{name}.py"
+    path.write_text(KERNEL_SOURCE)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ---------------------------------------------------------------------------- timing
+def _bench(torch, fn, *, flush=None, target_ms: float = 25.0, min_rep: int = 3,
+           max_rep: int = 100) -> list[float]:
+    """Per-call times (ms) of ``fn`` with CUDA events, after a warm-up; the
+    count of calls fills about ``target_ms``. ``flush`` (a byte tensor larger
+    than L2) is zeroed before each call so that every call starts cold, as
+    Triton's ``do_bench`` and Inductor's autotuner (the development data) do."""
+    fn()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(3):
+        fn()
+    e.record()
+    torch.cuda.synchronize()
+    est = max(s.elapsed_time(e) / 3.0, 1e-3)
+    n = int(min(max_rep, max(min_rep, round(target_ms / est))))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        if flush is not None:
+            flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) for a, b in zip(starts, ends)]
+
+
+def _log(msg: str, quiet: bool) -> None:
+    if not quiet:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def _torch_dtype(torch, name: str):
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+
+
+# ---------------------------------------------------------------------------- the three parts
+def run_bandwidth(torch, kernels, env: dict, *, quick: bool, kernel: str = "triton",
+                  quiet: bool = False) -> list[dict]:
+    """Read bandwidth per working-set size, 1 MiB .. 4x L2."""
+    chunk = 4096                                    # float32 elements = 16 KiB per load
+    sizes = working_set_sizes(MIB, 4 * int(env["l2_bytes"]), per_octave=4 if quick else 6,
+                              align=chunk * 4)
+    target = (1 if quick else 2) << 30              # bytes read per timed call
+    programs = int(env["sm_count"]) * 8
+    out_buf = torch.empty(programs, device="cuda", dtype=torch.float32)
+    records = []
+    for b in sizes:
+        n = b // 4
+        x = torch.rand(n, device="cuda", dtype=torch.float32)
+        n_chunks = n // chunk
+        passes = max(2, int(math.ceil(target / b)))
+        if kernel == "triton":
+            total = n_chunks * passes
+
+            def fn(x=x, n_chunks=n_chunks, total=total):
+                kernels.read_kernel[(programs,)](x, out_buf, n_chunks, total, CHUNK=chunk,
+                                                 num_warps=8)
+        else:
+            passes = 1
+
+            def fn(x=x):
+                x.sum()
+        times = _bench(torch, fn, target_ms=20.0 if quick else 50.0, min_rep=3,
+                       max_rep=10 if quick else 30)
+        records.append({"bytes": b, "times_ms": times, "passes": passes,
+                        "kernel": "triton_read" if kernel == "triton" else "torch_sum"})
+        gbps = b * passes / (sorted(times)[len(times) // 2] * 1e-3) / 1e9
+        _log(f"  working set {b / MIB:9.2f} MiB: {gbps:8.0f} GB/s", quiet)
+        del x
+    torch.cuda.empty_cache()
+    return records
+
+
+def _probe_sizes(quick: bool) -> tuple[int, ...]:
+    return (8192,) if quick else (4096, 8192, 16384)
+
+
+def run_matmul(torch, env: dict, dtypes: Sequence[str], *, quick: bool,
+               quiet: bool = False) -> list[dict]:
+    """Large square torch.matmul per dtype (float32 as TF32)."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    records = []
+    for d in dtypes:
+        for s in _probe_sizes(quick):
+            a = torch.randn(s, s, device="cuda", dtype=_torch_dtype(torch, d))
+            b = torch.randn(s, s, device="cuda", dtype=_torch_dtype(torch, d))
+            c = torch.empty(s, s, device="cuda", dtype=_torch_dtype(torch, d))
+            times = _bench(torch, lambda: torch.matmul(a, b, out=c),
+                           target_ms=100.0 if quick else 300.0, min_rep=5, max_rep=50)
+            t = sorted(times)[len(times) // 2]
+            _log(f"  matmul {d:9s} {s}^3: {2 * s ** 3 / (t * 1e-3) / 1e12:7.1f} TFLOPS", quiet)
+            records.append({"dtype": d, "m": s, "n": s, "k": s, "times_ms": times})
+            del a, b, c
+    torch.cuda.empty_cache()
+    return records
+
+
+def _check(torch, c, ref, dtype: str) -> bool:
+    tol = {"float16": 2e-2, "bfloat16": 5e-2, "float32": 2e-2}[dtype]
+    err = (c.float() - ref.float()).abs().max().item()
+    scale = ref.float().abs().max().item() or 1.0
+    return err <= tol * scale
+
+
+def run_gemm(torch, kernels, env: dict, grid: GemmGrid, dtypes: Sequence[str], *,
+             quick: bool, quiet: bool = False) -> list[dict]:
+    """Time the Triton kernel over ``grid`` (and torch.matmul per problem)."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    flush = torch.empty(max(256 * MIB, 2 * int(env["l2_bytes"])), dtype=torch.int8, device="cuda")
+    target = 10.0 if quick else 25.0
+    records: list[dict] = []
+    code = {r: i for i, r in enumerate(RASTERS)}
+    problems = grid_problems(grid, dtypes)
+    for i_prob, p in enumerate(problems, 1):
+        m, n, k, a_rm, b_rm, d = p.m, p.n, p.k, p.a_row_major, p.b_row_major, p.dtype
+        td = _torch_dtype(torch, d)
+        a = torch.randn(m, k, device="cuda", dtype=td) if a_rm else \
+            torch.randn(k, m, device="cuda", dtype=td).t()
+        b = torch.randn(k, n, device="cuda", dtype=td) if b_rm else \
+            torch.randn(n, k, device="cuda", dtype=td).t()
+        a.mul_(k ** -0.25)                          # entries of C about unit size
+        b.mul_(k ** -0.25)
+        ref = torch.matmul(a, b)
+        t = _bench(torch, lambda: torch.matmul(a, b, out=ref), flush=flush, target_ms=target)
+        t_lib = sorted(t)[len(t) // 2]
+        records.append(gemm_record(p, None, t_lib))
+        ref = torch.matmul(a, b)
+        c = torch.empty(m, n, device="cuda", dtype=td)
+        best = math.inf
+        n_fail = 0
+        for cfg in grid.configs:
+            def fn(cfg=cfg):
+                g = (triton_cdiv(m, cfg.block_m) * triton_cdiv(n, cfg.block_n),)
+                kernels.matmul_kernel[g](
+                    a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                    c.stride(0), c.stride(1), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                    BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, RASTER=code[cfg.raster],
+                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            try:
+                c.zero_()
+                fn()
+                torch.cuda.synchronize()
+            except Exception as exc:  # out of shared memory / registers: not runnable here
+                if "CUDA error" in str(exc) or "illegal" in str(exc).lower():
+                    raise
+                t_ms = math.inf
+                n_fail += 1
+            else:
+                if not _check(torch, c, ref, d):
+                    raise RuntimeError(
+                        f"Triton GEMM gave wrong results for {m}x{n}x{k} {d} {cfg}; "
+                        "this is a bug in tsbatch measure, please report it")
+                t = _bench(torch, fn, flush=flush, target_ms=target)
+                t_ms = sorted(t)[len(t) // 2]
+                best = min(best, t_ms)
+            records.append(gemm_record(p, cfg, t_ms))
+        _log(f"  [{i_prob}/{len(problems)}] {m}x{n}x{k} {d} a{'R' if a_rm else 'C'}b{'R' if b_rm else 'C'}: "
+             f"cublas {t_lib * 1e3:9.1f} us, best triton "
+             f"{best * 1e3:9.1f} us ({n_fail} configs did not run)", quiet)
+        del a, b, c, ref
+    del flush
+    torch.cuda.empty_cache()
+    return records
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def run_measure(out: Path, *, quick: bool, grid: GemmGrid, dtypes: Sequence[str],
+                parts: Sequence[str] = _PARTS, bw_kernel: str = "triton",
+                quiet: bool = False) -> dict:
+    """Run the microbenchmarks on the current CUDA device; write the Parquet files into ``out``."""
+    torch, triton = require_gpu()
+    from tsbatch.io import write_parquet
+
+    out.mkdir(parents=True, exist_ok=True)
+    env = _environment(torch, triton)
+    _log(f"tsbatch measure on {env['device_name']} (hw key '{env['gpu']}', driver "
+         f"{env['driver']}, torch {env['torch']}, triton {env['triton']})", quiet)
+    workdir = Path(tempfile.mkdtemp(prefix="tsbatch-measure-"))
+    written: dict[str, int] = {}
+    t0 = time.perf_counter()
+    try:
+        kernels = _load_kernels(workdir)
+        args = {"quick": quick, "grid": grid.name, "dtypes": list(dtypes)}
+        if "bandwidth" in parts:
+            _log("bandwidth versus working-set size:", quiet)
+            df = bandwidth_frame(run_bandwidth(torch, kernels, env, quick=quick,
+                                               kernel=bw_kernel, quiet=quiet))
+            write_parquet(df, out / "bandwidth.parquet",
+                          measurement_metadata(env, "bandwidth", {"args": args}))
+            written["bandwidth.parquet"] = df.height
+        if "matmul" in parts:
+            _log("matmul probes:", quiet)
+            df = matmul_frame(run_matmul(torch, env, dtypes, quick=quick, quiet=quiet))
+            write_parquet(df, out / "matmul.parquet",
+                          measurement_metadata(env, "matmul", {"args": args}))
+            written["matmul.parquet"] = df.height
+        if "gemm" in parts:
+            _log(f"Triton GEMM grid '{grid.name}': {len(grid.shapes)} shapes x "
+                 f"{len(grid.configs)} configurations x {len(dtypes)} dtypes:", quiet)
+            df = gemm_rows(run_gemm(torch, kernels, env, grid, dtypes, quick=quick, quiet=quiet),
+                           env["gpu"])
+            write_parquet(df, out / "gemm.parquet",
+                          measurement_metadata(env, "gemm", {"args": args}))
+            written["gemm.parquet"] = df.height
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {"env": env, "written": written, "seconds": time.perf_counter() - t0}
+
+
+# ============================================================================ CLI
+def cmd_measure(args) -> int:
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: --out must be a directory")
+    dtypes_given = args.dtypes
+    if args.gemm_grid in (None, "default"):
+        grid = default_grid(args.quick)
+    elif args.gemm_grid == "quick":
+        grid = default_grid(True)
+    else:
+        grid = load_grid(args.gemm_grid)
+    dtypes = parse_dtypes(dtypes_given, grid.dtypes or ("float16", "bfloat16"))
+    parts = parse_parts(args.only)
+    res = run_measure(out, quick=args.quick, grid=grid, dtypes=dtypes, parts=parts,
+                      bw_kernel=args.bw_kernel, quiet=args.quiet)
+    env = res["env"]
+    for name, rows in res["written"].items():
+        print(f"wrote {rows:,} rows to {out / name}")
+    print(f"measured {env['device_name']} (hw key '{env['gpu']}') in {res['seconds']:.0f} s; "
+          f"next: tsbatch calibrate {out} --hw {env['gpu']}")
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from tsbatch.calibrate import run_calibrate_cli
+
+    return run_calibrate_cli(args)
+
+
+def add_parser(subparsers) -> None:
+    """Register ``measure`` and ``calibrate`` on the ``tsbatch`` subparsers."""
+    p = subparsers.add_parser(
+        "measure",
+        help="run GPU microbenchmarks (bandwidth sweep, matmul probes, Triton GEMM grid)",
+        description="Measure read bandwidth versus working-set size, large matmul throughput "
+                    "per dtype, and a Triton GEMM over a tile-configuration grid on the local "
+                    "CUDA GPU; write bandwidth.parquet, matmul.parquet and gemm.parquet (the "
+                    "measured schema) into --out. Needs torch and triton with a CUDA device.")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory (created)")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer sizes, shapes and configurations (about 2 minutes on an H200)")
+    p.add_argument("--gemm-grid", default="default", metavar="default|quick|FILE.toml",
+                   help="GEMM grid: built-in (default, or quick with --quick) or a TOML file")
+    p.add_argument("--dtypes", default=None, metavar="LIST",
+                   help="comma-separated input dtypes (default float16,bfloat16)")
+    p.add_argument("--only", default=None, metavar="PARTS",
+                   help="comma-separated subset of bandwidth,matmul,gemm (default all)")
+    p.add_argument("--bw-kernel", choices=("triton", "torch"), default="triton",
+                   help="bandwidth kernel: looped Triton read (default) or torch.sum (coarse: "
+                        "launch time dominates small working sets)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=cmd_measure)
+
+    c = subparsers.add_parser(
+        "calibrate",
+        help="turn tsbatch measure results into the calibrated values of a hw file",
+        description="Find the DRAM and L2 (and L1.5) bandwidth plateaus and the L2 cliff in "
+                    "bandwidth.parquet, the tensor-core ceilings in matmul.parquet and the "
+                    "launch floor in gemm.parquet; write a copy of the GPU's hw TOML with "
+                    "[measured] and [calibration] updated, each value with its source.")
+    c.add_argument("dir", metavar="DIR", help="directory written by tsbatch measure")
+    c.add_argument("--hw", required=True, help="GPU name (see 'tsbatch hw') or a hw TOML file")
+    c.add_argument("-o", "--output", default=None, metavar="FILE.toml",
+                   help="output TOML (default: overwrite the GPU's own hw/NAME.toml)")
+    c.add_argument("--force", action="store_true",
+                   help="calibrate even if the measurements name a different GPU")
+    c.add_argument("--keep", default=None, metavar="KEYS",
+                   help="comma-separated keys to leave as they are, e.g. tc_fp16_tflops when the "
+                        "file's value is a true tensor-core probe (tc_efficiency is then taken "
+                        "against it)")
+    c.add_argument("--dry-run", action="store_true", help="print the summary, write nothing")
+    c.set_defaults(func=cmd_calibrate)
