@@ -72,6 +72,7 @@ def step_distances(ids, wts, n, last_idx, tree, out):
     ``last_idx`` (indexed by id, all ``-1``) and ``tree`` (length > n, all
     zero) are scratch and are restored before returning.
     """
+    tree = tree[:n + 1]  # the Fenwick tree spans exactly this sequence
     for j in range(n):
         k = ids[j]
         lj = last_idx[k]

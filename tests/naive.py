@@ -1,0 +1,408 @@
+"""Slow, obviously correct plain-Python twins of every numba kernel.
+
+One configuration at a time, no numpy, no numba, no clever data
+structures: loops, lists, dicts and ``math``. The tests in
+``test_kernels.py`` compare each kernel with its twin here; the oracle in
+``test_cache_oracle.py`` reuses :func:`access_sequence`.
+
+Each twin is written from the *documentation* of its kernel (the module
+docstrings of ``tsbatch/kernels/*.py`` and TileSight §3.4-3.5), not by
+transcribing the kernel's code, so that a slip in either shows up as a
+mismatch.
+"""
+
+from __future__ import annotations
+
+import math
+
+INF = math.inf
+
+# ----------------------------------------------------------------------
+# normal CDF (TileSight Eq. 10, Abramowitz & Stegun 26.2.16)
+# ----------------------------------------------------------------------
+_ZS_P = 0.33267
+_ZS_A = (0.4361836, -0.1201676, 0.9372980)
+
+
+def norm_cdf(x: float) -> float:
+    """Standard normal CDF, ``Phi(x) = erfc(-x / sqrt(2)) / 2`` (the reference)."""
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def norm_pdf(x: float) -> float:
+    return math.exp(-x * x / 2.0) / math.sqrt(2.0 * math.pi)
+
+
+def norm_cdf_zs(x: float) -> float:
+    """Zelen-Severo: ``Phi(x) = 1 - phi(x) (a1 t + a2 t^2 + a3 t^3)``, ``t = 1/(1 + p x)``
+    for ``x >= 0``, and by symmetry ``Phi(x) = 1 - Phi(-x)`` below zero."""
+    if x < 0.0:
+        return 1.0 - norm_cdf_zs(-x)
+    t = 1.0 / (1.0 + _ZS_P * x)
+    a1, a2, a3 = _ZS_A
+    return 1.0 - norm_pdf(x) * (a1 * t + a2 * t ** 2 + a3 * t ** 3)
+
+
+# ----------------------------------------------------------------------
+# SDCM hit probability (TileSight §3.5.2, Eq. 7-9)
+# ----------------------------------------------------------------------
+def _edge(d: float, assoc: float, blocks: float):
+    """The shared conventions of both SDCM forms, or ``None`` for the general case.
+
+    A first touch (``d = inf``) always misses, a zero distance always hits,
+    a cache of no blocks always misses. A cache of ``B <= A`` blocks is a
+    single fully associative LRU set of ``B`` blocks (it cannot have more
+    ways than blocks): the block and the ``d`` blocks touched since must fit,
+    ``d + 1 <= B``.
+
+    The kernels differ here (they keep ``A`` ways): see the single-set
+    xfails in ``test_kernels.py``. Outside that branch the twins are exact.
+    """
+    if d == INF:
+        return 0.0
+    if d <= 0.0:
+        return 1.0
+    if blocks <= 0.0:
+        return 0.0
+    if assoc / blocks >= 1.0:
+        return 1.0 if d + 1.0 <= blocks else 0.0
+    return None
+
+
+def hit_prob_exact(d: float, assoc: float, blocks: float) -> float:
+    """Eq. 7: ``P(hit) = sum_{a=0}^{A-1} C(D, a) p^a (1 - p)^(D - a)``, ``p = A / B``,
+    with ``D`` rounded down to whole blocks."""
+    e = _edge(d, assoc, blocks)
+    if e is not None:
+        return e
+    n = int(math.floor(d))
+    p = assoc / blocks
+    terms = []
+    for a in range(int(assoc)):
+        if a > n:
+            break
+        terms.append(float(math.comb(n, a)) * p ** a * (1.0 - p) ** (n - a))
+    return min(1.0, math.fsum(terms))
+
+
+def hit_prob_gauss(d: float, assoc: float, blocks: float, cdf=norm_cdf_zs) -> float:
+    """Eq. 8-9 with a continuity correction: the number of the ``D`` intervening
+    blocks that fall into the set is about ``N(D p, D p (1 - p))``; the access hits
+    when that count is at most ``A - 1``, i.e. below ``A - 1/2``."""
+    e = _edge(d, assoc, blocks)
+    if e is not None:
+        return e
+    p = assoc / blocks
+    mu = d * p
+    sigma = math.sqrt(d * p * (1.0 - p))
+    return cdf((assoc - 0.5 - mu) / sigma)
+
+
+# ----------------------------------------------------------------------
+# launch orders (tsbatch/kernels/order.py docstring)
+# ----------------------------------------------------------------------
+ROW, COL, GROUPED, ZORDER, PERSISTENT = 0, 1, 2, 3, 4
+
+
+def _plane_order(order: int, g0: int, g1: int, group: int) -> list[tuple[int, int]]:
+    """The issue sequence of one ``g0 x g1`` plane, built by enumeration."""
+    if order == ROW:  # x1 fastest
+        return [(a, b) for a in range(g0) for b in range(g1)]
+    if order == COL:  # x0 fastest
+        return [(a, b) for b in range(g1) for a in range(g0)]
+    if order in (GROUPED, PERSISTENT):
+        # panels of `group` rows; inside a panel, column by column, each column
+        # top to bottom (Triton's matmul tutorial "grouped ordering")
+        gm = max(group, 1)
+        seq = []
+        for first in range(0, g0, gm):
+            rows = range(first, min(first + gm, g0))
+            for b in range(g1):
+                for a in rows:
+                    seq.append((a, b))
+        return seq
+    if order == ZORDER:
+        nb0 = 0
+        while 2 ** nb0 < g0:
+            nb0 += 1
+        nb1 = 0
+        while 2 ** nb1 < g1:
+            nb1 += 1
+
+        def code(a, b):
+            # interleave, x1's bit first, while both have bits; the longer
+            # dimension's remaining bits then take the top positions
+            c = 0
+            pos = 0
+            for bit in range(max(nb0, nb1)):
+                if bit < nb1:
+                    c += ((b >> bit) & 1) << pos
+                    pos += 1
+                if bit < nb0:
+                    c += ((a >> bit) & 1) << pos
+                    pos += 1
+            return c
+
+        cells = [(a, b) for a in range(g0) for b in range(g1)]
+        return sorted(cells, key=lambda ab: code(*ab))
+    raise ValueError(f"unknown order {order}")
+
+
+def launch_sequence(order: int, g0: int, g1: int, g2: int, group: int) -> list[tuple[int, int, int]]:
+    """All ``(x0, x1, x2)`` in issue order; dimension 2 is always slowest."""
+    plane = _plane_order(order, g0, g1, group)
+    return [(a, b, z) for z in range(g2) for (a, b) in plane]
+
+
+def tile_coords(order: int, g0: int, g1: int, g2: int, group: int, pid: int) -> tuple[int, int, int]:
+    """Coordinates of program ``pid`` (builds the whole sequence: slow on purpose)."""
+    return launch_sequence(order, g0, g1, g2, group)[pid]
+
+
+# ----------------------------------------------------------------------
+# LRU stack distances (tsbatch/kernels/reuse.py: step_distances)
+# ----------------------------------------------------------------------
+def stack_distances(ids, wts) -> list[float]:
+    """Total weight of distinct ids touched strictly between an access and the
+    previous access to the same id (``inf`` on a first touch).
+
+    Keeps an explicit LRU stack (most recent first): the distance is the
+    weight of the entries above the id, and the id then moves to the top.
+    Every id carries the weight of its most recent access.
+    """
+    stack: list = []  # [id, weight], most recent first
+    out = []
+    for k, w in zip(ids, wts):
+        pos = None
+        for i, (kk, _) in enumerate(stack):
+            if kk == k:
+                pos = i
+                break
+        if pos is None:
+            out.append(INF)
+        else:
+            out.append(float(sum(ww for _, ww in stack[:pos])))
+            del stack[pos]
+        stack.insert(0, [k, w])
+    return out
+
+
+# ----------------------------------------------------------------------
+# idealised access sequence and hit rates (tsbatch/kernels/reuse.py docstring)
+# ----------------------------------------------------------------------
+def reuse_key(coords, mask: int) -> tuple:
+    """Eq. 6: the tile coordinate projected onto the non-reuse dimensions."""
+    return tuple(coords[d] for d in range(3) if not (mask >> d) & 1)
+
+
+def access_sequence(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
+                    nsm=1, g15=0):
+    """Every access of the idealised wave-lockstep sequence, in order.
+
+    Tiles run in waves of ``conc`` consecutive programs. Inside a wave, for
+    each reduction step ``s``, every tile in wave order touches each of its
+    per-step blocks (tensor order), keyed ``('s', t, reuse key, s)``; after
+    the last step every tile touches its once-per-tile blocks, keyed
+    ``('o', t, reuse key)``.
+
+    (``reuse.py`` counts every tile's once-per-tile bytes as distinct instead
+    of keying them; the two agree when those tensors have no reuse
+    dimensions, as GEMM's C, the only kind the tests use.)
+
+    Returns a list of dicts: ``block, bytes, tensor, wave, step`` (``-1`` for
+    once-per-tile accesses), ``slot`` (position of the tile in its wave) and
+    ``group`` (the L1.5 group of the tile's SM, ``slot mod nsm`` div ``g15``).
+    """
+    tiles = launch_sequence(order, g0, g1, g2, group)
+    T = len(mask)
+    seq = []
+    for w, start in enumerate(range(0, len(tiles), conc)):
+        wave = tiles[start:start + conc]
+        for s in range(ksteps):
+            for slot, c in enumerate(wave):
+                for t in range(T):
+                    if per_step[t]:
+                        seq.append(dict(block=("s", t, reuse_key(c, mask[t]), s), bytes=tbytes[t],
+                                        tensor=t, wave=w, step=s, slot=slot,
+                                        group=(slot % nsm) // g15 if g15 > 0 else 0))
+        for slot, c in enumerate(wave):
+            for t in range(T):
+                if not per_step[t]:
+                    seq.append(dict(block=("o", t, reuse_key(c, mask[t])), bytes=tbytes[t],
+                                    tensor=t, wave=w, step=-1, slot=slot,
+                                    group=(slot % nsm) // g15 if g15 > 0 else 0))
+    return seq
+
+
+def cache_hit_rates_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
+                        cap2, assoc2, nsm, g15, cap15, assoc15):
+    """Per-tensor ``(h15, h2, dram)`` lists for one cache problem, without sampling.
+
+    Every access of :func:`access_sequence` (all waves, all reduction steps)
+    gets its exact LRU stack distance in bytes over the whole sequence; the
+    L2 hit probability is the Gaussian SDCM at that distance in tile units
+    (the mean block size of the per-step tensors) against the L2 capacity in
+    the same units. With an L1.5 tier, each access also gets the SDCM hit
+    probability of its exact stack distance inside its own (wave, step, SM
+    group) subsequence, against the L1.5 capacity. The cascade: L2 sees
+    the L1.5 misses, DRAM the L2 misses. Once-per-tile tensors get
+    ``(0, 0, 1)``.
+    """
+    T = len(mask)
+    h15 = [0.0] * T
+    h2 = [0.0] * T
+    dram = [1.0] * T
+    step_t = [t for t in range(T) if per_step[t]]
+    P = g0 * g1 * g2
+    if not step_t or P == 0:
+        return h15, h2, dram
+    unit = sum(tbytes[t] for t in step_t) / len(step_t)
+    use15 = g15 > 0 and cap15 > 0 and assoc15 > 0
+    seq = access_sequence(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
+                          nsm, g15 if use15 else 0)
+    d2 = stack_distances([a["block"] for a in seq], [a["bytes"] for a in seq])
+
+    p15 = [0.0] * len(seq)
+    if use15:
+        runs: dict = {}
+        for j, a in enumerate(seq):
+            if a["step"] >= 0:
+                runs.setdefault((a["wave"], a["step"], a["group"]), []).append(j)
+        for js in runs.values():
+            d15 = stack_distances([seq[j]["block"] for j in js], [seq[j]["bytes"] for j in js])
+            for j, d in zip(js, d15):
+                p15[j] = hit_prob_gauss(d / unit, assoc15, cap15 / unit)
+
+    acc = [0.0] * T
+    hit15 = [0.0] * T
+    req2 = [0.0] * T
+    hit2 = [0.0] * T
+    for j, a in enumerate(seq):
+        t = a["tensor"]
+        if not per_step[t]:
+            continue
+        ph2 = hit_prob_gauss(d2[j] / unit, assoc2, cap2 / unit)
+        acc[t] += 1.0
+        hit15[t] += p15[j]
+        req2[t] += 1.0 - p15[j]
+        hit2[t] += (1.0 - p15[j]) * ph2
+    for t in step_t:
+        h15[t] = hit15[t] / acc[t]
+        h2[t] = hit2[t] / req2[t] if req2[t] > 0.0 else 0.0
+        dram[t] = (req2[t] - hit2[t]) / acc[t]
+    return h15, h2, dram
+
+
+# ----------------------------------------------------------------------
+# resident tiles (tsbatch/kernels/occupancy.py docstring)
+# ----------------------------------------------------------------------
+REASON_OK, REASON_SMEM, REASON_THREADS, REASON_REGISTERS = 0, 1, 2, 3
+
+
+def resident_one(smem_block, regs_thread, threads, warp_size, sm_smem, smem_block_max,
+                 smem_reserved, sm_regs, reg_unit, sm_max_warps, sm_max_threads,
+                 sm_max_blocks, max_threads_block):
+    """Blocks per SM: the smallest of the limits, each computed on its own."""
+    if smem_block > smem_block_max:
+        return 0, REASON_SMEM
+    if threads <= 0 or threads > max_threads_block:
+        return 0, REASON_THREADS
+    warps = math.ceil(threads / warp_size)
+    # registers are allocated per warp, rounded up to the allocation unit
+    regs_per_warp = math.ceil(regs_thread * warp_size / reg_unit) * reg_unit
+    regs_block = regs_per_warp * warps
+    if regs_block > sm_regs:
+        return 0, REASON_REGISTERS
+    limits = [sm_max_blocks, sm_max_warps // warps, sm_max_threads // threads]
+    if regs_block > 0:
+        limits.append(sm_regs // regs_block)
+    if smem_block + smem_reserved > 0:
+        limits.append(sm_smem // (smem_block + smem_reserved))
+    r = min(limits)
+    if r <= 0:
+        return 0, REASON_SMEM
+    return r, REASON_OK
+
+
+# ----------------------------------------------------------------------
+# envelope and waves (tsbatch/kernels/envelope.py docstring, Eq. 2-5, Alg. 2)
+# ----------------------------------------------------------------------
+def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
+                 warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles):
+    """``(T, T_pro, T_steady_total, T_epi, T_steady_iter)`` of one SM's share."""
+    frac = min(1.0, p * warps_tile / warps_full)  # compute issue-slot fraction
+    comp_times = [0.0]
+    mem_times = [0.0]
+    epi_times = [0.0]
+    for r in range(len(work_iter)):
+        if rate[r] <= 0.0:
+            continue  # resource absent on this chip
+        eff = rate[r]
+        if shared[r]:
+            eff = eff / active
+        if compute[r]:
+            eff = eff * frac
+        per_iter = work_iter[r] / eff
+        per_epi = work_epi[r] / eff
+        if persist_tiles > 0 and not compute[r]:
+            per_iter = per_iter + per_epi / ksteps  # stores drain inside the loop
+            per_epi = 0.0
+        (comp_times if compute[r] else mem_times).append(per_iter)
+        epi_times.append(per_epi)
+    comp = max(comp_times) + ovh_iter
+    mem = max(mem_times)
+    epi = max(epi_times)
+    tiles = persist_tiles if persist_tiles > 0 else p
+    N = tiles * ksteps
+    d = max(stages * p - 1, 0)
+    steady = max(comp, mem, (lat + mem + comp) / (d + 1))
+    fill = min(d, N)
+    t_pro = lat + fill * mem
+    t_steady = max(N - d, 0) * steady
+    t_epi = fill * comp + p * epi + tiles * ovh_tile
+    return t_pro + t_steady + t_epi, t_pro, t_steady, t_epi, steady
+
+
+def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
+              warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent):
+    """``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``: full waves
+    of ``sms * p`` tiles, then a tail of fewer tiles on fewer SMs (recomputed);
+    a persistent grid is one run of ``ceil(tiles / sms)`` tiles per SM."""
+    conc = sms * p
+    args = (work_iter, work_epi, rate, shared, compute)
+    if persistent:
+        per_sm = math.ceil(tiles / sms)
+        res = envelope_one(*args, p, min(sms, tiles), ksteps, stages, warps_tile, warps_full,
+                           lat, ovh_iter, ovh_tile, per_sm)
+        return (*res, math.ceil(tiles / conc), tiles % conc)
+    full, tail = divmod(tiles, conc)
+    total = [0.0, 0.0, 0.0, 0.0]
+    steady_iter = 0.0
+    if full:
+        res = envelope_one(*args, p, sms, ksteps, stages, warps_tile, warps_full, lat,
+                           ovh_iter, ovh_tile, 0)
+        for i in range(4):
+            total[i] += full * res[i]
+        steady_iter = res[4]
+    if tail:
+        res = envelope_one(*args, math.ceil(tail / sms), min(tail, sms), ksteps, stages,
+                           warps_tile, warps_full, lat, ovh_iter, ovh_tile, 0)
+        for i in range(4):
+            total[i] += res[i]
+        if not full:
+            steady_iter = res[4]
+    return (*total, steady_iter, full + (1 if tail else 0), tail)
+
+
+def utilization(work_iter, work_epi, rate, shared, tiles, sms, ksteps, total):
+    """Fraction of ``total`` each resource is busy: the grid's work over the
+    chip-wide rate (a private resource's per-SM rate times the SM count)."""
+    out = []
+    for r in range(len(work_iter)):
+        chip = rate[r] if shared[r] else rate[r] * sms
+        if chip <= 0.0 or total <= 0.0:
+            out.append(0.0)
+            continue
+        busy = tiles * (ksteps * work_iter[r] + work_epi[r]) / chip
+        out.append(min(1.0, busy / total))
+    return out

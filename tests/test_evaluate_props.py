@@ -1,0 +1,130 @@
+"""Properties of the whole evaluator, ``evaluate(df, hw)``, on random GEMM batches.
+
+* batched equals row by row, bit for bit (cache problems are deduplicated
+  per distinct key, and each is computed the same way alone or in a batch);
+* shuffling the rows changes no row's result;
+* latency never falls when a bandwidth or a peak rate of the GPU is lowered;
+* infeasible rows come back ``feasible=False`` with a reason, never raise;
+* the result survives a Parquet round trip exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import numpy as np
+import polars as pl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from polars.testing import assert_frame_equal
+from strategies import frame, gemm_frames, infeasible_gemm_row
+
+from tsbatch.evaluate import evaluate
+from tsbatch.hw import HwSpec, get_hw
+
+GPUS = st.sampled_from(["h100", "a100"])
+
+#: rates a GPU file gives, each of which only ever slows a kernel down when lowered
+#: (clock_mhz: the shared-memory rate, and per-cycle overheads become longer)
+RATE_KEYS = ("dram_bw_tbps", "l2_bw_tbps", "l15_bw_tbps", "tc_fp16_tflops", "tc_bf16_tflops",
+             "tc_tf32_tflops", "tc_fp8_tflops", "fp32_tflops", "clock_mhz")
+
+#: latency comparisons across two evaluations: rates enter as divisors under
+#: numba fastmath (reassociation), so equal inputs can differ in the last ulps
+LATENCY_RTOL = 1e-12
+
+
+def slower(hw: HwSpec, key: str, factor: float) -> HwSpec:
+    """``hw`` with one rate scaled by ``factor`` < 1, in the spec and in
+    ``[measured]`` (``rate()`` prefers the measured value)."""
+    measured = dict(hw.measured)
+    if key in measured:
+        measured[key] *= factor
+    return dataclasses.replace(hw, **{key: getattr(hw, key) * factor}, measured=measured)
+
+
+@settings(max_examples=25, deadline=None)
+@given(gemm_frames(1, 6), GPUS)
+def test_batched_equals_row_by_row(df, gpu):
+    batch = evaluate(df, gpu)
+    alone = pl.concat([evaluate(df[i:i + 1], gpu) for i in range(df.height)])
+    assert_frame_equal(batch, alone, check_exact=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(gemm_frames(2, 8), st.randoms(use_true_random=False))
+def test_row_order_changes_no_row(df, rnd):
+    perm = list(range(df.height))
+    rnd.shuffle(perm)
+    assert_frame_equal(evaluate(df[perm], "h100"), evaluate(df, "h100")[perm], check_exact=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(gemm_frames(1, 6), GPUS, st.sampled_from(RATE_KEYS), st.floats(0.05, 0.95))
+def test_latency_never_falls_when_a_rate_is_lowered(df, gpu, key, factor):
+    hw = get_hw(gpu)
+    base = evaluate(df, hw)
+    slow = evaluate(df, slower(hw, key, factor))
+    assert (base["feasible"] == slow["feasible"]).all()
+    a = base["latency_us"].to_numpy()
+    b = slow["latency_us"].to_numpy()
+    ok = np.isnan(a) | (b >= a * (1.0 - LATENCY_RTOL))
+    assert ok.all(), (key, factor, a[~ok], b[~ok])
+
+
+def test_lowering_the_fp16_peak_slows_fp16_only():
+    """A hand check that the property above has teeth: halving fp16 (spec and
+    measured) slows a compute-bound fp16 GEMM and leaves bf16 alone."""
+    df = frame([dict(m=8192, n=8192, k=8192, dtype=d, a_row_major=True, b_row_major=True,
+                     tf32=False, backend="triton", block_m=128, block_n=256, block_k=64,
+                     num_stages=3, num_warps=8, group_m=8, raster="grouped", split_k=1)
+                for d in ("float16", "bfloat16")])
+    hw = get_hw("h100")
+    a = evaluate(df, hw)["latency_us"].to_numpy()
+    b = evaluate(df, slower(hw, "tc_fp16_tflops", 0.5))["latency_us"].to_numpy()
+    assert b[0] > 1.5 * a[0]
+    assert b[1] == a[1]
+
+
+def test_the_documented_infeasible_row():
+    """Block 256x256x128 with 5 stages in fp32: 1.25 MiB of shared memory."""
+    row = dict(m=4096, n=4096, k=4096, dtype="float32", a_row_major=True, b_row_major=True,
+               tf32=True, backend="triton", block_m=256, block_n=256, block_k=128,
+               num_stages=5, num_warps=8, group_m=8, raster="grouped", split_k=1)
+    out = evaluate(frame([row]), "h100")
+    assert out["feasible"].to_list() == [False]
+    assert "shared memory" in out["infeasible_reason"][0]
+    assert out["latency_us"].to_list() == [None]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(infeasible_gemm_row(), min_size=1, max_size=3), gemm_frames(0, 3, library=False),
+       GPUS, st.randoms(use_true_random=False))
+def test_infeasible_rows_are_flagged_not_raised(bad, good, gpu, rnd):
+    rows = bad + good.to_dicts()
+    rnd.shuffle(rows)
+    out = evaluate(frame(rows), gpu)
+    is_bad = np.array([r in bad for r in rows])
+    feasible = out["feasible"].to_numpy()
+    assert not feasible[is_bad].any()
+    reasons = out["infeasible_reason"].to_list()
+    lat = out["latency_us"].to_list()
+    for i in range(len(rows)):
+        if not feasible[i]:
+            assert reasons[i], i
+            assert lat[i] is None
+        else:
+            assert reasons[i] == "" and lat[i] is not None and lat[i] > 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(gemm_frames(1, 6), GPUS)
+def test_parquet_round_trip_is_exact(df, gpu):
+    out = evaluate(df, gpu)
+    buf = io.BytesIO()
+    out.write_parquet(buf)
+    buf.seek(0)
+    back = pl.read_parquet(buf)
+    assert back.schema == out.schema
+    assert_frame_equal(back, out, check_exact=True)
