@@ -14,6 +14,9 @@ to Parquet and measures in the same run:
 - ``roofline_rows_per_s``: a plain numpy roofline (max of FLOP time and
   compulsory-byte time) over the same columns — the floor any evaluator pays
   to touch the data — and ``ratio_vs_roofline``;
+- ``naive_rows_per_s``: the plain-Python reference twins of
+  ``tests/naive.py`` (unsampled cache model) on a random sample, within a
+  time budget, and ``speedup_vs_naive``;
 - ``peak_rss_mb`` and the seconds of each stage.
 
 Figures are printed and optionally written as JSON. Machines are noisy:
@@ -73,12 +76,59 @@ def roofline(df: pl.DataFrame, tflops: float, dram_tbps: float) -> np.ndarray:
     return np.maximum(flops / (tflops * 1e6), byt / (dram_tbps * 1e6))
 
 
+def naive_rows_per_s(cand: pl.DataFrame, hw, budget_s: float = 20.0, seed: int = 0) -> tuple[float, int]:
+    """Rows per second of the plain-Python twins on random rows, within ``budget_s``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import naive  # noqa: E402  (the reference twins live with the tests)
+
+    from kernels_catalog import gemm
+    from tsbatch.kernels.envelope import COMPUTE, R_DRAM, R_L2, R_L15, SHARED
+    from tsbatch.schema import validate
+
+    sample = cand.sample(n=min(cand.height, 2000), seed=seed)
+    cols, _ = validate(sample, gemm.FAMILY)
+    plan = gemm.lower(cols, hw)
+    g15 = hw.l15_group_sms if hw.has_l15 else 0
+    t0 = time.perf_counter()
+    done = 0
+    for i in range(len(plan)):
+        if time.perf_counter() - t0 > budget_s:
+            break
+        p, _ = naive.resident_one(int(plan.smem_block[i]), int(plan.regs_thread[i]), int(plan.threads[i]),
+                                  32, hw.sm_smem_bytes, hw.smem_per_block_bytes,
+                                  hw.smem_reserved_per_block_bytes, hw.sm_registers,
+                                  hw.register_alloc_unit, hw.sm_max_warps, hw.sm_max_threads,
+                                  hw.sm_max_blocks, hw.max_threads_per_block)
+        if p > 0:
+            h15, h2, dram = naive.cache_hit_rates_one(
+                int(plan.g0[i]), int(plan.g1[i]), int(plan.g2[i]), int(plan.order[i]),
+                int(plan.group[i]), hw.sm_count * p, int(plan.ksteps[i]), list(plan.t_mask[i]),
+                list(plan.t_per_step[i]), list(plan.t_bytes[i]),
+                hw.l2_bytes * hw.cal("l2_capacity_fraction"), hw.l2_assoc, hw.sm_count, g15,
+                hw.l15_bytes, hw.l15_assoc)
+            wi = list(plan.work_iter[i])
+            req = [plan.t_bytes[i][t] if plan.t_per_step[i][t] else 0.0 for t in range(3)]
+            wi[R_L15] = sum(req) if g15 else 0.0
+            wi[R_L2] = sum(r * (1 - a) for r, a in zip(req, h15))
+            wi[R_DRAM] = sum(r * d for r, d in zip(req, dram))
+            naive.wave_time(wi, list(plan.work_epi[i]), list(plan.rate[i]), list(SHARED),
+                            list(COMPUTE), int(plan.g0[i] * plan.g1[i] * plan.g2[i]),
+                            hw.sm_count, p, int(plan.ksteps[i]), int(plan.stages[i]),
+                            float(plan.warps[i]), plan.warps_full, float(plan.lat_us[i]),
+                            float(plan.ovh_iter_us[i]), float(plan.ovh_tile_us[i]),
+                            int(plan.persistent[i]))
+        done += 1
+    return done / (time.perf_counter() - t0), done
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--hw", default="h100")
     ap.add_argument("--json", default=None)
     ap.add_argument("--top", default="5%")
+    ap.add_argument("--naive-budget-s", type=float, default=20.0,
+                    help="seconds given to the plain-Python twins (0: skip)")
     args = ap.parse_args(argv)
 
     from tsbatch.evaluate import evaluate, resolve_hw
@@ -114,6 +164,8 @@ def main(argv=None) -> int:
     t_e2e = time.perf_counter() - t
 
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    naive_rate, naive_rows = (naive_rows_per_s(cand, hw, args.naive_budget_s)
+                              if args.naive_budget_s > 0 else (float("nan"), 0))
     n = cand.height
     report = {
         "rows": n,
@@ -122,6 +174,9 @@ def main(argv=None) -> int:
         "end_to_end_rows_per_s": n / t_e2e,
         "roofline_rows_per_s": n / t_roof,
         "ratio_vs_roofline": (n / t_eval) / (n / t_roof),
+        "naive_rows_per_s": naive_rate,
+        "naive_rows_sampled": naive_rows,
+        "speedup_vs_naive": (n / t_eval) / naive_rate if naive_rows else float("nan"),
         "evaluate_s": t_eval,
         "end_to_end_s": t_e2e,
         "roofline_s": t_roof,

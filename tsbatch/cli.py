@@ -211,7 +211,18 @@ def cmd_hw(args) -> int:
 
 
 # ----------------------------------------------------------------------------- parser
-def build_parser() -> argparse.ArgumentParser:
+#: subcommands provided by other modules: name -> module with ``add_parser``
+PLUGINS = {
+    "accuracy": "tsbatch.accuracy",
+    "simulate": "tsbatch.sim.cli",
+    "measure": "tsbatch.measure",
+    "calibrate": "tsbatch.measure",
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; with ``command`` given, only that plugin module is
+    imported (a fast start for ``evaluate``; ``--help`` lists everything)."""
     p = argparse.ArgumentParser(
         prog="tsbatch",
         description="Predict how fast tiled GPU kernels run, for millions of candidate "
@@ -265,7 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("name", nargs="?")
     h.set_defaults(func=cmd_hw)
 
-    for modname in ("tsbatch.accuracy", "tsbatch.sim.cli", "tsbatch.measure"):
+    if command is None:
+        wanted = list(dict.fromkeys(PLUGINS.values()))
+    else:
+        wanted = [PLUGINS[command]] if command in PLUGINS else []
+    for modname in wanted:
         try:
             mod = __import__(modname, fromlist=["add_parser"])
         except ImportError:
@@ -276,7 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    first = next((a for a in argv if not a.startswith("-")), None)
+    known = {"evaluate", "sweep", "explain", "hw"}
+    parser = build_parser(first if (first in known or first in PLUGINS) else None)
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)
