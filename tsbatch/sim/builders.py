@@ -114,6 +114,7 @@ def gemm_graph(
     waves: int = 1,
     a_row_major: bool = True,
     b_row_major: bool = True,
+    mma_async: bool = True,
 ) -> TileGraph:
     """Tile graph of ``C[m, n] = epilogue(A[m, k] @ B[k, n])``.
 
@@ -137,7 +138,11 @@ def gemm_graph(
         ``warpgroup`` for warp-specialized pipelines, for ``naive2`` the
         caller decides (see :func:`tsbatch.sim.api.triton_mma_kind`).
     waves : int
-        Output tiles per CTA for the persistent (``ws_*``) pipelines.
+        Output tiles per CTA (persistent kernel; the grid shrinks accordingly).
+    mma_async : bool
+        ``naive2`` with wgmma: keep one MMA in flight (``wgmma.wait(1)``, as
+        Triton does) instead of waiting for each MMA before issuing the next
+        loads (``wait(0)``: the Fig. 5 naive kernel).
 
     Returns
     -------
@@ -154,7 +159,7 @@ def gemm_graph(
     if pipeline == "naive2":
         return _gemm_naive(m, n, k, block_m, block_n, block_k, num_stages, num_warps, group_m,
                            st_dtype, mma_dtype, kind, epilogue, bool(use_tma), waves,
-                           a_row_major, b_row_major)
+                           a_row_major, b_row_major, mma_async)
     if pipeline in ("ws_coop", "ws_pingpong", "ws3") and block_m % 2:
         raise InputError(f"block_m must be even for {pipeline}, got {block_m}")
     return _gemm_ws(m, n, k, block_m, block_n, block_k, num_stages, group_m, st_dtype, mma_dtype,
@@ -221,7 +226,7 @@ def _regs(block_m, block_n, block_k, warps, eb, kind):
 
 
 def _gemm_naive(m, n, k, bm, bn, bk, stages, warps, group_m, st_dtype, mma_dtype, kind, epilogue,
-                use_tma, waves, a_rm, b_rm):
+                use_tma, waves, a_rm, b_rm, mma_async):
     eb = DTYPE_BYTES[st_dtype]
     g = GraphBuilder(f"gemm_naive{stages}_{m}x{n}x{k}_{bm}x{bn}x{bk}")
     _tensors(g, m, n, k, st_dtype, a_rm, b_rm)
@@ -249,6 +254,7 @@ def _gemm_naive(m, n, k, bm, bn, bk, stages, warps, group_m, st_dtype, mma_dtype
             return lb
 
         tail = prev_tail
+        free = {}
         for i in range(min(stages - 1, iters)):
             tail = issue_load(i, tail)
         for i in range(iters):
@@ -259,8 +265,8 @@ def _gemm_naive(m, n, k, bm, bn, bk, stages, warps, group_m, st_dtype, mma_dtype
             g.data(loads[i][1], w)
             g.order(tail, w)
             src = w
-            if kind == "warp":
-                # mma.sync reads its fragments from shared memory through ldmatrix
+            if kind != "warpgroup":
+                # mma.sync / FMA read register fragments loaded from shared memory (ldmatrix)
                 wm = max(1, int(round(math.sqrt(warps))))
                 wn = max(1, warps // wm)
                 frag = g.node("smem", warps=allw, work=(bm * bk * wn + bk * bn * wm) * eb,
@@ -272,14 +278,23 @@ def _gemm_naive(m, n, k, bm, bn, bk, stages, warps, group_m, st_dtype, mma_dtype
             if mma_prev is not None:
                 g.order(mma_prev, mm)
             mma_prev = mm
-            d = g.node("sync", warps=allw, label=f"t{t}.mdone{i}")
-            g.data(mm, d)
-            g.order(mm, d)
-            mdone[i] = d
-            tail = d
+            if kind != "warpgroup":
+                free[i] = src          # the slot is free once its fragments are in registers
+                tail = mm
+                mdone[i] = mm
+            else:
+                d = g.node("sync", warps=allw, label=f"t{t}.mdone{i}")
+                g.data(mm, d)
+                free[i] = d            # wgmma reads shared memory until it completes
+                mdone[i] = d
+                tail = mm if mma_async else d
             j = i + stages - 1
             if stages > 1 and j < iters:
-                tail = issue_load(j, tail)
+                lb = issue_load(j, tail)
+                if i >= 1:
+                    g.data(free[i - 1], loads[j][0])
+                    g.data(free[i - 1], lb)
+                tail = lb
         first, st = _epilogue(g, mdone[iters - 1], rows=bm, cols=bn, warps=allw, group=0,
                               epilogue=epilogue, store_op=store_op, coord=(0, 1, 0, t, 0, waves),
                               dtype_bytes=eb, label=f"t{t}", tile_rows=bm, last_store=last_store)

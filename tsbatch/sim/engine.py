@@ -21,11 +21,14 @@ plain-Python twin ``tests/naive_sim.py``:
   for ``work / (n_sp * rate_per_sp)``; done ``+ latency``. Shared memory is
   one per-SM server.
 * **Memory.** A load/store node expands its tile descriptor into lines
-  (clipped to the tensor); each line is looked up in the exact LRU L2. The
+  (clipped to the tensor); each line is looked up in the exact LRU L2
+  (``tsbatch.sim.l2``: hashed sets, LRU within a set). The
   transfer passes the per-SM engine (TMA at the calibrated issue rate, or the
   LSU for cp.async/st.global), the chip-wide L2 server (all lines) and, for
   misses (and all stores, written back), the DRAM server; each server is a
-  FIFO bandwidth server (``start = max(arrival, free)``), the stages stream
+  FIFO bandwidth server (``start = max(arrival, free)``), with separate read
+  and write queues (engine lanes, L2 and DRAM): a store never waits behind
+  loads issued before it, nor a load behind stores; the stages stream
   (a stage starts no earlier than the one before it) and the node completes
   after the slowest stage plus the L2 (and DRAM) latency.
 * **Sync** nodes take no resource: they complete ``work`` cycles after issue.
@@ -196,7 +199,7 @@ def simulate(graph: TileGraph, machine: Machine, *, record: bool = False,
     rec_f = np.zeros((4, n_rec), dtype=np.float64)
     rec_i = np.full((3, n_rec), -1, dtype=np.int64)
     cta_slot = np.full(n_ctas if record else 0, -1, dtype=np.int64)
-    lru = lru_new(machine.l2_lines)
+    lru = lru_new(machine.l2_lines, machine.l2_assoc)
     fparams = np.array([
         machine.issue_clk, machine.cta_launch_clk, machine.tma_bytes_per_clk,
         machine.lsu_bytes_per_clk, machine.l2_bytes_per_clk, machine.dram_bytes_per_clk,
@@ -319,7 +322,7 @@ def _hpop(ht, hs, hk, hl, hn, hmeta):
 def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
          succ_ptr, succ_idx, succ_kind, n_pred,
          t_rows, t_cols, t_eb, t_rm, t_base, cta_m, cta_n,
-         fparams, iparams, lmeta, lkeys, lvals, lpkey, lprev, lnext,
+         fparams, iparams, ltags, lmeta,
          busy, stats, rec_f, rec_i, cta_slot):
     """The event loop. Fills ``busy`` (per resource), ``stats`` and the records.
 
@@ -352,10 +355,11 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
     comp_last = np.full((4, n_sm * nsp), -1, dtype=np.int64)
     smem_free = np.zeros(n_sm, dtype=np.float64)
     smem_last = np.full(n_sm, -1, dtype=np.int64)
-    eng_free = np.zeros((2, n_sm), dtype=np.float64)         # 0 = TMA, 1 = LSU
-    eng_last = np.full((2, n_sm), -1, dtype=np.int64)
-    l2_free = 0.0
-    dram_free = 0.0
+    # engine lanes: 0 = TMA load, 1 = LSU load, 2 = TMA store, 3 = LSU store
+    eng_free = np.zeros((4, n_sm), dtype=np.float64)
+    eng_last = np.full((4, n_sm), -1, dtype=np.int64)
+    l2_free = np.zeros(2, dtype=np.float64)     # read path, write path
+    dram_free = np.zeros(2, dtype=np.float64)
     roots = np.empty(n, dtype=np.int64)
     n_roots = 0
     for v in range(n):
@@ -510,11 +514,12 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
                         first = a0 // line
                         last = (a0 + inner_len - 1) // line
                         for ln in range(first, last + 1):
-                            hit = lru_access(lmeta, lkeys, lvals, lpkey, lprev, lnext, ln)
+                            hit = lru_access(ltags, lmeta, ln)
                             nl += 1
                             if not hit:
                                 nmiss += 1
-                ei = 0 if r == R_TMA else 1
+                ei = (0 if r == R_TMA else 1) + (2 if store else 0)
+                wi = 1 if store else 0
                 rate = tma_rate if r == R_TMA else lsu_rate
                 if eng_free[ei, sm] > start:
                     start = eng_free[ei, sm]
@@ -526,27 +531,27 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
                 busy[r] += e_dur
                 fin = e_end
                 if nl > 0:
-                    l2_start = start if start > l2_free else l2_free
-                    l2_dur = nl * line / l2_rate
-                    l2_free = l2_start + l2_dur
+                    l2_start = start if start > l2_free[wi] else l2_free[wi]
+                    l2_dur = nbytes / l2_rate
+                    l2_free[wi] = l2_start + l2_dur
                     busy[7] += l2_dur
-                    if l2_free > fin:
-                        fin = l2_free
+                    if l2_free[wi] > fin:
+                        fin = l2_free[wi]
                     if store:
                         nd = nl
-                        dram_wr += nd * line
+                        dram_wr += nbytes
                     else:
                         nd = nmiss
                         load_lines += nl
                         hit_lines += nl - nmiss
                         dram_rd += nd * line
                     if nd > 0:
-                        d_start = l2_start if l2_start > dram_free else dram_free
-                        d_dur = nd * line / dram_rate
-                        dram_free = d_start + d_dur
+                        d_start = l2_start if l2_start > dram_free[wi] else dram_free[wi]
+                        d_dur = (nbytes if store else nd * line) / dram_rate
+                        dram_free[wi] = d_start + d_dur
                         busy[8] += d_dur
-                        if dram_free > fin:
-                            fin = dram_free
+                        if dram_free[wi] > fin:
+                            fin = dram_free[wi]
                     done = fin + l2_lat
                     if (not store) and nmiss > 0:
                         done += dram_lat

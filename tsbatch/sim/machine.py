@@ -84,6 +84,7 @@ class Machine:
     l2_bytes_per_clk: float
     dram_bytes_per_clk: float
     l2_lines: int
+    l2_assoc: int
     l2_line_bytes: int
     l2_hit_latency_clk: float
     dram_extra_latency_clk: float
@@ -168,6 +169,7 @@ def machine_from_hw(hw: str | HwSpec, params: SimParams | None = None, *, sm_cou
         l2_bytes_per_clk=spec.rate("l2_bw_tbps") * 1e12 / clk_hz,
         dram_bytes_per_clk=spec.rate("dram_bw_tbps") * 1e12 * spec.cal("dram_efficiency") / clk_hz,
         l2_lines=int(spec.l2_bytes * spec.cal("l2_capacity_fraction")) // line,
+        l2_assoc=spec.l2_assoc,
         l2_line_bytes=line,
         l2_hit_latency_clk=p.l2_hit_latency_clk,
         dram_extra_latency_clk=p.dram_extra_latency_clk,
