@@ -149,22 +149,22 @@ def _f64(a, n=None):
     return arr
 
 
-def hit_prob_gauss_array(d, assoc, blocks):
-    """Vectorized :func:`hit_prob_gauss`; scalars broadcast."""
+def _batched(kernel, d, assoc, blocks):
     d = _f64(d)
     n = d.shape[0]
     out = np.empty(n, dtype=np.float64)
-    _gauss_array(d, _f64(assoc, n), _f64(blocks, n), out)
+    kernel(d, _f64(assoc, n), _f64(blocks, n), out)
     return out
+
+
+def hit_prob_gauss_array(d, assoc, blocks):
+    """Vectorized :func:`hit_prob_gauss`; scalars broadcast."""
+    return _batched(_gauss_array, d, assoc, blocks)
 
 
 def hit_prob_exact_array(d, assoc, blocks):
     """Vectorized :func:`hit_prob_exact`; scalars broadcast."""
-    d = _f64(d)
-    n = d.shape[0]
-    out = np.empty(n, dtype=np.float64)
-    _exact_array(d, _f64(assoc, n), _f64(blocks, n), out)
-    return out
+    return _batched(_exact_array, d, assoc, blocks)
 
 
 def norm_cdf_zs_array(x):

@@ -315,6 +315,36 @@ def _hpop(ht, hs, hk, hl, hn, hmeta):
     return t0, k0, l0, n0
 
 
+@njit(cache=True, nogil=True)
+def _release(v, edge_kind, bind, now, slot, cta, base, n, sm, nsp, issue_clk, mask, succ_ptr,
+             succ_idx, succ_kind, rem, port_free, recording, rec_f, rec_i,
+             ht, hs, hk, hl, hn, hmeta):
+    """Release ``v``'s out-edges of one kind; a successor whose last
+    predecessor this was is issued on the first free issue port of its
+    sub-partitions (``bind`` records which edge bound it)."""
+    for e in range(succ_ptr[v], succ_ptr[v + 1]):
+        if succ_kind[e] != edge_kind:
+            continue
+        u = succ_idx[e]
+        rem[base + u] -= 1
+        if rem[base + u] == 0:
+            t_iss = now
+            for sp in range(nsp):
+                if (mask[u] >> sp) & 1:
+                    if port_free[sm * nsp + sp] > t_iss:
+                        t_iss = port_free[sm * nsp + sp]
+            for sp in range(nsp):
+                if (mask[u] >> sp) & 1:
+                    port_free[sm * nsp + sp] = t_iss + issue_clk
+            if recording:
+                g = cta * n + u
+                rec_f[0, g] = now
+                rec_f[1, g] = t_iss
+                rec_i[0, g] = v
+                rec_i[1, g] = bind
+            _hpush(ht, hs, hk, hl, hn, hmeta, t_iss, EV_ISSUE, slot, u)
+
+
 # ---------------------------------------------------------------------------
 
 
@@ -424,27 +454,9 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
         base = slot * n
         if kind == EV_ISSUE:
             # release order edges at issue
-            for e in range(succ_ptr[v], succ_ptr[v + 1]):
-                if succ_kind[e] != 1:
-                    continue
-                u = succ_idx[e]
-                rem[base + u] -= 1
-                if rem[base + u] == 0:
-                    t_iss = now
-                    for sp in range(nsp):
-                        if (mask[u] >> sp) & 1:
-                            if port_free[sm * nsp + sp] > t_iss:
-                                t_iss = port_free[sm * nsp + sp]
-                    for sp in range(nsp):
-                        if (mask[u] >> sp) & 1:
-                            port_free[sm * nsp + sp] = t_iss + issue_clk
-                    if recording:
-                        g = cta * n + u
-                        rec_f[0, g] = now
-                        rec_f[1, g] = t_iss
-                        rec_i[0, g] = v
-                        rec_i[1, g] = BIND_ORDER
-                    _hpush(ht, hs, hk, hl, hn, hmeta, t_iss, EV_ISSUE, slot, u)
+            _release(v, 1, BIND_ORDER, now, slot, cta, base, n, sm, nsp, issue_clk, mask,
+                     succ_ptr, succ_idx, succ_kind, rem, port_free, recording, rec_f, rec_i,
+                     ht, hs, hk, hl, hn, hmeta)
             # dispatch
             r = res[v]
             start = now
@@ -566,27 +578,9 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
             continue
 
         # EV_COMPLETE: release data edges
-        for e in range(succ_ptr[v], succ_ptr[v + 1]):
-            if succ_kind[e] != 0:
-                continue
-            u = succ_idx[e]
-            rem[base + u] -= 1
-            if rem[base + u] == 0:
-                t_iss = now
-                for sp in range(nsp):
-                    if (mask[u] >> sp) & 1:
-                        if port_free[sm * nsp + sp] > t_iss:
-                            t_iss = port_free[sm * nsp + sp]
-                for sp in range(nsp):
-                    if (mask[u] >> sp) & 1:
-                        port_free[sm * nsp + sp] = t_iss + issue_clk
-                if recording:
-                    g = cta * n + u
-                    rec_f[0, g] = now
-                    rec_f[1, g] = t_iss
-                    rec_i[0, g] = v
-                    rec_i[1, g] = BIND_DATA
-                _hpush(ht, hs, hk, hl, hn, hmeta, t_iss, EV_ISSUE, slot, u)
+        _release(v, 0, BIND_DATA, now, slot, cta, base, n, sm, nsp, issue_clk, mask,
+                 succ_ptr, succ_idx, succ_kind, rem, port_free, recording, rec_f, rec_i,
+                 ht, hs, hk, hl, hn, hmeta)
         left[slot] -= 1
         if left[slot] == 0:
             if now > t_end:
