@@ -89,15 +89,22 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+_SHORT = {"block_m": "BM", "block_n": "BN", "block_k": "BK", "num_stages": "stages",
+          "num_warps": "warps", "latency_us": "us", "achieved_tflops": "TFLOPS",
+          "l2_hit": "L2 hit", "bottleneck": "bound"}
+
+
 def _print_top(df) -> None:
     import polars as pl
 
     cols = [c for c in ("label", "m", "n", "k", "dtype", "block_m", "block_n", "block_k",
                         "num_stages", "num_warps", "latency_us", "achieved_tflops", "l2_hit",
                         "bottleneck", "rank") if c in df.columns]
-    with pl.Config(tbl_rows=20, tbl_cols=20, tbl_width_chars=160, float_precision=2,
-                   tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
-        print(df.select(cols))
+    show = df.select(cols).rename({c: _SHORT[c] for c in cols if c in _SHORT})
+    with pl.Config(tbl_rows=20, tbl_cols=20, tbl_width_chars=220, float_precision=2,
+                   fmt_str_lengths=24, tbl_hide_dataframe_shape=True,
+                   tbl_hide_column_data_types=True, tbl_formatting="ASCII_MARKDOWN"):
+        print(show)
 
 
 # ----------------------------------------------------------------------------- sweep
