@@ -39,7 +39,7 @@ import numpy as np
 from numba import prange
 
 from tsbatch.kernels._config import jit_parallel, jit_scalar, jit_serial
-from tsbatch.kernels.order import ORDER_ZORDER, launch_order, tile_coords
+from tsbatch.kernels.order import ORDER_COL, ORDER_ROW, ORDER_ZORDER, launch_order, tile_coords
 from tsbatch.kernels.sdcm import hit_prob_gauss
 
 __all__ = ["cache_hit_rates", "step_distances"]
@@ -111,6 +111,14 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                     span *= gdim[d]
         koff[t + 1] = koff[t] + span
     c3 = np.empty(3, dtype=np.int64)
+    # key strides: a block's key linearizes its non-reuse coordinates
+    kstr = np.zeros((T, 3), dtype=np.int64)
+    for t in range(T):
+        stride = 1
+        for d in range(3):
+            if (mask[t] >> d) & 1 == 0:
+                kstr[t, d] = stride
+                stride *= gdim[d]
 
     n_step = 0
     unit = 0.0
@@ -211,7 +219,7 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
         else:
             valid_from = ws
         for wv in range(ws, w + 1):
-            _wave(wv, wv == w, valid_from, P, conc, T, per_step, mask, tbytes, gdim, koff, c3, x,
+            _wave(wv, wv == w, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff, c3, x,
                   zorder, order, g0, g1, g2, group, use15, nsm, g15, ngroups, once_bytes,
                   unit, B2, B15, assoc2, assoc15, ks, svals, kf,
                   lastwave, fstamp, bstamp, tail_b, last_idx, ustep, newcum, oncecum,
@@ -227,7 +235,7 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
 
 
 @jit_serial
-def _wave(w, do_hits, valid_from, P, conc, T, per_step, mask, tbytes, gdim, koff, c3, x,
+def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff, c3, x,
           zorder, order, g0, g1, g2, group, use15, nsm, g15, ngroups, once_bytes,
           unit, B2, B15, assoc2, assoc15, ks, svals, kf,
           lastwave, fstamp, bstamp, tail_b, last_idx, ustep, newcum, oncecum,
@@ -239,33 +247,62 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, mask, tbytes, gdim, koff
         nw = P - start
         if nw > conc:
             nw = conc
-        # ---- the step sequence of this wave
+        # ---- the step sequence of this wave (coordinates stepped incrementally:
+        # one division per wave instead of several per tile)
+        gm = group if group > 0 else 1
+        cr, cc, cz = tile_coords(order, g0, g1, g2, group, start)
+        first = (cr // gm) * gm
+        size = g0 - first
+        if size > gm:
+            size = gm
         j = 0
         for p in range(nw):
             pid = start + p
             if zorder:
-                c3[0] = x[0, pid]
-                c3[1] = x[1, pid]
-                c3[2] = x[2, pid]
-            else:
-                a, b, c = tile_coords(order, g0, g1, g2, group, pid)
-                c3[0] = a
-                c3[1] = b
-                c3[2] = c
+                cr = x[0, pid]
+                cc = x[1, pid]
+                cz = x[2, pid]
             for t in range(T):
                 if per_step[t] == 0:
                     continue
-                key = 0
-                stride = 1
-                for d in range(3):
-                    if (mask[t] >> d) & 1 == 0:
-                        key += c3[d] * stride
-                        stride *= gdim[d]
-                ids[j] = koff[t] + key
+                ids[j] = koff[t] + cr * kstr[t, 0] + cc * kstr[t, 1] + cz * kstr[t, 2]
                 wts[j] = tbytes[t]
                 ten[j] = t
                 grp[j] = ((p % nsm) // g15) if use15 else 0
                 j += 1
+            if zorder:
+                continue
+            if order == ORDER_ROW:
+                cc += 1
+                if cc == g1:
+                    cc = 0
+                    cr += 1
+                    if cr == g0:
+                        cr = 0
+                        cz += 1
+            elif order == ORDER_COL:
+                cr += 1
+                if cr == g0:
+                    cr = 0
+                    cc += 1
+                    if cc == g1:
+                        cc = 0
+                        cz += 1
+            else:  # grouped / persistent: column-major inside a panel of `size` rows
+                cr += 1
+                if cr == first + size:
+                    cr = first
+                    cc += 1
+                    if cc == g1:
+                        cc = 0
+                        first += gm
+                        if first >= g0:
+                            first = 0
+                            cz += 1
+                        size = g0 - first
+                        if size > gm:
+                            size = gm
+                        cr = first
         n = j
         # ---- first touches in the step: bytes before them, new bytes vs previous wave
         run = 0.0
