@@ -259,14 +259,14 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
     for j, r in enumerate(R_NAMES):
         data[f"util_{r}"] = util[:, j]
     data["bottleneck"] = _bottleneck(util, latp, data["t_launch_us"])
-    lib_tile = np.full(n, "", dtype=object)
-    if m != n:
-        sel = np.flatnonzero(is_lib)
-        pk = pick[sel]
-        lib_tile[sel] = [f"{a}x{b}x{c}/s{d}/w{e}/k{f}" for a, b, c, d, e, f in zip(
-            cols["block_m"][pk], cols["block_n"][pk], cols["block_k"][pk],
-            cols["num_stages"][pk], cols["num_warps"][pk], cols["split_k"][pk])]
-    data["library_tile"] = lib_tile
+    if m != n:  # the winning catalog tile of each library row, as text (vectorized)
+        parts = {c: np.asarray(cols[c])[pick] for c in
+                 ("block_m", "block_n", "block_k", "num_stages", "num_warps", "split_k")}
+        tile = pl.DataFrame(parts).select(pl.format(
+            "{}x{}x{}/s{}/w{}/k{}", *[pl.col(c) for c in parts])).to_series()
+        data["library_tile"] = np.where(is_lib, tile.to_numpy(), "").astype(object)
+    else:
+        data["library_tile"] = np.full(n, "", dtype=object)
     out = pl.DataFrame({k: v for k, v in data.items()})
     out = out.with_columns(
         pl.col("latency_us").fill_nan(None),
