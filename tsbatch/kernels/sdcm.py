@@ -74,11 +74,12 @@ def norm_cdf_exact(x):
 
 
 @jit_scalar
-def hit_prob_gauss(d, assoc, blocks):
-    """Gaussian SDCM hit probability (Eq. 8-10) for reuse distance ``d``.
+def _edge(d, assoc, blocks):
+    """Cases both forms share: ``-1`` when none applies, else the probability.
 
-    ``d`` may be fractional (distances weighted by block size) or ``inf``
-    (first touch, always a miss). ``blocks`` is the capacity in blocks.
+    A first touch (``inf``) misses, a zero distance hits, an empty cache
+    misses, and a cache of at most ``assoc`` blocks is one fully associative
+    set of ``floor(blocks)`` ways: it hits iff fewer blocks intervened.
     """
     if not (d < math.inf):
         return 0.0
@@ -86,8 +87,21 @@ def hit_prob_gauss(d, assoc, blocks):
         return 1.0
     if blocks < 1.0:
         return 0.0
-    if assoc >= blocks:  # one set of floor(blocks) ways: hit iff fewer others intervened
+    if assoc >= blocks:
         return 1.0 if math.floor(d) <= math.floor(blocks) - 1.0 else 0.0
+    return -1.0
+
+
+@jit_scalar
+def hit_prob_gauss(d, assoc, blocks):
+    """Gaussian SDCM hit probability (Eq. 8-10) for reuse distance ``d``.
+
+    ``d`` may be fractional (distances weighted by block size) or ``inf``
+    (first touch, always a miss). ``blocks`` is the capacity in blocks.
+    """
+    e = _edge(d, assoc, blocks)
+    if e >= 0.0:
+        return e
     p = assoc / blocks
     mu = d * p
     var = d * p * (1.0 - p)
@@ -100,15 +114,10 @@ def hit_prob_gauss(d, assoc, blocks):
 @jit_scalar
 def hit_prob_exact(d, assoc, blocks):
     """Exact binomial SDCM hit probability (Eq. 7); ``d`` is rounded down."""
-    if not (d < math.inf):
-        return 0.0
-    if d <= 0.0:
-        return 1.0
-    if blocks < 1.0:
-        return 0.0
+    e = _edge(d, assoc, blocks)
+    if e >= 0.0:
+        return e
     n = math.floor(d)
-    if assoc >= blocks:  # one set of floor(blocks) ways
-        return 1.0 if n <= math.floor(blocks) - 1.0 else 0.0
     p = assoc / blocks
     a_max = int(assoc) - 1
     lp = math.log(p)
