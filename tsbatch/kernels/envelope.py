@@ -99,12 +99,8 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         if e > epi:
             epi = e
     comp += ovh_iter
-    tiles = p
-    if persist_tiles > 0:
-        tiles = persist_tiles
+    tiles = persist_tiles if persist_tiles > 0 else p  # tiles this SM runs
     n_it = tiles * ksteps
-    if persist_tiles > 0:
-        n_it = persist_tiles * ksteps
     d = stages * p - 1
     if d < 0:
         d = 0
