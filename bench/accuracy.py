@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from tsbatch.accuracy import format_table, run_accuracy, write_markdown_report
+from tsbatch.accuracy import print_summary, run_accuracy, write_markdown_report
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,14 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"accuracy on {len(files)} files: {rows} configurations in {elapsed:.1f} s "
           f"({rows / max(elapsed, 1e-9):,.0f} rows/s, loading and metrics included)")
     print()
-    print("per GPU")
-    print(format_table(result.by_gpu))
-    print()
-    print("per group")
-    print(format_table(result.groups))
-    sk = result.skipped
-    print(f"\n{sk['nonfinite_time_rows']} non-finite measured times dropped; "
-          f"{sk['infeasible_rows']} configurations predicted infeasible")
+    print_summary(result)
     if args.json:
         result.write_json(args.json)
     if args.report:

@@ -235,8 +235,7 @@ def lower(cols: dict, hw) -> TilePlan:
     t_per_step[:, 2] = 0
     t_bytes = np.stack([a_fetch, b_fetch, c_bytes], axis=1)
 
-    launch = hw.cal("launch_overhead_us") if "launch_overhead_us" in hw.calibration \
-        else hw.launch_overhead_us
+    launch = hw.launch_us
     cyc = 1.0 / clock_mhz
     return TilePlan(
         g0=g0, g1=g1, g2=g2, order=order, group=group, ksteps=ksteps, stages=stages,

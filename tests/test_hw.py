@@ -179,6 +179,14 @@ def _write(tmp_path: Path, text: str, name: str = "broken.toml") -> Path:
     return p
 
 
+def _assert_rejected(tmp_path: Path, text: str, key: str) -> None:
+    """Loading ``text`` raises HwFileError naming the file and ``key``."""
+    path = _write(tmp_path, text)
+    with pytest.raises(HwFileError) as info:
+        load_hw_file(path)
+    assert str(path) in str(info.value) and key in str(info.value)
+
+
 def _replace_once(text: str, old: str, new: str) -> str:
     assert text.count(old) == 1, old
     return text.replace(old, new)
@@ -198,10 +206,7 @@ def test_missing_source_names_file_and_key(tmp_path: Path, good_text: str):
         flags=re.M,
     )
     assert text != good_text
-    path = _write(tmp_path, text)
-    with pytest.raises(HwFileError) as info:
-        load_hw_file(path)
-    assert str(path) in str(info.value) and "count" in str(info.value)
+    _assert_rejected(tmp_path, text, "count")
 
 
 def test_empty_source_names_file_and_key(tmp_path: Path, good_text: str):
@@ -213,26 +218,17 @@ def test_empty_source_names_file_and_key(tmp_path: Path, good_text: str):
         flags=re.M,
     )
     assert text != good_text
-    path = _write(tmp_path, text)
-    with pytest.raises(HwFileError) as info:
-        load_hw_file(path)
-    assert str(path) in str(info.value) and "l2_line_bytes" in str(info.value)
+    _assert_rejected(tmp_path, text, "l2_line_bytes")
 
 
 def test_negative_value_names_file_and_key(tmp_path: Path, good_text: str):
     text = _replace_once(good_text, "dram_bw_tbps = { value = 2.039,", "dram_bw_tbps = { value = -2.039,")
-    path = _write(tmp_path, text)
-    with pytest.raises(HwFileError) as info:
-        load_hw_file(path)
-    assert str(path) in str(info.value) and "dram_bw_tbps" in str(info.value)
+    _assert_rejected(tmp_path, text, "dram_bw_tbps")
 
 
 def test_non_numeric_value_names_file_and_key(tmp_path: Path, good_text: str):
     text = _replace_once(good_text, "max_blocks = { value = 32,", 'max_blocks = { value = "32",')
-    path = _write(tmp_path, text)
-    with pytest.raises(HwFileError) as info:
-        load_hw_file(path)
-    assert str(path) in str(info.value) and "max_blocks" in str(info.value)
+    _assert_rejected(tmp_path, text, "max_blocks")
 
 
 def test_unknown_key_names_file_and_key(tmp_path: Path, good_text: str):
@@ -241,27 +237,18 @@ def test_unknown_key_names_file_and_key(tmp_path: Path, good_text: str):
         "[memory]\n",
         '[memory]\nl3_bytes = { value = 1, source = "invented" }\n',
     )
-    path = _write(tmp_path, text)
-    with pytest.raises(HwFileError) as info:
-        load_hw_file(path)
-    assert str(path) in str(info.value) and "l3_bytes" in str(info.value)
+    _assert_rejected(tmp_path, text, "l3_bytes")
 
 
 def test_missing_key_names_file_and_key(tmp_path: Path, good_text: str):
     text = re.sub(r"^l2_assoc = .*\n", "", good_text, count=1, flags=re.M)
     assert text != good_text
-    path = _write(tmp_path, text)
-    with pytest.raises(HwFileError) as info:
-        load_hw_file(path)
-    assert str(path) in str(info.value) and "l2_assoc" in str(info.value)
+    _assert_rejected(tmp_path, text, "l2_assoc")
 
 
 def test_unknown_measured_key_names_file_and_key(tmp_path: Path, good_text: str):
     text = good_text + '\nwarp_speed = { value = 9, source = "invented" }\n'
-    path = _write(tmp_path, text)
-    with pytest.raises(HwFileError) as info:
-        load_hw_file(path)
-    assert str(path) in str(info.value) and "warp_speed" in str(info.value)
+    _assert_rejected(tmp_path, text, "warp_speed")
 
 
 def test_unknown_calibration_constant_names_file_and_key(tmp_path: Path, good_text: str):
@@ -270,18 +257,12 @@ def test_unknown_calibration_constant_names_file_and_key(tmp_path: Path, good_te
         text = good_text.replace("\n[calibration]\n", "\n[calibration]\n" + fudge, 1)
     else:
         text = good_text + "\n[calibration]\n" + fudge
-    path = _write(tmp_path, text)
-    with pytest.raises(HwFileError) as info:
-        load_hw_file(path)
-    assert str(path) in str(info.value) and "fudge" in str(info.value)
+    _assert_rejected(tmp_path, text, "fudge")
 
 
 def test_bad_mma_kind_names_file(tmp_path: Path, good_text: str):
     text = _replace_once(good_text, 'mma = "mma_sync"', 'mma = "magic"')
-    path = _write(tmp_path, text)
-    with pytest.raises(HwFileError) as info:
-        load_hw_file(path)
-    assert str(path) in str(info.value) and "mma" in str(info.value)
+    _assert_rejected(tmp_path, text, "mma")
 
 
 def test_bad_toml_names_file(tmp_path: Path, good_text: str):

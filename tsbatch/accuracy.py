@@ -844,6 +844,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def print_summary(result) -> None:
+    """Print the per-GPU and per-group tables and what was skipped."""
+    print("per GPU and backend")
+    print(format_table(result.by_gpu))
+    print()
+    print("per group")
+    print(format_table(result.groups))
+    sk = result.skipped
+    skipped = ", ".join(f"{n} {f} rows" for f, n in sk["unsupported_family_rows"].items())
+    print(
+        f"\nskipped: {skipped or 'no unsupported family'}; {sk['nonfinite_time_rows']} non-finite "
+        f"times; {sk['infeasible_rows']} predicted infeasible"
+    )
+
+
 def run(args: argparse.Namespace, *, predictors: Mapping[str, Predictor] | None = None) -> int:
     """Run the ``accuracy`` subcommand; 0 when every threshold holds, 1 otherwise.
 
@@ -856,17 +871,7 @@ def run(args: argparse.Namespace, *, predictors: Mapping[str, Predictor] | None 
         limit_problems=args.limit_problems, sample_problems=args.sample_problems, seed=args.seed,
     )
     broken = check_thresholds(result, thresholds)
-    print("per GPU and backend")
-    print(format_table(result.by_gpu))
-    print()
-    print("per group")
-    print(format_table(result.groups))
-    sk = result.skipped
-    skipped = ", ".join(f"{n} {f} rows" for f, n in sk["unsupported_family_rows"].items())
-    print(
-        f"\nskipped: {skipped or 'no unsupported family'}; {sk['nonfinite_time_rows']} non-finite "
-        f"times; {sk['infeasible_rows']} predicted infeasible"
-    )
+    print_summary(result)
     if args.json:
         result.write_json(args.json)
     if args.report:

@@ -212,6 +212,13 @@ class HwSpec:
         return CALIBRATION_DEFAULTS[key][0]
 
     @property
+    def launch_us(self) -> float:
+        """Per-kernel launch overhead: the calibrated value if set, else ``[launch]``."""
+        if "launch_overhead_us" in self.calibration:
+            return float(self.calibration["launch_overhead_us"])
+        return float(self.launch_overhead_us)
+
+    @property
     def has_l15(self) -> bool:
         return self.l15_bytes > 0 and self.l15_group_sms > 0 and self.l15_bw_tbps > 0
 

@@ -147,7 +147,7 @@ def machine_from_hw(hw: str | HwSpec, params: SimParams | None = None, *, sm_cou
     n = spec.sm_count if sm_count is None else int(sm_count)
     if n <= 0:
         raise InputError(f"sm_count must be positive, got {sm_count}")
-    launch_us = spec.cal("launch_overhead_us") if "launch_overhead_us" in spec.calibration else spec.launch_overhead_us
+    launch_us = spec.launch_us
     line = spec.l2_line_bytes
     return Machine(
         name=spec.key,
