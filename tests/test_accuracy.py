@@ -335,7 +335,13 @@ def test_unsupported_families_are_reported_as_skipped(h100_slice, tmp_path):
     res = run_accuracy([h100_slice, att, col], predictors=FAKE)
     assert res.skipped["unsupported_family_rows"] == {"attention": 11, "collective": 7}
     base = run_accuracy([h100_slice], predictors=FAKE)
-    assert res.overall == base.overall
+    # equal up to summation order: polars' parallel group-by may add in any order
+    assert res.overall.keys() == base.overall.keys()
+    for key, value in base.overall.items():
+        if value is None:
+            assert res.overall[key] is None, key
+        else:
+            assert res.overall[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
 
 
 def test_family_detection_by_columns():
