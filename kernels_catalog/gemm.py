@@ -30,7 +30,7 @@ from tsbatch.kernels.envelope import (
 )
 from tsbatch.kernels.order import ORDER_GROUPED, ORDER_NAMES, ORDER_PERSISTENT
 
-__all__ = ["FAMILY", "COLUMNS", "DTYPES", "LIBRARY_TILES", "lower", "expand_library", "warp_grid"]
+__all__ = ["FAMILY", "COLUMNS", "DTYPES", "LIBRARY_TILES", "lower", "expand_library", "warp_grid", "warpgroup_grid"]
 
 #: input dtype -> (bytes per element, output bytes, tensor-core rate key)
 DTYPES = {
@@ -125,6 +125,19 @@ def warp_grid(block_m: np.ndarray, block_n: np.ndarray, warps: np.ndarray):
     return wm, wn
 
 
+def warpgroup_grid(block_m: np.ndarray, warps: np.ndarray):
+    """Warpgroups along M and N for warpgroup MMA: along M while a warpgroup
+    still gets more than its 64 rows, then along N (Triton's warpsPerTileV3)."""
+    wg_m = np.ones_like(warps)
+    wg_n = np.ones_like(warps)
+    for _ in range(4):  # up to 64 warps
+        need = 4 * wg_m * wg_n < warps
+        along_m = need & (block_m > 64 * wg_m)
+        wg_m = np.where(along_m, wg_m * 2, wg_m)
+        wg_n = np.where(need & ~along_m, wg_n * 2, wg_n)
+    return wg_m, wg_n
+
+
 def lower(cols: dict, hw) -> TilePlan:
     """Lower validated GEMM candidate columns to a :class:`TilePlan` for ``hw``.
 
@@ -163,8 +176,12 @@ def lower(cols: dict, hw) -> TilePlan:
     wgmma_min = hw.cal("wgmma_min_warps")
     use_wgmma = np.zeros(rows, dtype=bool)
     if hw.mma in ("wgmma", "tcgen05"):
-        use_wgmma = on_tc & (warps >= wgmma_min) & (warps % 4 == 0) & (bm % 64 == 0) \
-            & (bm >= 64 * (warps // 4))
+        # Triton's MMAv3 needs whole warpgroups and a multiple of 64 rows; the
+        # warpgroups are laid out over M while rows remain, then over N
+        # (AccelerateMatmul.cpp, warpsPerTileV3), so 8 warps on a 64-row tile
+        # still issue wgmma, as two warpgroups side by side along N
+        use_wgmma = on_tc & (warps >= wgmma_min) & (warps % 4 == 0) & (bm % 64 == 0)
+    wg_m, wg_n = warpgroup_grid(bm, warps)
     wm, wn = warp_grid(bm, bn, warps)
 
     # ---- per-block resources
@@ -197,7 +214,7 @@ def lower(cols: dict, hw) -> TilePlan:
     a_fetch = a_bytes * (np.ceil(a_run / 32.0) * 32.0 / a_run)
     b_fetch = b_bytes * (np.ceil(b_run / 32.0) * 32.0 / b_run)
     work_iter[:, R_L2] = a_fetch + b_fetch  # split by the cache model later
-    smem_reads = np.where(use_wgmma, bk * eb * (bm + (warps // 4) * bn),
+    smem_reads = np.where(use_wgmma, bk * eb * (wg_n * bm + wg_m * bn),
                           bk * eb * (wn * bm + wm * bn))
     smem_writes = ab_elems * eb
     spill_bytes = spill * 4.0 * threads * 2.0
@@ -222,7 +239,7 @@ def lower(cols: dict, hw) -> TilePlan:
     rate[:, R_CUDA] = hw.rate("fp32_tflops") * 1e6 / sms
     rate[:, R_SMEM] = hw.smem_bytes_per_clk * clock_mhz  # bytes per us per SM
     rate[:, R_L15] = hw.rate("l15_bw_tbps") * 1e6 / sms if hw.has_l15 else 0.0
-    rate[:, R_L2] = hw.rate("l2_bw_tbps") * 1e6
+    rate[:, R_L2] = hw.rate("l2_bw_tbps") * 1e6 * hw.cal("l2_efficiency")
     rate[:, R_DRAM] = hw.rate("dram_bw_tbps") * 1e6 * hw.cal("dram_efficiency")
 
     # ---- tensor accesses: A reused along grid dim 1, B along dim 0, C once

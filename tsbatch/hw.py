@@ -56,6 +56,12 @@ CALIBRATION_DEFAULTS: dict[str, tuple[float, str]] = {
         1.0,
         "fraction of the measured DRAM bandwidth reached by tile loads",
     ),
+    "l2_efficiency": (
+        1.0,
+        "fraction of the L2 bandwidth of the hardware file that tile loads "
+        "reach when every SM streams its tiles at once (partition crossings, "
+        "slice conflicts)",
+    ),
     "launch_overhead_us": (
         0.0,
         "fixed per-kernel time not covered by the tile pipeline (launch, grid "
