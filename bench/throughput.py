@@ -2,15 +2,19 @@
 
     python bench/throughput.py --rows 1000000 --hw h100 --json OUT.json
 
-Builds a candidate table of N rows (real LLM GEMM shapes — Llama-3 8B/70B,
-Qwen2-72B, DeepSeek-V3 projections at decode-to-prefill token counts, up to
-16384 x 16384 x 8192 — crossed with a Triton-like schedule space), writes it
-to Parquet and measures in the same run:
+Builds a candidate table of N *distinct* rows (real LLM GEMM shapes —
+Llama-3 8B/70B, Qwen2-72B, DeepSeek-V3 projections at 1,028 token counts from
+decode to prefill (1, 2, 4, 8 and every multiple of 16 up to 16384), up to
+16384 x 16384 x 8192 — crossed with a 3,600-point Triton-like schedule
+space: 48.1 million candidates, of which N are drawn evenly, none twice),
+writes it to Parquet and measures in the same run:
 
 - ``evaluate_rows_per_s``: the full model (occupancy, cache model, envelope,
   waves) on the in-memory table;
-- ``end_to_end_rows_per_s``: ``tsbatch evaluate`` path from Parquet in to
-  ranked Parquet out (read, evaluate, rank top 5 %, write);
+- ``end_to_end_rows_per_s``: the ``tsbatch evaluate`` command, from Parquet in
+  to ranked Parquet out (streamed record batches of ``--batch-rows``, rank top
+  5 %, write), in a child process whose peak memory is
+  ``end_to_end_peak_rss_mb``;
 - ``roofline_rows_per_s``: a plain numpy roofline (max of FLOP time and
   compulsory-byte time) over the same columns — the floor any evaluator pays
   to touch the data — and ``ratio_vs_roofline``;
@@ -18,7 +22,11 @@ to Parquet and measures in the same run:
   ``tests/naive.py`` (unsampled cache model) on a random sample of the rows
   whose access sequence has at most 2e4 accesses, within a time budget, and
   ``speedup_vs_naive`` against the full model on those same rows;
-- ``peak_rss_mb`` and the seconds of each stage.
+- ``peak_rss_mb`` (in-memory evaluate of the N rows, ranking and writing them),
+  the seconds of each stage (validate, lowering, occupancy, cache model,
+  envelope, result assembly; Parquet read, ranking and Parquet write timed
+  alone on the same rows), ``cache_problems`` (distinct cache problems the
+  model solved), ``cache_problems_per_row`` and ``cache_us_per_problem``.
 
 Figures are printed and optionally written as JSON. Machines are noisy:
 compare the ratios, which are measured in the same run.
@@ -29,6 +37,8 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,24 +56,58 @@ SHAPES = [  # (label, n, k)
     ("deepseek-v3.q_a", 1536, 7168), ("deepseek-v3.kv_a", 576, 7168),
     ("square-16k", 16384, 8192),
 ]
-TOKENS = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+#: token counts M: decode sizes, then every multiple of 16 up to 16384 (1028 values)
+TOKENS = [1, 2, 4, 8] + list(range(16, 16385, 16))
 SCHEDULE = dict(
     block_m=[16, 32, 64, 128, 256], block_n=[32, 64, 128, 256], block_k=[32, 64, 128],
     num_stages=[2, 3, 4, 5, 6], num_warps=[2, 4, 8], group_m=[1, 4, 8, 16],
 )
 
 
+def candidate_space() -> int:
+    """Distinct (workload, schedule) candidates: shapes x token counts x schedules."""
+    return len(SHAPES) * len(TOKENS) * int(np.prod([len(v) for v in SCHEDULE.values()]))
+
+
 def build_candidates(rows: int, seed: int = 0) -> pl.DataFrame:
-    """``rows`` candidates: every (workload, schedule) pair, cycled to length."""
-    wl = pl.DataFrame([{"label": s[0], "n": s[1], "k": s[2], "m": t} for s in SHAPES for t in TOKENS])
-    sch = pl.DataFrame({"_one": [1]})
-    for k, v in SCHEDULE.items():
-        sch = sch.join(pl.DataFrame({k: v}), how="cross")
-    full = wl.join(sch.drop("_one"), how="cross")
-    reps = -(-rows // full.height)
-    out = pl.concat([full] * reps).head(rows) if reps > 1 else full.head(rows)
-    return out.with_columns(pl.lit("bfloat16").alias("dtype"),
-                            pl.lit(True).alias("a_row_major"), pl.lit(False).alias("b_row_major"))
+    """``rows`` distinct candidates drawn evenly from the whole space.
+
+    The space (13 shapes x 1028 token counts x 3,600 schedules = 48.1
+    million) is enumerated by an index; row ``i`` takes index
+    ``(a i + b) mod size`` for a fixed ``a`` coprime with the size, so the
+    rows are distinct (up to the size of the space), spread over every
+    shape, token count and schedule, and the same for a given ``rows`` and
+    ``seed`` — no row repeats, so deduplication inside the evaluator gains
+    only what real sweeps share (rows differing in stages or warps that
+    keep the same residency, rows with the same tile grid).
+    """
+    size = candidate_space()
+    if rows > size:
+        raise ValueError(f"at most {size:,} distinct candidates, asked for {rows:,}")
+    rng = np.random.default_rng(seed)
+    a = int(rng.integers(size // 3, size // 2)) | 1
+    while np.gcd(a, size) != 1:
+        a += 2
+    b = int(rng.integers(0, size))
+    idx = (np.arange(rows, dtype=np.int64) * a + b) % size  # a bijection of 0..size-1
+    out = {}
+    for name, vals in reversed(list(SCHEDULE.items())):
+        v = np.asarray(vals, dtype=np.int64)
+        out[name] = v[idx % v.shape[0]]
+        idx //= v.shape[0]
+    tok = np.asarray(TOKENS, dtype=np.int64)
+    m = tok[idx % tok.shape[0]]
+    shape = idx // tok.shape[0]
+    return pl.DataFrame({
+        "label": np.asarray([s[0] for s in SHAPES], dtype=object)[shape].astype(str),
+        "n": np.asarray([s[1] for s in SHAPES], dtype=np.int64)[shape],
+        "k": np.asarray([s[2] for s in SHAPES], dtype=np.int64)[shape],
+        "m": m,
+        **{name: out[name] for name in SCHEDULE},
+        "dtype": np.full(rows, "bfloat16"),
+        "a_row_major": np.ones(rows, dtype=bool),
+        "b_row_major": np.zeros(rows, dtype=bool),
+    })
 
 
 def roofline(df: pl.DataFrame, tflops: float, dram_tbps: float) -> np.ndarray:
@@ -142,6 +186,8 @@ def main(argv=None) -> int:
     ap.add_argument("--hw", default="h100")
     ap.add_argument("--json", default=None)
     ap.add_argument("--top", default="5%")
+    ap.add_argument("--batch-rows", type=int, default=1_000_000,
+                    help="record batch of the end-to-end command (its memory bound)")
     ap.add_argument("--naive-budget-s", type=float, default=20.0,
                     help="seconds given to the plain-Python twins (0: skip)")
     args = ap.parse_args(argv)
@@ -151,7 +197,7 @@ def main(argv=None) -> int:
     from tsbatch.rank import parse_top, rank
 
     hw = resolve_hw(args.hw)
-    warm = build_candidates(2000)
+    warm = build_candidates(2000, seed=1)
     evaluate(warm, hw)  # compile / load cached kernels outside the timings
 
     t = time.perf_counter()
@@ -165,25 +211,50 @@ def main(argv=None) -> int:
     roof = roofline(cand, hw.tc_tflops("bfloat16"), hw.rate("dram_bw_tbps"))
     t_roof = time.perf_counter() - t
 
+    # ---- in-memory evaluate, with the seconds of each stage
     stages: dict = {}
     t = time.perf_counter()
     res = evaluate(cand, hw, timings=stages)
     t_eval = time.perf_counter() - t
     assert res.height == cand.height and np.isfinite(roof).all()
+    infeasible = int((~res["feasible"]).sum())
 
+    # ---- ranking and Parquet I/O of the same rows, timed alone
+    io: dict = {}
     t = time.perf_counter()
     df = pl.read_parquet(src)
-    res2 = evaluate(df, hw)
-    ranked = rank(res2, ["m", "n", "k", "dtype", "a_row_major", "b_row_major"], parse_top(args.top))
-    write_parquet(ranked, tmp / "ranked.parquet", provenance(hw, "gemm", {"bench": "throughput"}))
-    t_e2e = time.perf_counter() - t
-
+    io["read_parquet_s"] = time.perf_counter() - t
+    del df
+    t = time.perf_counter()
+    ranked = rank(res, ["m", "n", "k", "dtype", "a_row_major", "b_row_major"], parse_top(args.top))
+    io["rank_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    write_parquet(ranked, tmp / "ranked_inmem.parquet", provenance(hw, "gemm", {"bench": "throughput"}))
+    io["write_parquet_s"] = time.perf_counter() - t
+    del res, ranked
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+    # ---- end to end: the `tsbatch evaluate` command (streams record batches
+    # of --batch-rows, ranks, writes), in a child process to measure its memory
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", "import sys; from tsbatch.cli import main; "
+                           "sys.exit(main(sys.argv[1:]))", "evaluate", str(src), "--hw", args.hw,
+                           "-o", str(tmp / "ranked.parquet"), "--top", args.top, "--quiet",
+                           "--batch-rows", str(args.batch_rows)],
+                          capture_output=True, text=True)
+    t_e2e = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"tsbatch evaluate failed:\n{proc.stderr}")
+    e2e_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
+    shutil.rmtree(tmp, ignore_errors=True)
+
     naive_rate, naive_rows, fast_same = (naive_rows_per_s(cand, hw, args.naive_budget_s)
                                          if args.naive_budget_s > 0 else (float("nan"), 0, float("nan")))
     n = cand.height
+    problems = stages.get("cache_problems")
     report = {
         "rows": n,
+        "distinct_rows": True,
         "hw": hw.key,
         "evaluate_rows_per_s": n / t_eval,
         "end_to_end_rows_per_s": n / t_e2e,
@@ -195,16 +266,22 @@ def main(argv=None) -> int:
         "speedup_vs_naive": fast_same / naive_rate if naive_rows else float("nan"),
         "evaluate_s": t_eval,
         "end_to_end_s": t_e2e,
+        "end_to_end_batch_rows": args.batch_rows,
         "roofline_s": t_roof,
         "build_s": t_build,
-        "cache_problems": stages.get("cache_problems"),
-        "stages_s": {k: v for k, v in stages.items() if k.endswith("_s")},
+        "cache_problems": problems,
+        "cache_problems_per_row": (problems / n) if problems else None,
+        "cache_us_per_problem": (1e6 * stages["cache_s"] / problems) if problems else None,
+        "stages_s": {**{k: v for k, v in stages.items() if k.endswith("_s")}, **io},
         "peak_rss_mb": rss_mb,
-        "infeasible_rows": int((~res["feasible"]).sum()),
+        "end_to_end_peak_rss_mb": e2e_rss_mb,
+        "infeasible_rows": infeasible,
     }
     for k, v in report.items():
         if isinstance(v, float):
             print(f"{k:24s} {v:16,.3f}")
+        elif v is None:
+            print(f"{k:24s} -")
         elif isinstance(v, dict):
             print(f"{k:24s} " + ", ".join(f"{a}={b:.3f}" for a, b in v.items()))
         else:

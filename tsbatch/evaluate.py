@@ -30,7 +30,8 @@ from tsbatch.kernels.occupancy import REASON_TEXT, resident_tiles
 from tsbatch.kernels.reuse import cache_hit_rates
 from tsbatch.schema import to_polars, validate
 
-__all__ = ["FAMILIES", "RESULT_COLUMNS", "evaluate", "evaluate_plan", "resolve_hw", "get_family"]
+__all__ = ["FAMILIES", "RESULT_COLUMNS", "CacheMemo", "evaluate", "evaluate_plan", "resolve_hw",
+           "get_family"]
 
 FAMILIES: dict[str, Family] = {"gemm": gemm_family.FAMILY}
 
@@ -89,10 +90,64 @@ def _dense_ids(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return inv, rep
 
 
+class CacheMemo:
+    """Results of solved cache problems, by key, shared by the chunks of a batch.
+
+    A cache problem's results depend only on its key (every input of
+    ``cache_hit_rates`` that varies by row) and on the GPU and sampling, which
+    are fixed per memo; so a problem met again in a later chunk takes the
+    stored results, bit for bit. Lookups are one vectorized join per chunk.
+    At most ``max_problems`` are kept (later ones are solved, not stored).
+    """
+
+    def __init__(self, max_problems: int = 2_000_000):
+        self.max_problems = max_problems
+        self._frames: list[pl.DataFrame] = []
+        self._n = 0
+        self._known: pl.DataFrame | None = None
+
+    @staticmethod
+    def _key_frame(keys: np.ndarray) -> pl.DataFrame:
+        return pl.DataFrame({f"k{j}": keys[:, j] for j in range(keys.shape[1])})
+
+    def lookup(self, keys: np.ndarray, out: tuple) -> np.ndarray:
+        """Fill ``out`` (arrays ``(u, T)``) where known; return the unknown rows."""
+        u = keys.shape[0]
+        if self._n == 0 or u == 0:
+            return np.arange(u, dtype=np.int64)
+        if self._known is None:
+            self._known = pl.concat(self._frames)
+            self._frames = [self._known]
+        q = self._key_frame(keys).with_row_index("_q")
+        hit = q.join(self._known, on=[c for c in q.columns if c != "_q"], how="inner")
+        qi = hit["_q"].to_numpy().astype(np.int64)
+        T = out[0].shape[1]
+        for a, name in enumerate(("h15", "h2", "dram")):
+            for t in range(T):
+                out[a][qi, t] = hit[f"{name}{t}"].to_numpy()
+        miss = np.ones(u, dtype=bool)
+        miss[qi] = False
+        return np.flatnonzero(miss)
+
+    def store(self, keys: np.ndarray, results: tuple) -> None:
+        if keys.shape[0] == 0 or self._n + keys.shape[0] > self.max_problems:
+            return
+        frame = self._key_frame(keys).with_columns(
+            [pl.Series(f"{name}{t}", r[:, t]) for name, r in zip(("h15", "h2", "dram"), results)
+             for t in range(r.shape[1])])
+        self._frames.append(frame)
+        self._known = None
+        self._n += keys.shape[0]
+
+
 def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: int = 8,
                   max_lookback: int = 4,
-                  timings: dict | None = None) -> dict:
-    """Run the generic kernels on a lowered plan; returns result arrays."""
+                  timings: dict | None = None, memo: "CacheMemo | None" = None) -> dict:
+    """Run the generic kernels on a lowered plan; returns result arrays.
+
+    ``memo`` (a :class:`CacheMemo` made for the same ``hw`` and sampling)
+    supplies the cache problems solved by earlier calls and keeps the new ones.
+    """
     t0 = time.perf_counter()
     p, reason = resident_tiles(plan.smem_block, plan.regs_thread, plan.threads, hw)
     rows = len(plan)
@@ -101,19 +156,34 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
 
     # ---- cache model, once per distinct cache problem
     conc = sms * np.maximum(p, 1)
-    tb = np.rint(plan.t_bytes).astype(np.int64)
+    # the key holds every input of a cache problem (block bytes by their exact
+    # bits), so rows sharing a key get exactly the results they would alone
+    tb = np.ascontiguousarray(plan.t_bytes, dtype=np.float64).view(np.int64)
     keys = np.column_stack([plan.g0, plan.g1, plan.g2, plan.order, plan.group, conc,
                             plan.ksteps, tb, plan.t_mask, plan.t_per_step])
     inv, rep = _dense_ids(keys)
     cap2 = hw.l2_bytes * hw.cal("l2_capacity_fraction")
     g15 = hw.l15_group_sms if hw.has_l15 else 0
     u = rep.shape[0]
-    h15u, h2u, dramu = cache_hit_rates(
-        plan.g0[rep], plan.g1[rep], plan.g2[rep], plan.order[rep], plan.group[rep], conc[rep],
-        plan.ksteps[rep], plan.t_mask[rep], plan.t_per_step[rep], plan.t_bytes[rep],
-        np.full(u, cap2), np.full(u, float(hw.l2_assoc)), np.full(u, sms),
-        np.full(u, g15), np.full(u, float(hw.l15_bytes)), np.full(u, float(hw.l15_assoc)),
+    T = plan.t_mask.shape[1]
+    h15u = np.empty((u, T))
+    h2u = np.empty((u, T))
+    dramu = np.empty((u, T))
+    todo = np.arange(u, dtype=np.int64)
+    if memo is not None:
+        todo = memo.lookup(keys[rep], (h15u, h2u, dramu))
+    sub = rep[todo]
+    v = sub.shape[0]
+    got = cache_hit_rates(
+        plan.g0[sub], plan.g1[sub], plan.g2[sub], plan.order[sub], plan.group[sub], conc[sub],
+        plan.ksteps[sub], plan.t_mask[sub], plan.t_per_step[sub], plan.t_bytes[sub],
+        np.full(v, cap2), np.full(v, float(hw.l2_assoc)), np.full(v, sms),
+        np.full(v, g15), np.full(v, float(hw.l15_bytes)), np.full(v, float(hw.l15_assoc)),
         k_samples=k_samples, max_waves=wave_samples, max_lookback=max_lookback)
+    for dst, src in zip((h15u, h2u, dramu), got):
+        dst[todo] = src
+    if memo is not None:
+        memo.store(keys[sub], got)
     h15, h2, dram_frac = h15u[inv], h2u[inv], dramu[inv]
     t2 = time.perf_counter()
 
@@ -164,7 +234,8 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
         timings["occupancy_s"] = timings.get("occupancy_s", 0.0) + (t1 - t0)
         timings["cache_s"] = timings.get("cache_s", 0.0) + (t2 - t1)
         timings["envelope_s"] = timings.get("envelope_s", 0.0) + (t3 - t2)
-        timings["cache_problems"] = timings.get("cache_problems", 0) + u
+        timings["cache_problems"] = timings.get("cache_problems", 0) + v
+        timings["cache_problems_reused"] = timings.get("cache_problems_reused", 0) + (u - v)
     return out
 
 
@@ -181,7 +252,9 @@ def _bottleneck(util: np.ndarray, lat: np.ndarray, launch: np.ndarray) -> np.nda
 def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: int = 4,
              wave_samples: int = 8, max_lookback: int = 4,
              timings: dict | None = None,
-             lower_hook: Callable[[dict], dict] | None = None) -> pl.DataFrame:
+             lower_hook: Callable[[dict], dict] | None = None,
+             chunk_rows: int = 1_000_000,
+             cache_memo: CacheMemo | None = None) -> pl.DataFrame:
     """Predict every candidate row.
 
     Parameters
@@ -205,6 +278,15 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
         sweep on H100, for a 2.7x faster cache model.
     timings : dict, optional
         Filled with the seconds spent per stage.
+    chunk_rows : int
+        Tables longer than this are evaluated in chunks of this many rows
+        (bounding the working memory to the chunk), the chunks sharing their
+        solved cache problems (a :class:`CacheMemo`); results are the same
+        as in one piece. Not with ``lower_hook``, which sees the whole table.
+    cache_memo : CacheMemo, optional
+        Solved cache problems to reuse and extend, e.g. across the record
+        batches of a stream; it must only be shared between calls with the
+        same ``hw``, ``k_samples``, ``wave_samples`` and ``max_lookback``.
 
     Returns
     -------
@@ -215,6 +297,17 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
     spec = resolve_hw(hw)
     fam = get_family(family)
     df = to_polars(candidates)
+    if lower_hook is None and chunk_rows > 0 and df.height > chunk_rows:
+        memo = cache_memo if cache_memo is not None else CacheMemo()
+        parts = [evaluate(df.slice(a, chunk_rows), spec, family, k_samples=k_samples,
+                          wave_samples=wave_samples, max_lookback=max_lookback,
+                          timings=timings, chunk_rows=chunk_rows, cache_memo=memo)
+                 for a in range(0, df.height, chunk_rows)]
+        t = time.perf_counter()
+        out = pl.concat(parts, how="vertical")
+        if timings is not None:
+            timings["assemble_s"] = timings.get("assemble_s", 0.0) + time.perf_counter() - t
+        return out
     cols, is_lib = validate(df, fam)
     if lower_hook is not None:
         cols = lower_hook(cols)
@@ -227,7 +320,7 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
     plan = fam.lower(cols, spec)
     t2 = time.perf_counter()
     res = evaluate_plan(plan, spec, k_samples=k_samples, wave_samples=wave_samples,
-                        max_lookback=max_lookback, timings=timings)
+                        max_lookback=max_lookback, timings=timings, memo=cache_memo)
     t3 = time.perf_counter()
 
     # ---- library rows: keep the fastest catalog tile per input row

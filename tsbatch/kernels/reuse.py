@@ -29,12 +29,18 @@ On chips with an L1.5 tier (one per group of ``l15_group_sms`` SMs), the
 same within-step analysis is repeated on each group's subsequence (tile
 ``p`` of a wave runs on SM ``p mod sm_count``); L2 receives the L1.5 misses
 and DRAM the L2 misses (the cascade of §3.5.3).
+
+The hit rates of an analysed wave are computed by :func:`_hits_fast`
+(memoized SDCM calls, L1.5 groups with equal access patterns solved once);
+``cache_hit_rates(..., general=True)`` runs the original per-access code,
+which tests/test_cache_fast.py holds the fast path equal to.
 """
 
 from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 from numba import prange
 
@@ -89,10 +95,192 @@ def step_distances(ids, wts, n, last_idx, tree, out):
         tree[j] = 0.0
 
 
+#: slots of the per-problem memo tables of SDCM hit probabilities (power of two)
+MEMO_SIZE = 256
+_MEMO_PROBES = 8
+
+
+@jit_scalar
+def _memo_hit(d, assoc, blocks, unit, keys, vals):
+    """``hit_prob_gauss(d / unit, assoc, blocks)``, memoized on the exact ``d``.
+
+    ``keys``/``vals`` form an open-addressing table (keys ``-1``: empty) valid
+    for one ``(unit, assoc, blocks)``; a hit returns the stored result of the
+    very same call, so the memo never changes a value. ``d`` is a distance in
+    bytes (``>= 0`` or ``inf``).
+    """
+    if not (d < 1e18):  # inf (a first touch), or too large to hash as an int64
+        return hit_prob_gauss(d / unit, assoc, blocks)
+    mask = keys.shape[0] - 1
+    x = np.int64(d)
+    h = ((x * np.int64(-7046029254386353131)) >> np.int64(40)) & mask
+    for _ in range(_MEMO_PROBES):
+        k = keys[h]
+        if k == d:
+            return vals[h]
+        if k < 0.0:
+            v = hit_prob_gauss(d / unit, assoc, blocks)
+            keys[h] = d
+            vals[h] = v
+            return v
+        h = (h + 1) & mask
+    return hit_prob_gauss(d / unit, assoc, blocks)
+
+
+#: slots of the per-problem table of L1.5 group patterns and their pooled labels
+PAT_SLOTS = 64
+PAT_POOL = 1 << 13
+
+
+@jit_scalar
+def _pattern_slot(hsh, m, lab, pat_m, pat_hash, pat_off, pool_lab):
+    """Slot of the stored pattern equal to ``lab[:m]`` (``pat_m[slot] == m``),
+    else a free slot for it (``pat_m[slot] == -1``), else ``-1`` (table full).
+    Patterns are compared element by element; the hash only picks the slot."""
+    mask = pat_m.shape[0] - 1
+    h = ((hsh ^ (hsh >> np.int64(29))) + m) & mask
+    for _ in range(pat_m.shape[0]):
+        pm = pat_m[h]
+        if pm < 0:
+            return h
+        if pm == m and pat_hash[h] == hsh:
+            off = pat_off[h]
+            same = True
+            for q in range(m):
+                if pool_lab[off + q] != lab[q]:
+                    same = False
+                    break
+            if same:
+                return h
+        h = (h + 1) & mask
+    return -1
+
+
+@jit_serial
+def _hits_fast(w, valid_from, nw, n, n_step, use15, nsm, g15, ngroups, unit, B2, B15,
+               assoc2, assoc15, ks, svals, kf, run, lastwave, tail_b, ustep, newcum,
+               oncecum, ids, wts, ten, dist, head, h15, tree, last_idx, sub_ids,
+               sub_wts, sub_j, sub_d, memo15_k, memo15_v, memo2_k, memo2_v,
+               acc, hit15, req2, hit2, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab):
+    """The hit rates of wave ``w``'s accesses: the general path's arithmetic,
+    cheaper (tests/test_cache_fast.py proves the two equal).
+
+    * SDCM probabilities of within-step distances come from per-problem memo
+      tables keyed by the exact distance (the same call, made once);
+    * the L1.5 subsequence of an SM group is read off its slot ranges (the
+      slots ``p`` with ``(p mod nsm) div g15 == gi`` are whole runs) instead of
+      bucketing every access by a division;
+    * when the step footprint surely hits (the general path then sets every
+      within-step distance to 0, whose probability is exactly 1) re-touches
+      take ``h = 1`` without a call; per-tensor sums are gathered per wave and
+      added once, scaled by ``ksteps``.
+    """
+    skip = hit_prob_gauss(run / unit, assoc2, B2) >= 1.0 - 1e-12
+    if not skip:
+        step_distances(ids, wts, n, last_idx, tree, dist)
+    if use15:
+        for gi in range(ngroups):
+            lo = gi * g15
+            hi = lo + g15
+            if hi > nsm:
+                hi = nsm
+            # the group's accesses, with canonical labels (rank of first touch)
+            m = 0
+            nl = 0
+            hsh = np.int64(1469598103934665603)
+            base = 0
+            while base + lo < nw:
+                pe = base + hi
+                if pe > nw:
+                    pe = nw
+                for p in range(base + lo, pe):
+                    j = p * n_step
+                    for q in range(n_step):
+                        k = ids[j]
+                        lb = last_idx[k]
+                        if lb < 0:
+                            lb = nl
+                            last_idx[k] = nl
+                            nl += 1
+                        sub_ids[m] = k
+                        sub_j[m] = j
+                        sub_lab[m] = lb
+                        hsh = (hsh ^ lb) * np.int64(1099511628211)
+                        m += 1
+                        j += 1
+                base += nsm
+            if m == 0:
+                continue
+            for q in range(m):
+                last_idx[sub_ids[q]] = -1
+            # a group with the same pattern (this wave or an earlier one) has the
+            # same distances, so the same probabilities: reuse them
+            slot = _pattern_slot(hsh, m, sub_lab, pat_m, pat_hash, pat_off, pool_lab)
+            if slot >= 0 and pat_m[slot] == m:
+                off = pat_off[slot]
+                for q in range(m):
+                    h15[sub_j[q]] = pool_h15[off + q]
+                continue
+            for q in range(m):
+                sub_wts[q] = wts[sub_j[q]]
+            step_distances(sub_ids, sub_wts, m, last_idx, tree, sub_d)
+            fill = pat_off[PAT_SLOTS]
+            store = slot >= 0 and fill + m <= PAT_POOL
+            if store:
+                pat_m[slot] = m
+                pat_hash[slot] = hsh
+                pat_off[slot] = fill
+                pat_off[PAT_SLOTS] = fill + m
+            for q in range(m):
+                v = _memo_hit(sub_d[q], assoc15, B15, unit, memo15_k, memo15_v)
+                h15[sub_j[q]] = v
+                if store:
+                    pool_lab[fill + q] = sub_lab[q]
+                    pool_h15[fill + q] = v
+    T = loc.shape[1]
+    for t in range(T):
+        for r in range(4):
+            loc[r, t] = 0.0
+    for j in range(n):
+        t = ten[j]
+        x15 = h15[j] if use15 else 0.0
+        if dist[j] < math.inf:
+            if skip:
+                h = 1.0
+            else:
+                h = _memo_hit(dist[j], assoc2, B2, unit, memo2_k, memo2_v)
+        else:
+            wp = lastwave[ids[j]]
+            if wp < valid_from:
+                h = 0.0
+            else:
+                u1 = ustep[wp] + (newcum[w] - newcum[wp + 1])
+                u2 = ustep[wp + 1] + (newcum[w + 1] - newcum[wp + 2])
+                umid = 0.0
+                if wp + 1 <= w - 1:
+                    umid = ustep[wp + 1] + (newcum[w] - newcum[wp + 2])
+                base_b = tail_b[ids[j]] + umid + head[j] + (oncecum[w] - oncecum[wp])
+                h = 0.0
+                for i in range(ks):
+                    s = svals[i]
+                    d_b = base_b + (kf - 1.0 - s) * u1 + s * u2
+                    h += hit_prob_gauss(d_b / unit, assoc2, B2)
+                h /= ks
+        loc[0, t] += 1.0
+        loc[1, t] += x15
+        loc[2, t] += 1.0 - x15
+        loc[3, t] += (1.0 - x15) * h
+    for t in range(T):
+        acc[t] += kf * loc[0, t]
+        hit15[t] += kf * loc[1, t]
+        req2[t] += kf * loc[2, t]
+        hit2[t] += kf * loc[3, t]
+
+
 @jit_serial
 def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                cap2, assoc2, nsm, g15, cap15, assoc15, k_samples, max_waves,
-               max_lookback, out_h15, out_h2, out_dram):
+               max_lookback, out_h15, out_h2, out_dram, fast):
     T = mask.shape[0]
     P = g0 * g1 * g2
     zorder = order == ORDER_ZORDER
@@ -180,6 +368,17 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
     goff = np.zeros(ngroups + 1, dtype=np.int64)
     gfill = np.zeros(ngroups, dtype=np.int64)
 
+    memo15_k = np.full(MEMO_SIZE, -1.0, dtype=np.float64)
+    memo15_v = np.empty(MEMO_SIZE, dtype=np.float64)
+    memo2_k = np.full(MEMO_SIZE, -1.0, dtype=np.float64)
+    memo2_v = np.empty(MEMO_SIZE, dtype=np.float64)
+    loc = np.zeros((4, T), dtype=np.float64)
+    pat_m = np.full(PAT_SLOTS, -1, dtype=np.int64)
+    pat_hash = np.zeros(PAT_SLOTS, dtype=np.int64)
+    pat_off = np.zeros(PAT_SLOTS + 1, dtype=np.int64)  # last entry: pool fill
+    pool_lab = np.empty(PAT_POOL, dtype=np.int64)
+    pool_h15 = np.empty(PAT_POOL, dtype=np.float64)
+    sub_lab = np.empty(L, dtype=np.int64)
     acc = np.zeros(T, dtype=np.float64)
     hit15 = np.zeros(T, dtype=np.float64)
     req2 = np.zeros(T, dtype=np.float64)
@@ -224,7 +423,8 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                   unit, B2, B15, assoc2, assoc15, ks, svals, kf,
                   lastwave, fstamp, bstamp, tail_b, last_idx, ustep, newcum, oncecum,
                   ids, wts, ten, grp, dist, head, h15, tree, sub_ids, sub_wts, sub_j, sub_d,
-                  goff, gfill, acc, hit15, req2, hit2)
+                  goff, gfill, acc, hit15, req2, hit2, fast, n_step, memo15_k, memo15_v,
+                  memo2_k, memo2_v, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab)
         done = w
     for t in range(T):
         if per_step[t] == 0 or acc[t] == 0.0:
@@ -240,7 +440,8 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
           unit, B2, B15, assoc2, assoc15, ks, svals, kf,
           lastwave, fstamp, bstamp, tail_b, last_idx, ustep, newcum, oncecum,
           ids, wts, ten, grp, dist, head, h15, tree, sub_ids, sub_wts, sub_j, sub_d,
-          goff, gfill, acc, hit15, req2, hit2):
+          goff, gfill, acc, hit15, req2, hit2, fast, n_step, memo15_k, memo15_v,
+          memo2_k, memo2_v, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab):
     """Book-keep wave ``w`` (and, if ``do_hits``, add its accesses' hit rates)."""
     if True:
         start = w * conc
@@ -268,7 +469,8 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
                 ids[j] = koff[t] + cr * kstr[t, 0] + cc * kstr[t, 1] + cz * kstr[t, 2]
                 wts[j] = tbytes[t]
                 ten[j] = t
-                grp[j] = ((p % nsm) // g15) if use15 else 0
+                if not fast:
+                    grp[j] = ((p % nsm) // g15) if use15 else 0
                 j += 1
             if zorder:
                 continue
@@ -321,7 +523,13 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
         ustep[w] = run
         newcum[w + 1] = newcum[w] + newb
         oncecum[w + 1] = oncecum[w] + nw * once_bytes
-        if do_hits:
+        if do_hits and fast:
+            _hits_fast(w, valid_from, nw, n, n_step, use15, nsm, g15, ngroups, unit, B2, B15,
+                       assoc2, assoc15, ks, svals, kf, run, lastwave, tail_b, ustep, newcum,
+                       oncecum, ids, wts, ten, dist, head, h15, tree, last_idx, sub_ids,
+                       sub_wts, sub_j, sub_d, memo15_k, memo15_v, memo2_k, memo2_v,
+                       acc, hit15, req2, hit2, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab)
+        elif do_hits:
             # every within-step distance is below the step's footprint; when
             # even that footprint surely hits (monotone SDCM), skip the tree
             if hit_prob_gauss(run / unit, assoc2, B2) >= 1.0 - 1e-12:
@@ -395,18 +603,19 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
 @jit_parallel
 def _cache_batch(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                  cap2, assoc2, nsm, g15, cap15, assoc15, k_samples, max_waves,
-                 max_lookback, out_h15, out_h2, out_dram):
+                 max_lookback, out_h15, out_h2, out_dram, fast, perm):
     n = g0.shape[0]
-    for i in prange(n):
+    for ii in prange(n):
+        i = perm[ii]
         _cache_one(g0[i], g1[i], g2[i], order[i], group[i], conc[i], ksteps[i],
                    mask[i], per_step[i], tbytes[i], cap2[i], assoc2[i], nsm[i],
                    g15[i], cap15[i], assoc15[i], k_samples, max_waves,
-                   max_lookback, out_h15[i], out_h2[i], out_dram[i])
+                   max_lookback, out_h15[i], out_h2[i], out_dram[i], fast)
 
 
 def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                     cap2, assoc2, nsm, g15, cap15, assoc15, k_samples=4, max_waves=1 << 30,
-                    max_lookback=1 << 30):
+                    max_lookback=1 << 30, general=False):
     """Per-tensor hit rates for a batch of cache problems.
 
     Parameters are 1-D arrays of length ``n`` (one cache problem each) except
@@ -414,7 +623,9 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
     the bit mask of reuse dimensions, the cadence flag and the block bytes.
     ``conc`` is the number of tiles resident at once (a wave), ``cap2`` and
     ``cap15`` capacities in bytes, ``nsm`` the SM count and ``g15`` the SMs
-    per L1.5 group (0: no L1.5 tier).
+    per L1.5 group (0: no L1.5 tier). ``general`` runs the straightforward
+    per-access path instead of the fast one (same results; kept as the
+    reference the fast path is tested against).
 
     Returns
     -------
@@ -435,8 +646,28 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
     dram = np.ones((n, T), dtype=np.float64)
     if n == 0:
         return h15, h2, dram
+    conc_a = i64(conc)
+    perm = _balanced_order(g0 * i64(g1) * i64(g2), conc_a, i64(ksteps))
     _cache_batch(g0, i64(g1), i64(g2), i64(order), i64(group), i64(conc), i64(ksteps),
                  mask, i64(per_step).reshape(n, T), f64(tbytes).reshape(n, T),
                  f64(cap2), f64(assoc2), i64(nsm), i64(g15), f64(cap15), f64(assoc15),
-                 int(k_samples), int(max(max_waves, 2)), int(max(max_lookback, 1)), h15, h2, dram)
+                 int(k_samples), int(max(max_waves, 2)), int(max(max_lookback, 1)), h15, h2, dram,
+                 not general, perm)
     return h15, h2, dram
+
+
+def _balanced_order(tiles, conc, ksteps):
+    """A processing order of the problems that balances the row-parallel loop.
+
+    ``prange`` hands each thread one contiguous block of iterations, and the
+    problems arrive sorted by key (so by grid size): the costly ones would
+    all land on the last thread. Problems sorted by a cost estimate (tiles
+    analysed, bounded by the sampling) are dealt round-robin to the blocks.
+    """
+    n = tiles.shape[0]
+    nt = max(1, int(numba.get_num_threads()))
+    if nt == 1 or n < 2 * nt:
+        return np.arange(n, dtype=np.int64)
+    cost = np.minimum(tiles, 40 * np.maximum(conc, 1)).astype(np.float64)
+    srt = np.argsort(cost, kind="stable")
+    return np.ascontiguousarray(np.concatenate([srt[c::nt] for c in range(nt)]), dtype=np.int64)

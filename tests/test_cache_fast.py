@@ -1,0 +1,189 @@
+"""The fast path of ``reuse.cache_hit_rates`` against its general path.
+
+``cache_hit_rates`` runs ``reuse._hits_fast`` for the hit rates of an
+analysed wave; ``general=True`` runs the original per-access code
+(``reuse._wave``'s own branch), which tests/test_kernels.py checks against
+the plain-Python twin (``naive.cache_hit_rates_one``). The fast path claims
+the same arithmetic, done once where the general path repeats it:
+
+* SDCM probabilities of within-step distances are memoized per problem on
+  the exact distance (``_memo_hit``): a hit returns the result of the very
+  same call;
+* an L1.5 SM group's access sequence is read off its slot runs, and groups
+  whose sequences are equal up to a renaming of the blocks (compared element
+  by element on their first-touch ranks) share one set of LRU distances,
+  so one set of probabilities: LRU stack distances depend only on which
+  accesses repeat which and on the weights, which follow the position
+  (tensor ``q`` of the tile) in every group of the same length;
+* when the step footprint surely hits, re-touches take ``h = 1`` (the
+  general path sets their distance to 0, whose probability is exactly 1);
+* per-tensor sums are added once per wave, scaled by ``ksteps`` (the only
+  change of rounding: sums reassociate, ~1e-16 relative).
+
+So the two must agree to rounding: checked here to ``FAST_RTOL`` on random
+problems (GEMM masks and arbitrary masks / cadences, with and without an
+L1.5 tier, sampled and unsampled, H100-sized waves), on problems built to
+overflow the memo tables, and on the whole batch vs one problem at a time
+(the batch is processed in a cost-balanced order).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numpy.testing import assert_allclose
+from strategies import cache_args, cache_problems
+
+from tsbatch.kernels import reuse
+from tsbatch.kernels.order import ORDER_NAMES, launch_order_array
+
+#: fast vs general path: the same values up to reassociated sums
+FAST_RTOL = 1e-9
+FAST_ATOL = 1e-12
+
+SAMPLINGS = (
+    dict(k_samples=4, max_waves=8, max_lookback=4),  # evaluate's defaults
+    dict(k_samples=3, max_waves=16),
+    dict(k_samples=64, max_waves=1 << 30),  # unsampled
+)
+
+
+def _both(args, **kw):
+    fast = reuse.cache_hit_rates(*args, **kw)
+    gen = reuse.cache_hit_rates(*args, general=True, **kw)
+    return fast, gen
+
+
+def _assert_same(args, **kw):
+    fast, gen = _both(args, **kw)
+    for a, b in zip(fast, gen):
+        assert_allclose(a, b, rtol=FAST_RTOL, atol=FAST_ATOL)
+    return fast
+
+
+@st.composite
+def h100_like(draw) -> dict:
+    """A GEMM cache problem with H100-sized waves (132 SMs x 1-4 resident,
+    8-SM L1.5 groups) on grids up to 48 x 48, tile bytes of real kernels and an
+    L2 from a few blocks (within-step distances matter) to 50 MB."""
+    res = draw(st.integers(1, 4))
+    bm, bn, bk = (draw(st.sampled_from([16, 32, 64, 128, 256])) for _ in range(3))
+    eb = draw(st.sampled_from([1, 2, 4]))
+    a, b = float(bm * bk * eb), float(bk * bn * eb)
+    unit = (a + b) / 2
+    return dict(g0=draw(st.integers(1, 48)), g1=draw(st.integers(1, 48)),
+                g2=draw(st.sampled_from([1, 1, 2, 3])),
+                order=draw(st.sampled_from(sorted(ORDER_NAMES.values()))),
+                group=draw(st.sampled_from([1, 2, 4, 8, 16])), conc=132 * res,
+                ksteps=draw(st.integers(1, 300)), tbytes=(a, b, float(bm * bn * 2)),
+                cap2=draw(st.sampled_from([20.0 * unit, 300.0 * unit, 5e7])),
+                assoc2=16.0, nsm=132, g15=8, cap15=draw(st.sampled_from([184320.0, 12 * unit])),
+                assoc15=8.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(cache_problems(max_grid=9, max_g2=3, max_k=6), min_size=1, max_size=4),
+       st.sampled_from(SAMPLINGS))
+def test_fast_equals_general_small(problems, sampling):
+    _assert_same(cache_args(problems), **sampling)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(h100_like(), min_size=1, max_size=3), st.sampled_from(SAMPLINGS[:2]))
+def test_fast_equals_general_h100_like(problems, sampling):
+    _assert_same(cache_args(problems), **sampling)
+
+
+@st.composite
+def masked_problem(draw) -> tuple:
+    """Arbitrary tensors: 1-4 of them, any reuse mask, any cadence."""
+    T = draw(st.integers(1, 4))
+    mask = [draw(st.integers(0, 7)) for _ in range(T)]
+    per_step = [draw(st.integers(0, 1)) for _ in range(T)]
+    tb = [float(draw(st.sampled_from([64, 128, 512, 2048]))) for _ in range(T)]
+    g0, g1, g2 = draw(st.integers(1, 8)), draw(st.integers(1, 8)), draw(st.integers(1, 3))
+    nsm = draw(st.integers(1, 12))
+    conc = nsm * draw(st.integers(1, 3))
+    unit = max(tb)
+    row = ([g0], [g1], [g2], [draw(st.sampled_from(sorted(ORDER_NAMES.values())))],
+           [draw(st.sampled_from([1, 2, 3, 8]))], [conc], [draw(st.integers(1, 5))],
+           [mask], [per_step], [tb], [draw(st.floats(2.0, 200.0)) * unit],
+           [float(draw(st.sampled_from([1, 2, 4, 16])))], [nsm],
+           [draw(st.sampled_from([0, 1, 2, 3, 4]))], [draw(st.floats(1.0, 30.0)) * unit],
+           [float(draw(st.sampled_from([2, 4, 8])))])
+    return row
+
+
+@settings(max_examples=150, deadline=None)
+@given(masked_problem(), st.sampled_from(SAMPLINGS))
+def test_fast_equals_general_any_mask(args, sampling):
+    _assert_same(args, **sampling)
+
+
+def _problem(**kw):
+    p = dict(g0=64, g1=64, g2=1, order=ORDER_NAMES["zorder"], group=8, conc=528, ksteps=64,
+             tbytes=(8192.0, 16384.0, 32768.0), cap2=4e7, assoc2=16.0, nsm=132, g15=8,
+             cap15=184320.0, assoc15=8.0)
+    p.update(kw)
+    return p
+
+
+def _group_patterns(p: dict) -> tuple[int, int]:
+    """Distinct L1.5 group sequences (up to renaming) of all waves, and their
+    total length: the entries the fast path's pattern table would hold."""
+    x0, x1, _ = launch_order_array(p["order"], p["g0"], p["g1"], p["g2"], p["group"])
+    tiles = x0.shape[0]
+    pats = {}
+    for start in range(0, tiles, p["conc"]):
+        for gi in range(-(-p["nsm"] // p["g15"])):
+            seq = []
+            for base in range(0, p["conc"], p["nsm"]):
+                lo = base + p["g15"] * gi
+                for s in range(lo, min(lo + p["g15"], base + p["nsm"], p["conc"])):
+                    if start + s < tiles:
+                        seq += [("a", x0[start + s]), ("b", x1[start + s])]
+            rank: dict = {}
+            key = tuple(rank.setdefault(k, len(rank)) for k in seq)
+            if key:
+                pats[key] = len(key)
+    return len(pats), sum(pats.values())
+
+
+def test_fast_equals_general_when_the_tables_overflow():
+    """More L1.5 group patterns than ``PAT_SLOTS`` (z-order on a 95 x 120
+    grid, 5-SM groups) and more pattern entries than ``PAT_POOL`` (column
+    order, 16-SM groups of 29 SMs x 16 resident); an L2 of 40 blocks (the
+    within-step tree, many distinct distances); a tiny L1.5 (the SDCM's
+    single-set edge case)."""
+    slots = _problem(g0=95, g1=120, order=ORDER_NAMES["zorder"], group=1, g15=5, conc=2112,
+                     ksteps=7)
+    pool = _problem(g0=101, g1=113, order=ORDER_NAMES["col"], group=3, nsm=29, g15=16, conc=464,
+                    ksteps=5)
+    assert _group_patterns(slots)[0] > reuse.PAT_SLOTS
+    assert _group_patterns(pool)[1] > reuse.PAT_POOL
+    probs = [slots, pool, _problem(cap2=40 * 12288.0), _problem(cap15=6 * 12288.0),
+             _problem(g0=128, g1=100, order=ORDER_NAMES["row"], conc=1056)]
+    _assert_same(cache_args(probs), k_samples=4, max_waves=1 << 30)
+    _assert_same(cache_args(probs), **SAMPLINGS[0])
+
+
+def test_batch_order_does_not_change_results():
+    """The batch runs in a cost-balanced order; each problem's results are
+    those it gets alone."""
+    rng = np.random.default_rng(3)
+    probs = [_problem(g0=int(rng.integers(1, 40)), g1=int(rng.integers(1, 40)),
+                      order=int(rng.integers(0, 5)), conc=132 * int(rng.integers(1, 4)),
+                      ksteps=int(rng.integers(1, 100))) for _ in range(12)]
+    batch = reuse.cache_hit_rates(*cache_args(probs), k_samples=4, max_waves=8, max_lookback=4)
+    for i, p in enumerate(probs):
+        one = reuse.cache_hit_rates(*cache_args([p]), k_samples=4, max_waves=8, max_lookback=4)
+        for a, b in zip(batch, one):
+            assert_allclose(a[i], b[0], rtol=0, atol=0)
+
+
+def test_balanced_order_is_a_permutation():
+    for n in (0, 1, 3, 17, 1000):
+        tiles = np.arange(n, dtype=np.int64)[::-1] * 7 % 101 + 1
+        perm = reuse._balanced_order(tiles, np.full(n, 132), np.full(n, 8))
+        assert sorted(perm.tolist()) == list(range(n))
