@@ -329,7 +329,7 @@ def resident_one(smem_block, regs_thread, threads, warp_size, sm_smem, smem_bloc
 # ----------------------------------------------------------------------
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles):
-    """``(T, T_pro, T_steady_total, T_epi, T_steady_iter)`` of one SM's share."""
+    """``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store)`` of one SM's share."""
     frac = min(1.0, p * warps_tile / warps_full)  # compute issue-slot fraction
     comp_times = [0.0]
     mem_times = [0.0]
@@ -360,7 +360,7 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     t_pro = lat + fill * mem
     t_steady = max(N - d, 0) * steady
     t_epi = fill * comp + p * epi + tiles * ovh_tile
-    return t_pro + t_steady + t_epi, t_pro, t_steady, t_epi, steady
+    return t_pro + t_steady + t_epi, t_pro, t_steady, t_epi, steady, p * epi
 
 
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
@@ -374,16 +374,21 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         per_sm = math.ceil(tiles / sms)
         res = envelope_one(*args, p, min(sms, tiles), ksteps, stages, warps_tile, warps_full,
                            lat, ovh_iter, ovh_tile, per_sm)
-        return (*res, math.ceil(tiles / conc), tiles % conc)
+        return (*res[:5], math.ceil(tiles / conc), tiles % conc)
     full, tail = divmod(tiles, conc)
     total = [0.0, 0.0, 0.0, 0.0]
     steady_iter = 0.0
+    store = 0.0
     if full:
         res = envelope_one(*args, p, sms, ksteps, stages, warps_tile, warps_full, lat,
                            ovh_iter, ovh_tile, 0)
         for i in range(4):
             total[i] += full * res[i]
         steady_iter = res[4]
+        store = res[5]
+        hidden = (full - 1) * min(res[1], store)  # a wave's prologue under the stores before it
+        total[0] -= hidden
+        total[1] -= hidden
     if tail:
         res = envelope_one(*args, math.ceil(tail / sms), min(tail, sms), ksteps, stages,
                            warps_tile, warps_full, lat, ovh_iter, ovh_tile, 0)
@@ -391,6 +396,9 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
             total[i] += res[i]
         if not full:
             steady_iter = res[4]
+        hidden = min(res[1], store)
+        total[0] -= hidden
+        total[1] -= hidden
     return (*total, steady_iter, full + (1 if tail else 0), tail)
 
 

@@ -329,7 +329,7 @@ def test_json_schema_keys_issue3(slice_result, tmp_path):
     path = tmp_path / "r.json"
     slice_result.write_json(path)
     doc = json.loads(path.read_text())  # strict JSON: no NaN
-    assert set(doc) == {"overall", "groups", "skipped"}
+    assert set(doc) == {"overall", "groups", "skipped", "diagnostics"}  # issue keys, plus label checks
     assert list(doc["overall"]) == list(METRICS)
     assert doc["groups"]
     for g in doc["groups"]:
@@ -536,3 +536,23 @@ def test_only_unsupported_families_give_an_empty_report(tmp_path):
     assert res.groups.height == 0
     res.write_json(tmp_path / "r.json")
     assert json.loads((tmp_path / "r.json").read_text())["skipped"]["unsupported_family_rows"] == {"attention": 5}
+
+
+def test_tf32_label_audit_counts_against_the_fp32_peak():
+    from tsbatch.accuracy import tf32_label_audit
+
+    n = 4096  # 2 n^3 = 1.37e11 FLOPs: audited
+    flops = 2.0 * n ** 3
+    rows = {
+        "gpu": ["a100"] * 5, "dtype": ["tf32"] * 4 + ["float16"], "tf32": [True] * 4 + [False],
+        "m": [n, n, n, 64, n], "n": [n, n, n, 64, n], "k": [n, n + 8, n + 8, 64, n],
+        "a_row_major": [True] * 5, "b_row_major": [True] * 5,
+        # problem 1: best 40 TFLOPS (> 19.5 peak); problem 2: best 15 TFLOPS over two configs;
+        # a tiny problem (not audited) and a float16 row (not TF32) that must be ignored
+        "measured_us": [flops / 40e6, 2.0 * n * n * (n + 8) / 15e6, 2.0 * n * n * (n + 8) / 9e6, 1.0, 1.0],
+    }
+    audit = tf32_label_audit(pl.DataFrame(rows))["tf32_label_audit"]["a100"]
+    assert audit["problems_audited"] == 2
+    assert audit["fp32_cuda_core_peak_tflops"] == 19.5
+    assert (audit["tf32_proven"], audit["looks_ieee_fp32"]) == (1, 1)
+    assert abs(audit["median_best_over_fp32_peak"] - (40 / 19.5 + 15 / 19.5) / 2) < 1e-9

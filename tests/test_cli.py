@@ -55,6 +55,22 @@ def test_evaluate_writes_every_row_with_metadata_issue2(tmp_path, capsys):
     assert '"candidates"' in md["tsbatch.input_hashes"]
 
 
+def test_evaluate_streamed_batches_equal_one_batch(tmp_path, capsys):
+    """A file larger than --batch-rows is streamed (pyarrow writer) and gives the
+    same rows, order, dtypes and provenance as one batch (polars writer)."""
+    data = {k: v * 9 for k, v in GOOD.items()}
+    data["m"] = [64 * (i + 1) for i in range(18)]
+    cand = _write(tmp_path, data)
+    one, many = tmp_path / "one.parquet", tmp_path / "many.parquet"
+    assert main(["evaluate", str(cand), "--hw", "a100", "-o", str(one), "-q"]) == 0
+    assert main(["evaluate", str(cand), "--hw", "a100", "-o", str(many), "-q",
+                 "--batch-rows", "5"]) == 0
+    a, b = pl.read_parquet(one), pl.read_parquet(many)
+    assert a.height == 18 and a.equals(b, null_equal=True) and a.schema == b.schema
+    assert read_metadata(one) == read_metadata(many)
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
 def test_evaluate_top_keeps_one_per_workload_issue2(tmp_path, capsys):
     data = {k: v * 3 for k, v in GOOD.items()}
     data["num_stages"] = [2, 3, 4, 2, 3, 4]

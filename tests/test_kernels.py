@@ -525,6 +525,26 @@ def test_envelope_one_matches_twin(c, active):
     assert_allclose(got, want, rtol=FASTMATH_RTOL, atol=0)
 
 
+@settings(max_examples=150, deadline=None)
+@given(envelope_cases(), st.integers(2, 12))
+def test_wave_seams_hide_at_most_the_prologue_and_never_the_stores(c, full):
+    """Inter-wave overlap: W full waves cost no more than W isolated waves, no
+    less than W waves without their prologues, and never less than the stores."""
+    c = dict(c, persistent=0, tiles=full * c["sms"] * c["p"])
+    t, pro, *_ = _twin_wave(c)
+    one = naive.envelope_one(c["work_iter"], c["work_epi"], c["rate"], SHARED.tolist(),
+                             COMPUTE.tolist(), c["p"], c["sms"], c["ksteps"], c["stages"],
+                             c["warps_tile"], c["warps_full"], c["lat"], c["ovh_iter"],
+                             c["ovh_tile"], 0)
+    isolated, one_pro, one_store = full * one[0], one[1], one[5]
+    assert t <= isolated * (1 + 1e-12)
+    assert t >= isolated - (full - 1) * one_pro - 1e-9 * isolated
+    assert t >= full * one_store * (1 - 1e-12)
+    assert pro >= one_pro * (1 - 1e-12)  # the first wave's prologue is always exposed
+    got = _envelopes([dict(c, launch=0.0)])["latency_us"][0]
+    assert_allclose(got, t, rtol=FASTMATH_RTOL, atol=0)
+
+
 def test_infeasible_rows_get_nan():
     c = dict(work_iter=[1.0] * N_RES, work_epi=[1.0] * N_RES, rate=[1.0] * N_RES, tiles=10, sms=4,
              p=0, ksteps=3, stages=2, warps_tile=4.0, warps_full=4.0, lat=0.5, ovh_iter=0.0,

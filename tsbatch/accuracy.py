@@ -450,12 +450,16 @@ class AccuracyResult:
     scored: pl.DataFrame
     files: list[str]
 
+    diagnostics: dict = field(default_factory=dict)
+
     def to_json_dict(self) -> dict:
-        """The REPORT.json document: ``overall``, ``groups``, ``skipped``."""
+        """The REPORT.json document: ``overall``, ``groups``, ``skipped`` (and
+        ``diagnostics``: checks of the measured labels, see :func:`tf32_label_audit`)."""
         return {
             "overall": {k: _json_value(v) for k, v in self.overall.items()},
             "groups": [{k: _json_value(v) for k, v in row.items()} for row in self.groups.to_dicts()],
             "skipped": self.skipped,
+            "diagnostics": self.diagnostics,
         }
 
     def write_json(self, path: str | Path) -> None:
@@ -463,6 +467,51 @@ class AccuracyResult:
         if path.parent and not path.parent.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_json_dict(), indent=2, allow_nan=False) + "\n")
+
+
+#: problems at least this large (FLOPs) take part in the TF32 audit: big
+#: enough that launch and latency cannot hide a 4x tensor-core speed-up
+TF32_AUDIT_MIN_FLOPS = 1e11
+
+
+def tf32_label_audit(scored: pl.DataFrame) -> dict:
+    """Check the ``tf32`` label of float32 GEMM rows against physics, per GPU.
+
+    A float32 problem labelled TF32 whose best measured configuration beats
+    the GPU's FP32 CUDA-core peak (the higher of the spec and measured values
+    of the hardware file) certainly ran on tensor cores
+    (``tf32_proven``); one at or below that peak, although big enough
+    (:data:`TF32_AUDIT_MIN_FLOPS`) that TF32 tensor cores would run it
+    several times faster, is reported as ``looks_ieee_fp32``. Nothing here
+    feeds a prediction: it tells how far the label can be trusted.
+    """
+    from tsbatch.hw import get_hw
+
+    need = {"m", "n", "k", "tf32", "dtype", "gpu", "measured_us"}
+    if not need <= set(scored.columns):
+        return {}
+    sub = scored.filter((pl.col("dtype") == "tf32") & pl.col("tf32").fill_null(False))
+    if sub.height == 0:
+        return {}
+    flops = 2.0 * pl.col("m").cast(pl.Float64) * pl.col("n") * pl.col("k")
+    per = (sub.with_columns(flops.alias("_flops"))
+           .group_by("gpu", "m", "n", "k", "a_row_major", "b_row_major")
+           .agg(pl.col("_flops").first(), (pl.col("_flops") / pl.col("measured_us") / 1e6).max()
+                .alias("best_tflops"))
+           .filter(pl.col("_flops") >= TF32_AUDIT_MIN_FLOPS))
+    out = {}
+    for (gpu,), g in per.group_by("gpu"):
+        spec = get_hw(gpu)
+        peak = max(float(spec.fp32_tflops), spec.rate("fp32_tflops"))  # the higher: conservative
+        proven = int((g["best_tflops"] > peak).sum())
+        out[gpu] = {
+            "problems_audited": g.height,
+            "fp32_cuda_core_peak_tflops": peak,
+            "tf32_proven": proven,
+            "looks_ieee_fp32": g.height - proven,
+            "median_best_over_fp32_peak": float((g["best_tflops"] / peak).median()),
+        }
+    return {"tf32_label_audit": dict(sorted(out.items()))}
 
 
 def _json_value(v):
@@ -567,7 +616,7 @@ def run_accuracy(
     }
     return AccuracyResult(
         overall=overall, groups=groups, by_gpu=by_gpu, skipped=skipped,
-        scored=scored, files=loaded.files,
+        scored=scored, files=loaded.files, diagnostics=tf32_label_audit(scored),
     )
 
 
@@ -781,6 +830,18 @@ def write_markdown_report(
         "(left out of the error metrics, ranked last in retention and regret)",
         "",
     ]
+    audit = result.diagnostics.get("tf32_label_audit", {})
+    if audit:
+        lines += ["## Are the TF32 labels right?", "",
+                  "float32 problems labelled TF32 (at least "
+                  f"{TF32_AUDIT_MIN_FLOPS:.0e} FLOPs): if the best measured time beats the "
+                  "FP32 CUDA-core peak, TF32 surely ran; if not, the problem most likely ran "
+                  "as IEEE FP32 and its TF32 prediction cannot match.", ""]
+        for gpu, a in audit.items():
+            lines.append(f"- {gpu}: {a['problems_audited']} problems, {a['tf32_proven']} proven TF32, "
+                         f"{a['looks_ieee_fp32']} at or below the {a['fp32_cuda_core_peak_tflops']:g} "
+                         "TFLOPS FP32 peak")
+        lines.append("")
     if broken:
         lines += ["## Broken thresholds", "", *(f"- {b}" for b in broken), ""]
     lines += ["## Each group", ""]
@@ -857,6 +918,11 @@ def print_summary(result) -> None:
         f"\nskipped: {skipped or 'no unsupported family'}; {sk['nonfinite_time_rows']} non-finite "
         f"times; {sk['infeasible_rows']} predicted infeasible"
     )
+    for gpu, a in getattr(result, "diagnostics", {}).get("tf32_label_audit", {}).items():
+        print(f"tf32 label audit, {gpu}: of {a['problems_audited']} float32 problems labelled TF32, "
+              f"{a['tf32_proven']} beat the {a['fp32_cuda_core_peak_tflops']:g} TFLOPS FP32 peak "
+              f"(TF32 ran), {a['looks_ieee_fp32']} do not (most likely IEEE FP32: their TF32 "
+              "predictions cannot match)")
 
 
 def run(args: argparse.Namespace, *, predictors: Mapping[str, Predictor] | None = None) -> int:

@@ -30,7 +30,6 @@ def _out_path(p: str) -> Path:
 # ----------------------------------------------------------------------------- evaluate
 def cmd_evaluate(args) -> int:
     import polars as pl
-    import pyarrow.parquet as pq
 
     from tsbatch.evaluate import evaluate, get_family, resolve_hw
     from tsbatch.io import ParquetSink, provenance, sha256_file, write_parquet
@@ -42,25 +41,25 @@ def cmd_evaluate(args) -> int:
     top = parse_top(args.top)
     fam = get_family(args.family)
     try:
-        pf = pq.ParquetFile(args.candidates)
+        total = pl.scan_parquet(args.candidates).select(pl.len()).collect().item()
     except FileNotFoundError:
         raise InputError(f"{args.candidates}: no such file") from None
     except Exception:
         read_candidates(args.candidates)  # raises the descriptive InputError
         raise
+    # stream batches: memory stays bounded by --batch-rows, not the file; a
+    # file of one batch is read at once (no streaming engine start-up)
+    batches = ([read_candidates(args.candidates)] if total <= args.batch_rows else
+               pl.scan_parquet(args.candidates).collect_batches(chunk_size=args.batch_rows))
     meta = provenance(hw, args.family, {"candidates": sha256_file(args.candidates)},
                       extra={"top_fraction": str(top)})
     ranked = bool(args.rank or args.top)
     t0 = time.perf_counter()
     n_rows = 0
     n_inf = 0
-    # stream record batches: memory stays bounded by --batch-rows, not the file
     target = out if not ranked else out.with_name(f".{out.name}.unranked")
     with ParquetSink(target, meta if not ranked else {}) as sink:
-        for batch in pf.iter_batches(batch_size=args.batch_rows):
-            df = pl.from_arrow(batch)
-            if isinstance(df, pl.Series):  # pragma: no cover - single column
-                df = df.to_frame()
+        for df in batches:
             res = evaluate(df, hw, args.family)
             if ranked:
                 res = res.with_columns(pl.int_range(n_rows, n_rows + res.height,

@@ -15,8 +15,6 @@ import os
 from pathlib import Path
 
 import polars as pl
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 import tsbatch
 from tsbatch.errors import InputError
@@ -64,7 +62,13 @@ def provenance(hw: HwSpec, family: str, inputs: dict[str, str], extra: dict | No
 
 
 class ParquetSink:
-    """Append record batches to a Parquet file; commit renames it into place."""
+    """Append record batches to a Parquet file; commit renames it into place.
+
+    The first batch is held back: a file of one batch (the common small run,
+    e.g. an autotuner's) is written by polars alone, and pyarrow, whose import
+    costs a quarter of a second, is loaded only when a second batch arrives
+    and batches must be streamed into one file.
+    """
 
     def __init__(self, path: str | Path, metadata: dict[str, str]):
         self.path = Path(path)
@@ -72,28 +76,44 @@ class ParquetSink:
         if not parent.exists():
             raise InputError(f"{self.path}: output directory {parent} does not exist")
         self.tmp = parent / f".{self.path.name}.tmp-{os.getpid()}"
-        self.metadata = {k.encode(): v.encode() for k, v in metadata.items()}
-        self.writer: pq.ParquetWriter | None = None
+        self.metadata = dict(metadata)
+        self.pending: pl.DataFrame | None = None
+        self.writer = None  # pyarrow.parquet.ParquetWriter once streaming
         self.rows = 0
 
-    def write(self, df: pl.DataFrame) -> None:
+    def _append(self, df: pl.DataFrame) -> None:
+        import pyarrow.parquet as pq
+
         table = df.to_arrow()
         if self.writer is None:
-            schema = table.schema.with_metadata(self.metadata)
-            self.writer = pq.ParquetWriter(self.tmp, schema, compression="zstd")
-        table = table.cast(self.writer.schema)
-        self.writer.write_table(table)
-        self.rows += table.num_rows
+            md = {k.encode(): v.encode() for k, v in self.metadata.items()}
+            self.writer = pq.ParquetWriter(self.tmp, table.schema.with_metadata(md),
+                                           compression="zstd")
+        self.writer.write_table(table.cast(self.writer.schema))
+
+    def write(self, df: pl.DataFrame) -> None:
+        if self.writer is None and self.pending is None:
+            self.pending = df
+        else:
+            if self.pending is not None:
+                self._append(self.pending)
+                self.pending = None
+            self._append(df)
+        self.rows += df.height
 
     def commit(self, empty_schema: pl.DataFrame | None = None) -> None:
         if self.writer is None:
-            base = empty_schema if empty_schema is not None else pl.DataFrame()
-            self.write(base.head(0))
-        assert self.writer is not None
-        self.writer.close()
+            df = self.pending
+            if df is None:
+                df = (empty_schema if empty_schema is not None else pl.DataFrame()).head(0)
+            df.write_parquet(self.tmp, compression="zstd", metadata=self.metadata)
+            self.pending = None
+        else:
+            self.writer.close()
         os.replace(self.tmp, self.path)
 
     def abort(self) -> None:
+        self.pending = None
         if self.writer is not None:
             try:
                 self.writer.close()
@@ -118,8 +138,6 @@ def write_parquet(df: pl.DataFrame, path: str | Path, metadata: dict[str, str]) 
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:
-    md = pq.read_schema(path).metadata or {}
-    return {k.decode(): v.decode() for k, v in md.items() if k.startswith(b"tsbatch.")}
-
-
-_ = pa  # pyarrow is the writer
+    """The ``tsbatch.*`` provenance entries of a Parquet file's metadata."""
+    md = pl.read_parquet_metadata(path)
+    return {k: v for k, v in md.items() if k.startswith("tsbatch.")}

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from kernels_catalog.base import Family
 from tsbatch.errors import InputError
@@ -40,8 +39,11 @@ def to_polars(candidates) -> pl.DataFrame:
     """Accept a polars DataFrame, a pyarrow Table/RecordBatch, a dict or a path."""
     if isinstance(candidates, pl.DataFrame):
         return candidates
-    if isinstance(candidates, (pa.Table, pa.RecordBatch)):
-        return pl.from_arrow(candidates)
+    if type(candidates).__module__.startswith("pyarrow"):  # Table or RecordBatch
+        import pyarrow as pa  # only when given Arrow data: keeps start-up light
+
+        if isinstance(candidates, (pa.Table, pa.RecordBatch)):
+            return pl.from_arrow(candidates)
     if isinstance(candidates, (str, Path)):
         return read_candidates(candidates)
     if isinstance(candidates, dict):

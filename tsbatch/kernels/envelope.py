@@ -20,6 +20,13 @@ at most ``d`` iterations of the load latency ``L`` (for ``d = 0`` the body
 runs serially). ``T_pro = L + min(d, N) memory`` fills the pipeline;
 ``T_epi = min(d, N) compute + p * epilogue + tile overhead`` drains it.
 
+Consecutive waves overlap at their seam: output stores retire
+asynchronously, so the next wave's prologue (load latency and pipeline
+fill) runs under the previous wave's stores and only the longer of the two
+counts, ``T_waves = sum(T_wave) - sum(min(T_pro(next), T_store(prev)))``.
+Without this, a short-K, many-wave GEMM pays one exposed load latency per
+wave on top of its store-bandwidth time.
+
 Compute-class resources run at a fraction ``min(1, p w / w_full)`` of their
 rate when the resident warps ``p w`` cannot occupy all ``w_full`` issue
 slots (sub-partitions).
@@ -66,8 +73,10 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles):
     """Envelope of one SM's share of one wave (or of a persistent run).
 
-    Returns ``(T, T_pro, T_steady_total, T_epi, T_steady_iter)`` in the
-    units of ``1 / rate`` (microseconds when rates are per microsecond).
+    Returns ``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store)`` in
+    the units of ``1 / rate`` (microseconds when rates are per microsecond);
+    ``T_store`` is the part of ``T_epi`` spent on the tiles' epilogue work
+    (output stores), which the next wave's prologue can run under.
     ``persist_tiles > 0`` models a persistent program running that many
     tiles back to back: its stores drain inside the loop.
     """
@@ -117,7 +126,7 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         rest = 0
     t_st = rest * steady
     t_epi = fill * comp + p * epi + tiles * ovh_tile
-    return t_pro + t_st + t_epi, t_pro, t_st, t_epi, steady
+    return t_pro + t_st + t_epi, t_pro, t_st, t_epi, steady, p * epi
 
 
 @jit_scalar
@@ -131,9 +140,9 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     if persistent != 0:
         per_sm = (tiles + sms - 1) // sms
         active = sms if tiles > sms else tiles
-        t, a, b, c, s = envelope_one(work_iter, work_epi, rate, shared, compute, p, active,
-                                     ksteps, stages, warps_tile, warps_full, lat, ovh_iter,
-                                     ovh_tile, per_sm)
+        t, a, b, c, s, _ = envelope_one(work_iter, work_epi, rate, shared, compute, p, active,
+                                        ksteps, stages, warps_tile, warps_full, lat, ovh_iter,
+                                        ovh_tile, per_sm)
         return t, a, b, c, s, (tiles + conc - 1) // conc, tiles % conc
     full = tiles // conc
     tail = tiles - full * conc
@@ -142,27 +151,36 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     ts = 0.0
     te = 0.0
     s_it = 0.0
+    store = 0.0
     if full > 0:
-        t, a, b, c, s = envelope_one(work_iter, work_epi, rate, shared, compute, p, sms,
-                                     ksteps, stages, warps_tile, warps_full, lat, ovh_iter,
-                                     ovh_tile, 0)
+        t, a, b, c, s, store = envelope_one(work_iter, work_epi, rate, shared, compute, p, sms,
+                                            ksteps, stages, warps_tile, warps_full, lat,
+                                            ovh_iter, ovh_tile, 0)
         T += full * t
         tp += full * a
         ts += full * b
         te += full * c
         s_it = s
+        # stores retire asynchronously: the next wave's prologue (load latency
+        # and pipeline fill) runs under the previous wave's output stores
+        hidden = (full - 1) * min(a, store)
+        T -= hidden
+        tp -= hidden
     if tail > 0:
         active = tail if tail < sms else sms
         pt = (tail + sms - 1) // sms
-        t, a, b, c, s = envelope_one(work_iter, work_epi, rate, shared, compute, pt, active,
-                                     ksteps, stages, warps_tile, warps_full, lat, ovh_iter,
-                                     ovh_tile, 0)
+        t, a, b, c, s, _ = envelope_one(work_iter, work_epi, rate, shared, compute, pt, active,
+                                        ksteps, stages, warps_tile, warps_full, lat, ovh_iter,
+                                        ovh_tile, 0)
         T += t
         tp += a
         ts += b
         te += c
         if full == 0:
             s_it = s
+        hidden = min(a, store)
+        T -= hidden
+        tp -= hidden
     return T, tp, ts, te, s_it, full + (1 if tail > 0 else 0), tail
 
 
