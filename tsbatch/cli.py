@@ -31,7 +31,7 @@ def _out_path(p: str) -> Path:
 def cmd_evaluate(args) -> int:
     import polars as pl
 
-    from tsbatch.evaluate import evaluate, get_family, resolve_hw
+    from tsbatch.evaluate import CacheMemo, evaluate, get_family, resolve_hw
     from tsbatch.io import ParquetSink, provenance, sha256_file, write_parquet
     from tsbatch.rank import parse_top, rank
     from tsbatch.schema import read_candidates
@@ -58,9 +58,10 @@ def cmd_evaluate(args) -> int:
     n_rows = 0
     n_inf = 0
     target = out if not ranked else out.with_name(f".{out.name}.unranked")
+    memo = CacheMemo()  # cache problems solved in one batch are reused by the next
     with ParquetSink(target, meta if not ranked else {}) as sink:
         for df in batches:
-            res = evaluate(df, hw, args.family)
+            res = evaluate(df, hw, args.family, cache_memo=memo)
             if ranked:
                 res = res.with_columns(pl.int_range(n_rows, n_rows + res.height,
                                                     dtype=pl.Int64).alias("_pos"))
