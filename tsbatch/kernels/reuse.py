@@ -69,6 +69,28 @@ def _fw_prefix(tree, i):
     return s
 
 
+@jit_scalar
+def _cross_wave_hit(k, head_j, w, valid_from, lastwave, ustep, newcum, oncecum, tail_b,
+                    svals, ks, kf, unit, assoc2, B2):
+    """L2 hit probability of block ``k``'s first touch in a step of wave ``w``,
+    whose previous touch lies in an earlier wave: the distance is linear in
+    the reduction step ``s`` and averaged over the ``ks`` sampled steps."""
+    wp = lastwave[k]
+    if wp < valid_from:
+        return 0.0
+    u1 = ustep[wp] + (newcum[w] - newcum[wp + 1])
+    u2 = ustep[wp + 1] + (newcum[w + 1] - newcum[wp + 2])
+    umid = 0.0
+    if wp + 1 <= w - 1:
+        umid = ustep[wp + 1] + (newcum[w] - newcum[wp + 2])
+    base = tail_b[k] + umid + head_j + (oncecum[w] - oncecum[wp])
+    h = 0.0
+    for i in range(ks):
+        s = svals[i]
+        h += hit_prob_gauss((base + (kf - 1.0 - s) * u1 + s * u2) / unit, assoc2, B2)
+    return h / ks
+
+
 @jit_serial
 def step_distances(ids, wts, n, last_idx, tree, out):
     """Exact LRU stack distances (in weight units) within ``ids[:n]``.
@@ -250,22 +272,8 @@ def _hits_fast(w, valid_from, nw, n, n_step, use15, nsm, g15, ngroups, unit, B2,
             else:
                 h = _memo_hit(dist[j], assoc2, B2, unit, memo2_k, memo2_v)
         else:
-            wp = lastwave[ids[j]]
-            if wp < valid_from:
-                h = 0.0
-            else:
-                u1 = ustep[wp] + (newcum[w] - newcum[wp + 1])
-                u2 = ustep[wp + 1] + (newcum[w + 1] - newcum[wp + 2])
-                umid = 0.0
-                if wp + 1 <= w - 1:
-                    umid = ustep[wp + 1] + (newcum[w] - newcum[wp + 2])
-                base_b = tail_b[ids[j]] + umid + head[j] + (oncecum[w] - oncecum[wp])
-                h = 0.0
-                for i in range(ks):
-                    s = svals[i]
-                    d_b = base_b + (kf - 1.0 - s) * u1 + s * u2
-                    h += hit_prob_gauss(d_b / unit, assoc2, B2)
-                h /= ks
+            h = _cross_wave_hit(ids[j], head[j], w, valid_from, lastwave, ustep, newcum,
+                                oncecum, tail_b, svals, ks, kf, unit, assoc2, B2)
         loc[0, t] += 1.0
         loc[1, t] += x15
         loc[2, t] += 1.0 - x15
@@ -569,22 +577,8 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
                 if dist[j] < math.inf:
                     h = hit_prob_gauss(dist[j] / unit, assoc2, B2)
                 else:
-                    wp = lastwave[ids[j]]
-                    if wp < valid_from:
-                        h = 0.0
-                    else:
-                        u1 = ustep[wp] + (newcum[w] - newcum[wp + 1])
-                        u2 = ustep[wp + 1] + (newcum[w + 1] - newcum[wp + 2])
-                        umid = 0.0
-                        if wp + 1 <= w - 1:
-                            umid = ustep[wp + 1] + (newcum[w] - newcum[wp + 2])
-                        base = tail_b[ids[j]] + umid + head[j] + (oncecum[w] - oncecum[wp])
-                        h = 0.0
-                        for i in range(ks):
-                            s = svals[i]
-                            d_b = base + (kf - 1.0 - s) * u1 + s * u2
-                            h += hit_prob_gauss(d_b / unit, assoc2, B2)
-                        h /= ks
+                    h = _cross_wave_hit(ids[j], head[j], w, valid_from, lastwave, ustep, newcum,
+                                        oncecum, tail_b, svals, ks, kf, unit, assoc2, B2)
                 acc[t] += kf
                 hit15[t] += kf * h15[j]
                 req2[t] += kf * (1.0 - h15[j])
