@@ -2,13 +2,27 @@
 
 For every problem of ``gemm/h100_triton_mm.parquet`` (Triton backend; median
 over repeated measurements), take the measured-best tile configuration,
-simulate it (``naive2`` pipeline = Triton's software pipeline, wave sampling
-for very large grids) and print ``mape_pct`` against the measured time, with
-the analytical evaluator's MAPE on the same rows when it is available.
+simulate it (``naive2`` pipeline = Triton's software pipeline; wave and K
+sampling for very large grids and long loops, see
+:func:`tsbatch.sim.api.simulate_config`) and print ``mape_pct`` against the
+measured time, with the analytical evaluator's MAPE on the same rows when it
+is available.
+
+The issue's target is ``mape_pct`` over all problems. It is printed twice:
+over all problems, and over the float16/bfloat16 problems alone. The float32
+rows are mislabelled input, not something a simulator can get right: their
+``tf32`` column is True on every row, yet most of them ran on CUDA cores at
+FP32 speed (their measured TFLOPS, for cuBLAS and Triton alike, sits at or
+below the FP32 CUDA-core peak) and only some reached TF32 tensor-core speed;
+no input column tells which. The simulator takes the column at its word
+(TF32 on tensor cores), so float32 is reported on its own line, with how
+many of its problems ran below the CUDA-core peak; nothing is filtered
+silently and nothing is tuned to it.
 
 Usage::
 
-    python bench/sim_accuracy.py [--data ../shared/data] [--limit N] [--max-waves W] [--json out.json]
+    python bench/sim_accuracy.py [--data ../shared/data] [--limit N] [--max-waves W]
+                                 [--k-sample K] [--jobs J] [--json out.json]
 """
 
 from __future__ import annotations
@@ -18,17 +32,16 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from tsbatch.sim.api import simulate_config
-from tsbatch.sim.machine import machine_from_hw
-
 REPO = Path(__file__).resolve().parents[1]
 KEY = ["m", "n", "k", "dtype", "tf32", "a_row_major", "b_row_major"]
 CFG = ["block_m", "block_n", "block_k", "num_stages", "num_warps", "group_m"]
+HALF = ("float16", "bfloat16")
 
 
 def measured_best(path: Path) -> pl.DataFrame:
@@ -38,12 +51,35 @@ def measured_best(path: Path) -> pl.DataFrame:
     return med.sort(KEY + ["time_ms"] + CFG).group_by(KEY, maintain_order=True).first().sort(KEY)
 
 
+def _simulate_rows(args) -> list[tuple[float, float]]:
+    """(predicted us, wall seconds) of each row; runs in a worker process."""
+    from tsbatch.sim.api import simulate_config
+    from tsbatch.sim.machine import machine_from_hw
+
+    rows, max_waves, k_sample = args
+    machine = machine_from_hw("h100")
+    out = []
+    for row in rows:
+        t0 = time.perf_counter()
+        _, res = simulate_config(row, "h100", machine=machine, max_waves=max_waves, k_sample=k_sample)
+        out.append((res.latency_us, time.perf_counter() - t0))
+    return out
+
+
+def _mape(df: pl.DataFrame, col: str = "ape_pct") -> float:
+    return float(df[col].mean()) if df.height else float("nan")
+
+
 def main(argv=None) -> int:
     default = Path(os.environ.get("TSBATCH_SHARED_DATA", REPO.parent / "shared" / "data"))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=default)
     ap.add_argument("--limit", type=int, default=None, help="first N problems only")
     ap.add_argument("--max-waves", type=int, default=6, help="wave sampling threshold (see simulate_config)")
+    ap.add_argument("--k-sample", type=int, default=64,
+                    help="K sampling: smallest sampled loop length (0: simulate every iteration)")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                    help="worker processes (problems are independent)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     path = args.data / "gemm" / "h100_triton_mm.parquet"
@@ -53,39 +89,81 @@ def main(argv=None) -> int:
     best = measured_best(path)
     if args.limit:
         best = best.head(args.limit)
-    machine = machine_from_hw("h100")
+    rows = list(best.iter_rows(named=True))
+    # interleave rows over the workers so that each gets a similar mix of sizes
+    jobs = max(1, min(args.jobs, len(rows)))
+    parts = [rows[j::jobs] for j in range(jobs)]
+    work = [(p, args.max_waves, args.k_sample or None) for p in parts]
     t0 = time.perf_counter()
-    preds = []
-    for row in best.iter_rows(named=True):
-        _, res = simulate_config(row, "h100", machine=machine, max_waves=args.max_waves)
-        preds.append(res.latency_us)
+    if jobs == 1:
+        results = [_simulate_rows(work[0])]
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as ex:
+            results = list(ex.map(_simulate_rows, work))
     wall = time.perf_counter() - t0
-    best = best.with_columns(sim_us=pl.Series(preds), meas_us=pl.col("time_ms") * 1000.0)
-    ape = ((best["sim_us"] - best["meas_us"]).abs() / best["meas_us"] * 100.0).to_numpy()
-    best = best.with_columns(ape_pct=pl.Series(ape))
-    out = {"problems": best.height, "mape_pct": float(np.mean(ape)), "median_ape_pct": float(np.median(ape)),
-           "p90_ape_pct": float(np.percentile(ape, 90)), "sim_seconds": wall}
+    preds = [0.0] * len(rows)
+    cpu = [0.0] * len(rows)
+    for j, res in enumerate(results):
+        for i, (us, sec) in zip(range(j, len(rows), jobs), res):
+            preds[i] = us
+            cpu[i] = sec
+    best = best.with_columns(sim_us=pl.Series(preds), sim_s=pl.Series(cpu), meas_us=pl.col("time_ms") * 1000.0)
+    best = best.with_columns(ape_pct=((pl.col("sim_us") - pl.col("meas_us")).abs() / pl.col("meas_us") * 100.0),
+                             ratio=pl.col("sim_us") / pl.col("meas_us"))
+    half = best.filter(pl.col("dtype").is_in(HALF))
+    f32 = best.filter(pl.col("dtype") == "float32")
+    ape = best["ape_pct"].to_numpy()
+    out = {"problems": best.height, "mape_pct": _mape(best),
+           "median_ape_pct": float(np.median(ape)), "p90_ape_pct": float(np.percentile(ape, 90)),
+           "fp16_bf16_problems": half.height, "fp16_bf16_mape_pct": _mape(half),
+           "float32_problems": f32.height, "float32_mape_pct": _mape(f32),
+           "sim_seconds": wall, "sim_cpu_seconds": float(best["sim_s"].sum()), "jobs": jobs,
+           "max_waves": args.max_waves, "k_sample": args.k_sample}
+    if f32.height:
+        from tsbatch.hw import get_hw
+
+        fp32_peak = get_hw("h100").rate("fp32_tflops")
+        tflops = 2.0 * f32["m"] * f32["n"] * f32["k"] / (f32["meas_us"] * 1e6)
+        out["float32_below_cuda_core_peak"] = int((tflops <= fp32_peak).sum())
     try:
         from tsbatch.evaluate import evaluate
 
-        ev = evaluate(best.select(["m", "n", "k", "dtype", "tf32", "a_row_major", "b_row_major"] + CFG), "h100")
-        e_ape = ((ev["latency_us"] - best["meas_us"]).abs() / best["meas_us"] * 100.0).to_numpy()
-        out["evaluator_mape_pct"] = float(np.nanmean(e_ape))
+        ev = evaluate(best.select(KEY + CFG), "h100")
+        best = best.with_columns(eval_ape_pct=((ev["latency_us"] - best["meas_us"]).abs() / best["meas_us"] * 100.0))
+        out["evaluator_mape_pct"] = float(np.nanmean(best["eval_ape_pct"].to_numpy()))
+        out["evaluator_fp16_bf16_mape_pct"] = float(np.nanmean(
+            best.filter(pl.col("dtype").is_in(HALF))["eval_ape_pct"].to_numpy()))
     except Exception as exc:  # the evaluator is optional here
         out["evaluator_error"] = repr(exc)
     by = best.group_by("dtype").agg(pl.len().alias("n"), pl.col("ape_pct").mean().alias("mape_pct"),
-                                    ((pl.col("sim_us") / pl.col("meas_us")).median()).alias("median_ratio"))
-    print(by.sort("dtype"))
-    size = best.with_columns(
-        bucket=pl.when(pl.col("meas_us") < 20).then(pl.lit("<20us"))
-        .when(pl.col("meas_us") < 200).then(pl.lit("20-200us")).otherwise(pl.lit(">200us")))
-    print(size.group_by("bucket").agg(pl.len().alias("n"), pl.col("ape_pct").mean().alias("mape_pct"),
-                                      (pl.col("sim_us") / pl.col("meas_us")).median().alias("median_ratio")))
+                                    pl.col("ratio").median().alias("median_sim/meas")).sort("dtype")
+    print(by)
+    out["by_dtype"] = {r["dtype"]: {"n": r["n"], "mape_pct": r["mape_pct"], "median_ratio": r["median_sim/meas"]}
+                       for r in by.iter_rows(named=True)}
+    bucket = (pl.when(pl.col("meas_us") < 20).then(pl.lit("<20us"))
+              .when(pl.col("meas_us") < 200).then(pl.lit("20-200us")).otherwise(pl.lit(">200us")))
+    size = (half.with_columns(bucket=bucket).group_by("bucket")
+            .agg(pl.len().alias("n"), pl.col("ape_pct").mean().alias("mape_pct"),
+                 pl.col("ratio").median().alias("median_sim/meas")).sort("bucket"))
+    print("float16/bfloat16 by measured time:")
+    print(size)
+    out["fp16_bf16_by_size"] = {r["bucket"]: {"n": r["n"], "mape_pct": r["mape_pct"],
+                                              "median_ratio": r["median_sim/meas"]}
+                                for r in size.iter_rows(named=True)}
     print(f"H100 Triton measured-best configurations: {out['problems']} problems")
-    print(f"simulator mape_pct = {out['mape_pct']:.2f}  (median APE {out['median_ape_pct']:.2f}, "
-          f"p90 {out['p90_ape_pct']:.2f}); simulated in {wall:.1f} s")
+    print(f"simulator mape_pct = {out['mape_pct']:.2f} over all {out['problems']} problems  (median APE "
+          f"{out['median_ape_pct']:.2f}, p90 {out['p90_ape_pct']:.2f})")
+    print(f"simulator mape_pct = {out['fp16_bf16_mape_pct']:.2f} over the {half.height} float16/bfloat16 "
+          f"problems (the float32 rows are mislabelled input, see below)")
+    if f32.height:
+        print(f"float32: {f32.height} problems, mape_pct {out['float32_mape_pct']:.2f}; every row says tf32=True, "
+              f"but {out['float32_below_cuda_core_peak']} of them were measured at or below the FP32 CUDA-core "
+              f"peak, i.e. did not run on TF32 tensor cores; the input cannot tell which, so the simulator "
+              f"(TF32 as labelled) is not expected to match them")
+    print(f"simulated in {wall:.1f} s wall ({out['sim_cpu_seconds']:.1f} s of simulation over {jobs} process(es))")
     if "evaluator_mape_pct" in out:
-        print(f"analytical evaluator mape_pct on the same rows = {out['evaluator_mape_pct']:.2f}")
+        print(f"analytical evaluator mape_pct on the same rows = {out['evaluator_mape_pct']:.2f} "
+              f"(float16/bfloat16: {out['evaluator_fp16_bf16_mape_pct']:.2f})")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0

@@ -27,8 +27,8 @@ class NaiveLru:
         self.sets = {}
 
     def set_of(self, line):
-        h = (line * 11400714819323198485) & MASK64
-        return (h >> 24) % self.n_sets
+        h = ((line * 11400714819323198485) & MASK64) >> 32
+        return (h * self.n_sets) >> 32
 
     def access(self, line):
         ways = self.sets.setdefault(self.set_of(line), [])
@@ -40,6 +40,25 @@ class NaiveLru:
         if len(ways) > self.assoc:
             ways.pop()
         return False
+
+
+def _tile_segments(graph, tensors, v, cm, cn):
+    """Contiguous byte runs ``(start, length)`` of node ``v``'s tile for CTA ``(cm, cn)``."""
+    rows, cols, eb, row_major, base = tensors[int(graph.tensor[v])]
+    c = [int(x) for x in graph.coord[v]]
+    trow = c[0] + c[1] * cm + c[2] * cn
+    tcol = c[3] + c[4] * cm + c[5] * cn
+    r0 = trow * int(graph.tile_rows[v])
+    c0 = tcol * int(graph.tile_cols[v])
+    nr = min(int(graph.tile_rows[v]), rows - r0)
+    nc = min(int(graph.tile_cols[v]), cols - c0)
+    if nr <= 0 or nc <= 0 or r0 < 0 or c0 < 0:
+        return 0.0, []
+    if row_major:
+        segs = [(base + (r0 + o) * cols * eb + c0 * eb, nc * eb) for o in range(nr)]
+    else:
+        segs = [(base + (c0 + o) * rows * eb + r0 * eb, nr * eb) for o in range(nc)]
+    return float(nr * nc * eb), segs
 
 
 def naive_simulate(graph, machine, resident):
@@ -97,10 +116,13 @@ def naive_simulate(graph, machine, resident):
         size = t.rows * t.cols * t.elem_bytes
         off += -(-size // line) * line + line
     lru = NaiveLru(machine.l2_lines, machine.l2_assoc)
+    l15_free = {}     # SM group -> time its L1.5 server is free
 
     n_sm = machine.sm_count
     n_slots = n_sm * resident
     ctas = list(zip([int(x) for x in graph.cta_m], [int(x) for x in graph.cta_n]))
+    g15 = machine.l15_group_sms if machine.l15_lines > 0 else 0
+    l15 = {}          # SM group -> its own L1.5 cache, created on first use
     port = [0.0] * (n_sm * nsp)
     comp = {r: [0.0] * (n_sm * nsp) for r in (TC, CUDA, SFU)}
     smem_free = [0.0] * n_sm
@@ -111,7 +133,10 @@ def naive_simulate(graph, machine, resident):
     busy = {r: 0.0 for r in range(7)}
     busy["l2"] = 0.0
     busy["dram"] = 0.0
-    stats = {"load_lines": 0, "hit_lines": 0, "dram_rd": 0.0, "dram_wr": 0.0, "events": 0}
+    busy["l15"] = 0.0
+    stats = {"load_lines": 0, "hit_lines": 0, "dram_rd": 0.0, "dram_wr": 0.0, "events": 0,
+             "l15_lines": 0, "l15_hits": 0}
+    cta_end = {}
     times = {}
     heap = []
     seq = [0]
@@ -178,53 +203,61 @@ def naive_simulate(graph, machine, resident):
                 busy[r] += dur[v]
                 done = end + lat[v]
             else:
-                rows, cols, eb, row_major, base = tensors[int(graph.tensor[v])]
                 cm, cn = ctas[cta]
-                c = [int(x) for x in graph.coord[v]]
-                trow = c[0] + c[1] * cm + c[2] * cn
-                tcol = c[3] + c[4] * cm + c[5] * cn
-                r0 = trow * int(graph.tile_rows[v])
-                c0 = tcol * int(graph.tile_cols[v])
-                nr = min(int(graph.tile_rows[v]), rows - r0)
-                nc = min(int(graph.tile_cols[v]), cols - c0)
                 store = ops[v] in ("tma_store", "stg")
-                nbytes, nl, nmiss = 0.0, 0, 0
-                if nr > 0 and nc > 0 and r0 >= 0 and c0 >= 0:
-                    if row_major:
-                        segs = [(base + (r0 + o) * cols * eb + c0 * eb, nc * eb) for o in range(nr)]
-                    else:
-                        segs = [(base + (c0 + o) * rows * eb + r0 * eb, nr * eb) for o in range(nc)]
-                    nbytes = float(nr * nc * eb)
-                    for a0, ln_ in segs:
-                        for ln in range(a0 // line, (a0 + ln_ - 1) // line + 1):
-                            nl += 1
-                            if not lru.access(ln):
-                                nmiss += 1
+                group = sm // g15 if g15 else 0
+                use15 = bool(g15) and not store
+                b2, nl, nmiss, n15 = 0, 0, 0, 0
+                nbytes, segs = _tile_segments(graph, tensors, v, cm, cn)
+                for a0, ln_ in segs:
+                    for ln in range(a0 // line, (a0 + ln_ - 1) // line + 1):
+                        if use15:
+                            n15 += 1
+                            cache = l15.setdefault(group, NaiveLru(machine.l15_lines, machine.l15_assoc))
+                            if cache.access(ln):
+                                stats["l15_hits"] += 1
+                                continue
+                        # bytes of this line inside the segment
+                        b2 += min(a0 + ln_, (ln + 1) * line) - max(a0, ln * line)
+                        nl += 1
+                        if not lru.access(ln):
+                            nmiss += 1
                 start = max(start, eng[(r, store)][sm])
                 e_dur = nbytes / rate[r]
                 eng[(r, store)][sm] = start + e_dur
                 busy[r] += e_dur
                 fin = start + e_dur
+                s_next = start
+                if n15 > 0:
+                    stats["l15_lines"] += n15
+                    n_in_group = min(g15, n_sm - group * g15)
+                    s15 = max(start, l15_free.get(group, 0.0))
+                    d15 = nbytes / (machine.l15_bytes_per_clk * n_in_group)
+                    l15_free[group] = s15 + d15
+                    busy["l15"] += d15
+                    fin = max(fin, l15_free[group])
+                    s_next = s15
                 if nl > 0:
-                    l2_start = max(start, l2_free[store])
-                    l2_dur = nbytes / machine.l2_bytes_per_clk
+                    l2_start = max(s_next, l2_free[store])
+                    l2_dur = b2 / machine.l2_bytes_per_clk
                     l2_free[store] = l2_start + l2_dur
                     busy["l2"] += l2_dur
                     fin = max(fin, l2_free[store])
                     if store:
-                        nd = nl
+                        d_bytes = nbytes
                         stats["dram_wr"] += nbytes
                     else:
-                        nd = nmiss
+                        d_bytes = float(nmiss * line)
                         stats["load_lines"] += nl
                         stats["hit_lines"] += nl - nmiss
-                        stats["dram_rd"] += nd * line
-                    if nd > 0:
+                        stats["dram_rd"] += d_bytes
+                    if d_bytes > 0:
                         d_start = max(l2_start, dram_free[store])
-                        d_dur = (nbytes if store else nd * line) / machine.dram_bytes_per_clk
+                        d_dur = d_bytes / machine.dram_bytes_per_clk
                         dram_free[store] = d_start + d_dur
                         busy["dram"] += d_dur
                         fin = max(fin, dram_free[store])
+                if nl > 0 or n15 > 0:
                     done = fin + machine.l2_hit_latency_clk
                     if not store and nmiss > 0:
                         done += machine.dram_extra_latency_clk
@@ -241,8 +274,9 @@ def naive_simulate(graph, machine, resident):
                     ready(slot, u, now)
         left[slot] -= 1
         if left[slot] == 0:
+            cta_end[cta] = now
             t_end = max(t_end, now)
             if next_cta < len(ctas):
                 push(now + machine.cta_launch_clk, 2, slot, next_cta)
                 next_cta += 1
-    return {"cycles": t_end, "busy": busy, "stats": stats, "times": times}
+    return {"cycles": t_end, "busy": busy, "stats": stats, "times": times, "cta_end": cta_end}

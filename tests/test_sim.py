@@ -33,9 +33,12 @@ from tsbatch.sim.l2 import LruCache
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _small_machine(hw="h100", sm=2, l2_lines=96):
-    # a tiny L2 so that small graphs see evictions
-    return machine_from_hw(hw, sm_count=sm).replace(l2_lines=l2_lines)
+def _small_machine(hw="h100", sm=2, l2_lines=96, l15_lines=24, l15_group=2, l15=True):
+    # a tiny L2 (and L1.5, in groups of two SMs) so that small graphs see evictions
+    m = machine_from_hw(hw, sm_count=sm, l15=l15).replace(l2_lines=l2_lines)
+    if m.l15_group_sms:
+        m = m.replace(l15_lines=l15_lines, l15_assoc=4, l15_group_sms=l15_group)
+    return m
 
 
 def _assert_same(graph, machine):
@@ -52,6 +55,10 @@ def _assert_same(graph, machine):
         assert res.busy_clk[k] == ref["busy"][i + 1], k
     assert res.busy_clk["l2"] == ref["busy"]["l2"]
     assert res.busy_clk["dram"] == ref["busy"]["dram"]
+    assert res.busy_clk["l15"] == ref["busy"]["l15"]
+    assert res.l15_load_lines == ref["stats"]["l15_lines"]
+    assert res.l15_hit_lines == ref["stats"]["l15_hits"]
+    assert [float(t) for t in res.cta_end] == [ref["cta_end"][c] for c in range(graph.n_ctas)]
     rec = res.record
     for (c, v), (t_ready, t_issue, t_start, t_end) in ref["times"].items():
         assert rec["t_ready"][c, v] == t_ready
@@ -99,12 +106,14 @@ def test_engine_matches_naive_twin_flash_attention3():
     m=st.integers(1, 150),
     n=st.integers(1, 150),
     k=st.integers(1, 100),
-    sm=st.integers(1, 3),
+    sm=st.integers(1, 5),
+    l15_group=st.integers(1, 3),
+    l15=st.booleans(),
 )
-def test_engine_matches_naive_twin_random_gemms(bm, bn, bk, stages, warps, m, n, k, sm):
+def test_engine_matches_naive_twin_random_gemms(bm, bn, bk, stages, warps, m, n, k, sm, l15_group, l15):
     g = gemm_graph(m, n, k, block_m=bm, block_n=bn, block_k=bk, num_stages=stages, num_warps=warps,
                    group_m=2, mma_kind="warpgroup" if warps >= 4 else "warp")
-    _assert_same(g, _small_machine(sm=sm, l2_lines=40))
+    _assert_same(g, _small_machine(sm=sm, l2_lines=40, l15_lines=16, l15_group=l15_group, l15=l15))
 
 
 # --------------------------------------------------------------------------- L2
@@ -206,6 +215,103 @@ def test_slower_memory_never_speeds_up(field):
     m = machine_from_hw("h100")
     t = [simulate(g, m.replace(**{field: getattr(m, field) * f})).cycles for f in (1.0, 0.5, 0.25)]
     assert t[0] <= t[1] <= t[2]
+
+
+# --------------------------------------------------------------------------- Triton's kernel shape
+
+
+def test_triton_mma_kind_follows_tritons_mmav3_rules():
+    from tsbatch.hw import get_hw
+    from tsbatch.sim.api import triton_mma_kind
+
+    h100, a100 = get_hw("h100"), get_hw("a100")
+    assert triton_mma_kind(h100, "float16", False, 4, 128) == "warpgroup"
+    assert triton_mma_kind(h100, "float16", False, 8, 64) == "warpgroup"   # two warpgroups along N
+    assert triton_mma_kind(h100, "bfloat16", False, 4, 32) == "warp"       # wgmma is 64 rows
+    assert triton_mma_kind(h100, "float16", False, 2, 128) == "warp"       # no whole warpgroup
+    assert triton_mma_kind(h100, "float16", False, 6, 128) == "warp"
+    assert triton_mma_kind(h100, "float32", False, 4, 128) == "fma"
+    assert triton_mma_kind(h100, "float32", True, 4, 128) == "warpgroup"
+    assert triton_mma_kind(a100, "float16", False, 8, 128) == "warp"
+
+
+def _labels(g, prefix):
+    return [i for i, lab in enumerate(g.labels) if lab.startswith(prefix)]
+
+
+@pytest.mark.parametrize("kind,slots", [("warpgroup", 4), ("warp", 3)])
+def test_ring_slots_follow_tritons_pipeliner(kind, slots):
+    # wgmma reads shared memory until it completes: one more slot than the load distance
+    g = gemm_graph(512, 512, 1024, block_m=128, block_n=128, block_k=64, num_stages=4, num_warps=4,
+                   mma_kind=kind)
+    assert g.smem_bytes_per_cta == slots * (128 * 64 + 64 * 128) * 2
+    # the load of iteration i + 3 waits for the slot of iteration i + 3 - slots
+    ld = g.labels.index("t0.ldA5")
+    preds = {g.labels[u] for u, v, k in g.edges() if v == ld and k == 0}
+    assert preds == ({"t0.mdone1"} if kind == "warpgroup" else {"t0.frag2"})
+
+
+def test_fewer_ring_slots_raise_residency_for_mma_sync():
+    m = machine_from_hw("a100")
+    g = gemm_graph(4096, 4096, 4096, block_m=128, block_n=128, block_k=64, num_stages=3, num_warps=8,
+                   mma_kind="warp")
+    assert residency(m, 8, g.smem_bytes_per_cta, g.regs_per_thread) == 2   # 2 slots of 32 KiB, not 3
+
+
+def test_l2_efficiency_scales_the_l2_server():
+    import dataclasses
+
+    from tsbatch.hw import get_hw
+
+    spec = get_hw("h100")
+    half = dataclasses.replace(spec, calibration={**spec.calibration, "l2_efficiency": 0.5})
+    assert machine_from_hw(half).l2_bytes_per_clk == pytest.approx(0.5 * machine_from_hw(spec).l2_bytes_per_clk)
+
+
+def test_l15_tier_serves_tiles_shared_by_neighbouring_ctas():
+    g = gemm_graph(2048, 1024, 512, block_m=128, block_n=128, block_k=64, num_stages=3, num_warps=4)
+    off = simulate(g, machine_from_hw("h100"))
+    on = simulate(g, machine_from_hw("h100", l15=True))
+    assert off.l15_load_lines == 0 and off.busy_clk["l15"] == 0.0
+    assert on.l15_load_lines == off.l2_load_lines        # every loaded line passes the L1.5
+    assert on.l15_hit > 0.3                               # B tiles of CTAs in the same SM group
+    assert on.l2_load_lines == on.l15_load_lines - on.l15_hit_lines
+    assert machine_from_hw("a100", l15=True).l15_group_sms == 0   # no such tier on A100
+
+
+def test_cta_end_times_bound_the_kernel():
+    g = gemm_graph(1024, 1024, 256, block_m=128, block_n=64, block_k=64, num_stages=3, num_warps=4)
+    r = simulate(g, machine_from_hw("h100", sm_count=16))
+    assert r.cta_end.shape == (g.n_ctas,)
+    assert r.cta_end.max() == r.cycles and (r.cta_end > 0).all()
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def test_wave_sampling_tracks_the_full_simulation():
+    from tsbatch.sim.api import simulate_config
+
+    cfg = {"m": 4096, "n": 4096, "k": 512, "dtype": "float16", "block_m": 128, "block_n": 128,
+           "block_k": 64, "num_stages": 3, "num_warps": 4, "group_m": 8}
+    m = machine_from_hw("h100", sm_count=16)
+    _, full = simulate_config(cfg, "h100", machine=m)
+    _, samp = simulate_config(cfg, "h100", machine=m, max_waves=6)
+    assert full.cta_end.shape[0] == 1024 > samp.cta_end.shape[0]   # the sample is a part of the grid
+    assert samp.cycles == pytest.approx(full.cycles, rel=0.05)
+
+
+def test_k_sampling_tracks_the_full_simulation():
+    from tsbatch.sim.api import _k_sample_iters, config_graph, simulate_config
+
+    cfg = {"m": 1024, "n": 1024, "k": 16384, "dtype": "bfloat16", "block_m": 128, "block_n": 128,
+           "block_k": 64, "num_stages": 4, "num_warps": 4, "group_m": 8}
+    m = machine_from_hw("h100", sm_count=16).replace(l2_lines=4096)
+    assert 4 * _k_sample_iters(config_graph(cfg, "h100"), m, cfg, 16) <= 256   # K sampling applies
+    _, full = simulate_config(cfg, "h100", machine=m)
+    _, samp = simulate_config(cfg, "h100", machine=m, k_sample=16)
+    assert samp.n_events < full.n_events / 2
+    assert samp.cycles == pytest.approx(full.cycles, rel=0.03)
 
 
 # --------------------------------------------------------------------------- Fig. 12 and ablation

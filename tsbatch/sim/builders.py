@@ -7,11 +7,20 @@ Pipelines (``PIPELINES``; GTSim §4.2 Fig. 5, §7):
 
 ``naive2``
     No warp specialization: every warp loads and computes. A software
-    pipeline of ``num_stages`` shared-memory buffers (the Fig. 5 "naive
-    2-stage" is ``num_stages=2``): the load of iteration ``i + S - 1`` reuses
-    the slot of iteration ``i - 1`` and is issued once that iteration's MMA
-    has completed. This is also the shape of a Triton matmul (``cp.async``
-    loads on the LSU when ``use_tma`` is False).
+    pipeline ``num_stages`` deep (the Fig. 5 "naive 2-stage" is
+    ``num_stages=2``): the loads of iteration ``i + S - 1`` are issued in
+    iteration ``i``. This is also the shape of a Triton matmul (``cp.async``
+    loads on the LSU when ``use_tma`` is False), whose pipeliner
+    (``MatmulLoopPipeline.cpp``, ``createAsyncOps``) allocates ring slots
+    for the load distance ``S - 1`` plus one more when the MMA is wgmma:
+
+    * wgmma reads its operands from shared memory until it completes, so
+      with ``S`` slots the load of ``i + S - 1`` reuses the slot of
+      iteration ``i - 1`` and waits for that MMA (``wgmma.wait(1)``);
+    * mma.sync (and FMA) read register fragments loaded from shared memory
+      (``ldmatrix``, prefetched one iteration ahead), so ``S - 1`` slots
+      suffice: the load of ``i + S - 1`` reuses the slot of iteration ``i``
+      once its fragments are in registers.
 ``ws_coop``
     A producer warp (TMA) and two consumer warp groups that split each output
     tile by rows and run the mainloop together, then their epilogue halves;
@@ -115,6 +124,7 @@ def gemm_graph(
     a_row_major: bool = True,
     b_row_major: bool = True,
     mma_async: bool = True,
+    k_iters: int | None = None,
 ) -> TileGraph:
     """Tile graph of ``C[m, n] = epilogue(A[m, k] @ B[k, n])``.
 
@@ -143,6 +153,11 @@ def gemm_graph(
         ``naive2`` with wgmma: keep one MMA in flight (``wgmma.wait(1)``, as
         Triton does) instead of waiting for each MMA before issuing the next
         loads (``wait(0)``: the Fig. 5 naive kernel).
+    k_iters : int, optional
+        Build only the first ``k_iters`` iterations of the reduction loop
+        (the tensors keep their full extent, so addresses are those of the
+        whole kernel). For K sampling (:func:`tsbatch.sim.api.simulate_config`);
+        default: all ``ceil(k / block_k)``.
 
     Returns
     -------
@@ -156,15 +171,19 @@ def gemm_graph(
         raise InputError(f"epilogue must be 'none' or 'silu', got {epilogue!r}")
     st_dtype, mma_dtype, kind_override = _dtypes(dtype, tf32)
     kind = kind_override or mma_kind or "warpgroup"
+    iters = _cdiv(k, block_k)
+    if k_iters is not None:
+        _check_pos(k_iters=k_iters)
+        iters = min(iters, int(k_iters))
     if pipeline == "naive2":
         return _gemm_naive(m, n, k, block_m, block_n, block_k, num_stages, num_warps, group_m,
                            st_dtype, mma_dtype, kind, epilogue, bool(use_tma), waves,
-                           a_row_major, b_row_major, mma_async)
+                           a_row_major, b_row_major, mma_async, iters)
     if pipeline in ("ws_coop", "ws_pingpong", "ws3") and block_m % 2:
         raise InputError(f"block_m must be even for {pipeline}, got {block_m}")
     return _gemm_ws(m, n, k, block_m, block_n, block_k, num_stages, group_m, st_dtype, mma_dtype,
                     kind, epilogue, pipeline, True if use_tma is None else bool(use_tma), waves,
-                    a_row_major, b_row_major)
+                    a_row_major, b_row_major, iters)
 
 
 def gemm_silu_graph(m: int, n: int, k: int, **kw) -> TileGraph:
@@ -226,11 +245,10 @@ def _regs(block_m, block_n, block_k, warps, eb, kind):
 
 
 def _gemm_naive(m, n, k, bm, bn, bk, stages, warps, group_m, st_dtype, mma_dtype, kind, epilogue,
-                use_tma, waves, a_rm, b_rm, mma_async):
+                use_tma, waves, a_rm, b_rm, mma_async, iters):
     eb = DTYPE_BYTES[st_dtype]
     g = GraphBuilder(f"gemm_naive{stages}_{m}x{n}x{k}_{bm}x{bn}x{bk}")
     _tensors(g, m, n, k, st_dtype, a_rm, b_rm)
-    iters = _cdiv(k, bk)
     allw = (0, warps)
     ld_op = "tma_load" if use_tma else "ldg"
     ld_warps = (0, 1) if use_tma else allw
@@ -291,9 +309,11 @@ def _gemm_naive(m, n, k, bm, bn, bk, stages, warps, group_m, st_dtype, mma_dtype
             j = i + stages - 1
             if stages > 1 and j < iters:
                 lb = issue_load(j, tail)
-                if i >= 1:
-                    g.data(free[i - 1], loads[j][0])
-                    g.data(free[i - 1], lb)
+                # ring slot reuse: S slots for wgmma (slot of i - 1), S - 1 for fragments (slot of i)
+                reuse = i - 1 if kind == "warpgroup" else i
+                if reuse >= 0:
+                    g.data(free[reuse], loads[j][0])
+                    g.data(free[reuse], lb)
                 tail = lb
         first, st = _epilogue(g, mdone[iters - 1], rows=bm, cols=bn, warps=allw, group=0,
                               epilogue=epilogue, store_op=store_op, coord=(0, 1, 0, t, 0, waves),
@@ -302,18 +322,18 @@ def _gemm_naive(m, n, k, bm, bn, bk, stages, warps, group_m, st_dtype, mma_dtype
         last_store = st
         prev_tail = st
     cm, cn = _grid(m, n, bm, bn, group_m, waves)
-    smem = stages * (bm * bk + bk * bn) * eb + (bm * bn * eb if use_tma else 0)
+    slots = stages if kind == "warpgroup" else max(stages - 1, 1)
+    smem = slots * (bm * bk + bk * bn) * eb + (bm * bn * eb if use_tma else 0)
     return g.build(cta_m=cm, cta_n=cn, warps_per_cta=warps, smem_bytes_per_cta=smem,
                    regs_per_thread=_regs(bm, bn, bk, warps, eb, kind), mma_dtype=mma_dtype,
                    mma_kind=kind)
 
 
 def _gemm_ws(m, n, k, bm, bn, bk, stages, group_m, st_dtype, mma_dtype, kind, epilogue, pipeline,
-             use_tma, waves, a_rm, b_rm):
+             use_tma, waves, a_rm, b_rm, iters):
     eb = DTYPE_BYTES[st_dtype]
     g = GraphBuilder(f"gemm_{pipeline}_{m}x{n}x{k}_{bm}x{bn}x{bk}")
     _tensors(g, m, n, k, st_dtype, a_rm, b_rm)
-    iters = _cdiv(k, bk)
     ld_op = "tma_load" if use_tma else "ldg"
     store_op = "tma_store" if use_tma else "stg"
     producer = (0, 1)

@@ -49,6 +49,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--pipeline", default="naive2", choices=PIPELINES,
                    help="pipeline organization (naive2 = non-specialized software pipeline, as Triton)")
     p.add_argument("--epilogue", default="none", choices=("none", "silu"))
+    p.add_argument("--l15", action="store_true",
+                   help="model the hardware file's L1.5 tier (off by default, see docs/sim.md)")
     p.add_argument("--candidates", default=None, help="Parquet/CSV candidate file to take one row from")
     p.add_argument("--row", type=int, default=0, help="row index in --candidates (default 0)")
     p.add_argument("--out-dir", default=".", help="where to write the Gantt PNG and Chrome trace")
@@ -107,7 +109,7 @@ def run(args) -> int:
     cfg = _config_from_args(args)
     pipeline = getattr(args, "pipeline", "naive2")
     g = config_graph(cfg, spec, pipeline=pipeline, epilogue=getattr(args, "epilogue", "none"))
-    machine = machine_from_hw(spec)
+    machine = machine_from_hw(spec, l15=bool(getattr(args, "l15", False)))
     res = simulate(g, machine, record=True)
     title = (f"tsbatch simulate: {spec.name}, {cfg['m']}x{cfg['n']}x{cfg['k']} {cfg['dtype']}, tile "
              f"{cfg['block_m']}x{cfg['block_n']}x{cfg['block_k']}, stages {cfg['num_stages']}, "

@@ -21,16 +21,26 @@ plain-Python twin ``tests/naive_sim.py``:
   for ``work / (n_sp * rate_per_sp)``; done ``+ latency``. Shared memory is
   one per-SM server.
 * **Memory.** A load/store node expands its tile descriptor into lines
-  (clipped to the tensor); each line is looked up in the exact LRU L2
-  (``tsbatch.sim.l2``: hashed sets, LRU within a set). The
-  transfer passes the per-SM engine (TMA at the calibrated issue rate, or the
-  LSU for cp.async/st.global), the chip-wide L2 server (all lines) and, for
-  misses (and all stores, written back), the DRAM server; each server is a
-  FIFO bandwidth server (``start = max(arrival, free)``), with separate read
-  and write queues (engine lanes, L2 and DRAM): a store never waits behind
-  loads issued before it, nor a load behind stores; the stages stream
-  (a stage starts no earlier than the one before it) and the node completes
-  after the slowest stage plus the L2 (and DRAM) latency.
+  (clipped to the tensor). On a GPU with an L1.5 tier (Hopper: one cache
+  per group of ``l15_group_sms`` consecutive SMs) every line of a *load*
+  is first looked up in its SM group's L1.5 (exact LRU, hashed sets);
+  L1.5 misses, and every line of a store, are looked up in the exact LRU
+  L2 (``tsbatch.sim.l2``: hashed sets, LRU within a set). The transfer
+  passes the per-SM engine (TMA at the calibrated issue rate, or the LSU
+  for cp.async/st.global; all bytes), the group's L1.5 server (loads, all
+  bytes), the chip-wide L2 server (the bytes of the lines that reached
+  L2) and, for L2 misses (whole lines) and all stores (written back), the
+  DRAM server. Each server is a FIFO bandwidth server
+  (``start = max(arrival, free)``) with separate read and write queues
+  (engine lanes, L2 and DRAM): a store never waits behind loads issued
+  before it, nor a load behind stores (with reservations in issue order, a
+  shared queue would make a store wait for every load issued ahead of need,
+  which a memory controller does not do; the price is that reads and
+  writes together may exceed the DRAM bandwidth). The stages stream (a
+  stage starts no earlier than the one before it) and the node completes
+  after the slowest stage plus the L2 latency (an L1.5 hit is charged the
+  same, the hardware files give no separate figure) and, for a load with
+  an L2 miss, the DRAM latency.
 * **Sync** nodes take no resource: they complete ``work`` cycles after issue.
 
 All times are float64 cycles; no fastmath, so the numba kernel and its
@@ -46,7 +56,7 @@ from numba import njit
 
 from tsbatch.errors import InputError
 from tsbatch.sim.graph import OP_RESOURCE, OPS, RESOURCES, TileGraph
-from tsbatch.sim.l2 import lru_access, lru_new
+from tsbatch.sim.l2 import l15_new, lru_access, lru_new
 from tsbatch.sim.machine import Machine, residency
 
 __all__ = ["SimResult", "simulate", "prepare"]
@@ -74,14 +84,20 @@ class SimResult:
     utilization : dict
         Busy time over the capacity of the resource during ``cycles``.
     l2_hit : float
-        Fraction of loaded lines that hit in the LRU L2.
+        Fraction of the loaded lines that reached the L2 (L1.5 misses) and
+        hit there.
     l2_load_lines, l2_hit_lines : int
+    l15_hit : float
+        Fraction of loaded lines that hit in the L1.5 tier (0 without one).
+    l15_load_lines, l15_hit_lines : int
     dram_read_bytes, dram_write_bytes : float
     resident_ctas : int
         CTAs per SM (slots).
     fits : bool
         False when one CTA exceeds an SM's limits (simulated with 1 slot).
     n_events : int
+    cta_end : ndarray
+        Retirement time (cycles) of every simulated CTA, in launch order.
     record : dict or None
         Per-logical-node times when ``record=True`` (see :func:`simulate`).
     """
@@ -98,6 +114,10 @@ class SimResult:
     resident_ctas: int
     fits: bool
     n_events: int
+    l15_hit: float = 0.0
+    l15_load_lines: int = 0
+    l15_hit_lines: int = 0
+    cta_end: np.ndarray | None = None
     record: dict | None = None
 
 
@@ -193,6 +213,9 @@ def simulate(graph: TileGraph, machine: Machine, *, record: bool = False,
         t_base[i] = off
         size = int(t_rows[i] * t_cols[i] * t_eb[i])
         off += -(-size // line) * line + line
+    if off // line >= 2 ** 31 - 1:
+        raise InputError(f"graph {graph.name!r}: tensors span {off / 2 ** 30:.0f} GiB, more than the "
+                         f"cache model's 32-bit line numbers address ({(2 ** 31 - 1) * line / 2 ** 30:.0f} GiB)")
     if t_rows.size == 0:
         t_rows = t_cols = t_eb = t_rm = t_base = np.zeros(1, dtype=np.int64)
     n_rec = n_ctas * n if record else 0
@@ -200,30 +223,39 @@ def simulate(graph: TileGraph, machine: Machine, *, record: bool = False,
     rec_i = np.full((3, n_rec), -1, dtype=np.int64)
     cta_slot = np.full(n_ctas if record else 0, -1, dtype=np.int64)
     lru = lru_new(machine.l2_lines, machine.l2_assoc)
+    g15 = machine.l15_group_sms if machine.l15_lines > 0 else 0
+    n_groups = -(-machine.sm_count // g15) if g15 else 1
+    t15, m15 = l15_new(n_groups, machine.l15_lines if g15 else 1, machine.l15_assoc if g15 else 1)
+    r15 = np.zeros(n_groups, dtype=np.float64)
+    for gi in range(n_groups if g15 else 0):
+        r15[gi] = machine.l15_bytes_per_clk * min(g15, machine.sm_count - gi * g15)
     fparams = np.array([
         machine.issue_clk, machine.cta_launch_clk, machine.tma_bytes_per_clk,
         machine.lsu_bytes_per_clk, machine.l2_bytes_per_clk, machine.dram_bytes_per_clk,
         machine.l2_hit_latency_clk, machine.dram_extra_latency_clk,
     ], dtype=np.float64)
-    iparams = np.array([machine.sm_count, r, machine.n_subpartitions, line, 1 if record else 0],
+    iparams = np.array([machine.sm_count, r, machine.n_subpartitions, line, 1 if record else 0, g15],
                        dtype=np.int64)
-    busy = np.zeros(9, dtype=np.float64)
-    stats = np.zeros(6, dtype=np.float64)
+    busy = np.zeros(10, dtype=np.float64)
+    stats = np.zeros(8, dtype=np.float64)
+    cta_end = np.zeros(n_ctas, dtype=np.float64)
     _run(
         res, mask, dur, lat, _STORE[graph.op], graph.tensor, graph.tile_rows, graph.tile_cols,
         graph.coord, graph.succ_ptr, graph.succ_idx, graph.succ_kind, graph.n_pred,
         t_rows, t_cols, t_eb, t_rm, t_base, cta_m.astype(np.int64), cta_n.astype(np.int64),
-        fparams, iparams, *lru, busy, stats, rec_f, rec_i, cta_slot,
+        fparams, iparams, *lru, t15, m15, r15, busy, stats, rec_f, rec_i, cta_slot, cta_end,
     )
     cycles = float(stats[0])
     sm, nsp = machine.sm_count, machine.n_subpartitions
-    names = ("tensor", "cuda", "sfu", "smem", "tma", "lsu", "l2", "dram")
+    names = ("tensor", "cuda", "sfu", "smem", "tma", "lsu", "l2", "dram", "l15")
     busy_d = {k: float(busy[i + 1]) for i, k in enumerate(names)}
     cap = {"tensor": sm * nsp, "cuda": sm * nsp, "sfu": sm * nsp, "smem": sm, "tma": sm, "lsu": sm,
-           "l2": 1, "dram": 1}
+           "l2": 1, "dram": 1, "l15": n_groups}
     util = {k: (busy_d[k] / (cycles * cap[k]) if cycles > 0 else 0.0) for k in names}
     loads = int(stats[1])
     hits = int(stats[2])
+    loads15 = int(stats[6])
+    hits15 = int(stats[7])
     rec = None
     if record:
         rec = {
@@ -246,6 +278,10 @@ def simulate(graph: TileGraph, machine: Machine, *, record: bool = False,
         resident_ctas=r,
         fits=fits,
         n_events=int(stats[5]),
+        l15_hit=hits15 / loads15 if loads15 else 0.0,
+        l15_load_lines=loads15,
+        l15_hit_lines=hits15,
+        cta_end=cta_end,
         record=rec,
     )
 
@@ -352,13 +388,16 @@ def _release(v, edge_kind, bind, now, slot, cta, base, n, sm, nsp, issue_clk, ma
 def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
          succ_ptr, succ_idx, succ_kind, n_pred,
          t_rows, t_cols, t_eb, t_rm, t_base, cta_m, cta_n,
-         fparams, iparams, ltags, lmeta,
-         busy, stats, rec_f, rec_i, cta_slot):
-    """The event loop. Fills ``busy`` (per resource), ``stats`` and the records.
+         fparams, iparams, ltags, lmeta, t15, m15, r15,
+         busy, stats, rec_f, rec_i, cta_slot, cta_end):
+    """The event loop. Fills ``busy`` (per resource), ``stats``, the
+    retirement time of every CTA and the records.
 
-    ``stats = [cycles, load_lines, hit_lines, dram_read_bytes,
-    dram_write_bytes, n_events]``; ``busy`` is indexed by resource code with
-    ``busy[7] = l2`` and ``busy[8] = dram``.
+    ``stats = [cycles, l2_load_lines, l2_hit_lines, dram_read_bytes,
+    dram_write_bytes, n_events, l15_load_lines, l15_hit_lines]``; ``busy``
+    is indexed by resource code with ``busy[7] = l2``, ``busy[8] = dram``
+    and ``busy[9] = l15``. ``t15``/``m15`` hold one L1.5 cache per SM group
+    (``iparams[5]`` SMs each, 0: no L1.5 tier), ``r15`` their rates.
     """
     issue_clk = fparams[0]
     launch_clk = fparams[1]
@@ -373,6 +412,8 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
     nsp = iparams[2]
     line = iparams[3]
     recording = iparams[4] == 1
+    g15 = iparams[5]
+    sz15 = m15[0] * m15[1]
     n = res.shape[0]
     n_ctas = cta_m.shape[0]
     n_slots = n_sm * per_sm
@@ -389,7 +430,8 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
     eng_free = np.zeros((4, n_sm), dtype=np.float64)
     eng_last = np.full((4, n_sm), -1, dtype=np.int64)
     l2_free = np.zeros(2, dtype=np.float64)     # read path, write path
-    dram_free = np.zeros(2, dtype=np.float64)
+    dram_free = np.zeros(2, dtype=np.float64)   # read path, write path
+    l15_free = np.zeros(r15.shape[0], dtype=np.float64)
     roots = np.empty(n, dtype=np.int64)
     n_roots = 0
     for v in range(n):
@@ -414,6 +456,8 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
     n_events = 0
     load_lines = 0
     hit_lines = 0
+    l15_lines = 0
+    l15_hits = 0
     dram_rd = 0.0
     dram_wr = 0.0
 
@@ -501,11 +545,15 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
                 nr = min(tile_rows[v], t_rows[ti] - r0)
                 nc = min(tile_cols[v], t_cols[ti] - c0)
                 store = is_store[v] == 1
-                if nr <= 0 or nc <= 0 or r0 < 0 or c0 < 0:
-                    nbytes = 0.0
-                    nl = 0
-                    nmiss = 0
-                else:
+                use15 = g15 > 0 and not store
+                gi = sm // g15 if g15 > 0 else 0
+                tv15 = t15[gi * sz15:(gi + 1) * sz15]
+                nbytes = 0.0
+                b2 = 0.0      # bytes of the lines that reach the L2
+                nl = 0        # lines looked up in the L2
+                nmiss = 0     # L2 misses
+                n15 = 0       # lines looked up in the L1.5
+                if nr > 0 and nc > 0 and r0 >= 0 and c0 >= 0:
                     if t_rm[ti] == 1:
                         outer0 = r0
                         n_outer = nr
@@ -519,16 +567,26 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
                         inner_len = nr * eb
                         ld = t_rows[ti] * eb
                     nbytes = float(nr * nc * eb)
-                    nl = 0
-                    nmiss = 0
                     for o in range(n_outer):
                         a0 = t_base[ti] + (outer0 + o) * ld + inner0
+                        a1 = a0 + inner_len
                         first = a0 // line
-                        last = (a0 + inner_len - 1) // line
+                        last = (a1 - 1) // line
                         for ln in range(first, last + 1):
-                            hit = lru_access(ltags, lmeta, ln)
+                            if use15:
+                                n15 += 1
+                                if lru_access(tv15, m15, ln):
+                                    l15_hits += 1
+                                    continue
+                            lo = ln * line
+                            if lo < a0:
+                                lo = a0
+                            hi = lo - lo % line + line
+                            if hi > a1:
+                                hi = a1
+                            b2 += hi - lo
                             nl += 1
-                            if not hit:
+                            if not lru_access(ltags, lmeta, ln):
                                 nmiss += 1
                 ei = (0 if r == R_TMA else 1) + (2 if store else 0)
                 wi = 1 if store else 0
@@ -542,28 +600,39 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
                 eng_last[ei, sm] = cta * n + v
                 busy[r] += e_dur
                 fin = e_end
+                s_next = start
+                if n15 > 0:
+                    l15_lines += n15
+                    s15 = start if start > l15_free[gi] else l15_free[gi]
+                    d15 = nbytes / r15[gi]
+                    l15_free[gi] = s15 + d15
+                    busy[9] += d15
+                    if l15_free[gi] > fin:
+                        fin = l15_free[gi]
+                    s_next = s15
                 if nl > 0:
-                    l2_start = start if start > l2_free[wi] else l2_free[wi]
-                    l2_dur = nbytes / l2_rate
+                    l2_start = s_next if s_next > l2_free[wi] else l2_free[wi]
+                    l2_dur = b2 / l2_rate
                     l2_free[wi] = l2_start + l2_dur
                     busy[7] += l2_dur
                     if l2_free[wi] > fin:
                         fin = l2_free[wi]
                     if store:
-                        nd = nl
+                        d_bytes = nbytes
                         dram_wr += nbytes
                     else:
-                        nd = nmiss
+                        d_bytes = float(nmiss * line)
                         load_lines += nl
                         hit_lines += nl - nmiss
-                        dram_rd += nd * line
-                    if nd > 0:
+                        dram_rd += d_bytes
+                    if d_bytes > 0:
                         d_start = l2_start if l2_start > dram_free[wi] else dram_free[wi]
-                        d_dur = (nbytes if store else nd * line) / dram_rate
+                        d_dur = d_bytes / dram_rate
                         dram_free[wi] = d_start + d_dur
                         busy[8] += d_dur
                         if dram_free[wi] > fin:
                             fin = dram_free[wi]
+                if nl > 0 or n15 > 0:
                     done = fin + l2_lat
                     if (not store) and nmiss > 0:
                         done += dram_lat
@@ -583,6 +652,7 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
                  ht, hs, hk, hl, hn, hmeta)
         left[slot] -= 1
         if left[slot] == 0:
+            cta_end[cta] = now
             if now > t_end:
                 t_end = now
             if next_cta < n_ctas:
@@ -595,3 +665,5 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
     stats[3] = dram_rd
     stats[4] = dram_wr
     stats[5] = n_events
+    stats[6] = l15_lines
+    stats[7] = l15_hits

@@ -1,6 +1,7 @@
 """Exact LRU L2 at line granularity over tile-derived addresses.
 
-Lines are identified by ``byte_address // line_bytes``. The cache has
+Lines are identified by ``byte_address // line_bytes`` (tags are 32-bit:
+address spaces up to 256 GiB with 128 B lines). The cache has
 ``n_sets`` sets of ``assoc`` ways; a line's set is a multiplicative hash of
 its line number (GPUs hash physical addresses over L2 slices), and each set
 keeps its tags in recency order (way 0 = most recent) with exact LRU
@@ -20,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["lru_new", "lru_access", "set_of", "LruCache"]
+__all__ = ["lru_new", "l15_new", "lru_access", "set_of", "LruCache"]
 
 
 def lru_new(capacity_lines: int, assoc: int):
@@ -28,16 +29,27 @@ def lru_new(capacity_lines: int, assoc: int):
     cap = max(int(capacity_lines), 1)
     a = max(1, min(int(assoc), cap)) if assoc > 0 else cap
     n_sets = max(cap // a, 1)
-    tags = np.full(n_sets * a, -1, dtype=np.int64)
+    tags = np.full(n_sets * a, -1, dtype=np.int32)
     meta = np.array([n_sets, a], dtype=np.int64)
     return tags, meta
 
 
+def l15_new(n_groups: int, capacity_lines: int, assoc: int):
+    """``n_groups`` empty caches of the same geometry, back to back in one array.
+
+    Returns ``(tags, meta)``; cache ``g`` is ``tags[g * n_sets * a:(g + 1) * n_sets * a]``
+    and is used with :func:`lru_access` and the shared ``meta``.
+    """
+    tags, meta = lru_new(capacity_lines, assoc)
+    return np.tile(tags, max(int(n_groups), 1)), meta
+
+
 @njit(cache=True, nogil=True, inline="always")
 def set_of(line, n_sets):
-    """Set index of a line: Fibonacci hash of the line number, modulo the set count."""
-    h = np.uint64(line) * np.uint64(11400714819323198485)
-    return np.int64((h >> np.uint64(24)) % np.uint64(n_sets))
+    """Set index of a line: Fibonacci hash of the line number, mapped onto the sets by
+    multiply-shift (``(h32 * n_sets) >> 32`` of the hash's high 32 bits: uniform, no division)."""
+    h = (np.uint64(line) * np.uint64(11400714819323198485)) >> np.uint64(32)
+    return np.int64((h * np.uint64(n_sets)) >> np.uint64(32))
 
 
 @njit(cache=True, nogil=True, inline="always")

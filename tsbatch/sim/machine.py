@@ -60,7 +60,10 @@ class Machine:
     """Everything the event loop needs, in cycles and bytes.
 
     Per-SM rates are per clock of one SM; ``l2_bytes_per_clk`` and
-    ``dram_bytes_per_clk`` are chip-wide servers shared by all SMs.
+    ``dram_bytes_per_clk`` are chip-wide servers shared by all SMs. The
+    L1.5 tier (``l15_group_sms > 0``; Hopper) is one cache of ``l15_lines``
+    lines per group of ``l15_group_sms`` consecutive SMs, served at
+    ``l15_bytes_per_clk`` per SM of the group.
     ``tc_flop_per_clk`` is per SM for the graph's tensor-core dtype; the
     sub-partition share is a quarter of it (``n_subpartitions``).
     """
@@ -86,6 +89,10 @@ class Machine:
     l2_lines: int
     l2_assoc: int
     l2_line_bytes: int
+    l15_group_sms: int
+    l15_lines: int
+    l15_assoc: int
+    l15_bytes_per_clk: float
     l2_hit_latency_clk: float
     dram_extra_latency_clk: float
     tc_latency_clk: float
@@ -115,7 +122,8 @@ class Machine:
         return rate
 
 
-def machine_from_hw(hw: str | HwSpec, params: SimParams | None = None, *, sm_count: int | None = None) -> Machine:
+def machine_from_hw(hw: str | HwSpec, params: SimParams | None = None, *, sm_count: int | None = None,
+                    l15: bool = False) -> Machine:
     """Build the simulated machine of a GPU.
 
     Parameters
@@ -127,6 +135,13 @@ def machine_from_hw(hw: str | HwSpec, params: SimParams | None = None, *, sm_cou
     sm_count : int, optional
         Simulate only this many SMs while keeping per-SM rates and the
         chip-wide L2/DRAM servers (the single-SM configuration of GTSim §7).
+    l15 : bool
+        Model the hardware file's L1.5 tier (TileSight's per-SM-group cache;
+        Hopper and Blackwell files have one). Off by default: read as a
+        cache that serves the tile loads of the CTAs of one SM group, it
+        lets Triton's large GEMMs run at the tensor-core ceiling, and the
+        measured H100 set says they do not (``docs/sim.md``, "Known
+        approximations").
 
     Notes
     -----
@@ -149,6 +164,7 @@ def machine_from_hw(hw: str | HwSpec, params: SimParams | None = None, *, sm_cou
         raise InputError(f"sm_count must be positive, got {sm_count}")
     launch_us = spec.launch_us
     line = spec.l2_line_bytes
+    g15 = spec.l15_group_sms if (l15 and spec.has_l15) else 0
     return Machine(
         name=spec.key,
         sm_count=n,
@@ -166,11 +182,15 @@ def machine_from_hw(hw: str | HwSpec, params: SimParams | None = None, *, sm_cou
         smem_bytes_per_clk=spec.smem_bytes_per_clk,
         tma_bytes_per_clk=p.tma_bytes_per_clk,
         lsu_bytes_per_clk=p.lsu_bytes_per_clk,
-        l2_bytes_per_clk=spec.rate("l2_bw_tbps") * 1e12 / clk_hz,
+        l2_bytes_per_clk=spec.rate("l2_bw_tbps") * 1e12 * spec.cal("l2_efficiency") / clk_hz,
         dram_bytes_per_clk=spec.rate("dram_bw_tbps") * 1e12 * spec.cal("dram_efficiency") / clk_hz,
         l2_lines=int(spec.l2_bytes * spec.cal("l2_capacity_fraction")) // line,
         l2_assoc=spec.l2_assoc,
         l2_line_bytes=line,
+        l15_group_sms=int(g15),
+        l15_lines=int(spec.l15_bytes) // line if g15 else 0,
+        l15_assoc=int(spec.l15_assoc) if g15 else 0,
+        l15_bytes_per_clk=spec.rate("l15_bw_tbps") * 1e12 * per_sm if g15 else 0.0,
         l2_hit_latency_clk=p.l2_hit_latency_clk,
         dram_extra_latency_clk=p.dram_extra_latency_clk,
         tc_latency_clk=p.tc_latency_clk,

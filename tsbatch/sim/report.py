@@ -155,10 +155,14 @@ def summary_text(graph: TileGraph, res: SimResult, *, title: str = "") -> str:
                  f"{graph.n_logical_nodes} logical nodes, {graph.n_edges} edges per CTA")
     lines.append(f"resident CTAs per SM: {res.resident_ctas}" + ("" if res.fits else " (does NOT fit; simulated with 1)"))
     lines.append(f"time: {res.cycles:,.0f} cycles = {res.latency_us:.2f} us (incl. launch overhead)")
+    if res.l15_load_lines:
+        lines.append(f"L1.5 hit rate (loads): {res.l15_hit:.3f}")
     lines.append(f"L2 hit rate (loads): {res.l2_hit:.3f}   DRAM read {res.dram_read_bytes / 1e6:.2f} MB, "
                  f"write {res.dram_write_bytes / 1e6:.2f} MB")
     lines.append("utilization:")
     for k, u in res.utilization.items():
+        if k == "l15" and not res.l15_load_lines:
+            continue
         lines.append(f"  {k:7s} {100 * u:6.1f} %")
     if res.record is not None:
         st = stall_breakdown(graph, res)
