@@ -13,7 +13,11 @@ and prints
 
 Usage::
 
-    python bench/sim_agreement.py [--n 300] [--seed 0] [--max-flop 2e11]
+    python bench/sim_agreement.py [--n 300] [--seed 0] [--max-flop 2e11] [--l15]
+
+``--l15`` turns on the simulator's model of the hardware files' L1.5 tier,
+which the analytical model always uses (off by default in the simulator,
+see ``docs/sim.md``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=300, help="configurations in all (half per GPU)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-flop", type=float, default=2e11, help="skip larger problems (simulation time)")
+    ap.add_argument("--l15", action="store_true", help="simulate the L1.5 tier of the hardware file")
     args = ap.parse_args(argv)
     try:
         from tsbatch.evaluate import evaluate
@@ -63,7 +68,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     for df in frames:
         hw = df["hw"][0]
-        machine = machine_from_hw(hw)
+        machine = machine_from_hw(hw, l15=args.l15)
         ev = evaluate(df.drop("hw"), hw)
         for r, e in zip(df.iter_rows(named=True), ev.iter_rows(named=True)):
             _, res = simulate_config(r, hw, machine=machine)
