@@ -351,6 +351,21 @@ def _hpop(ht, hs, hk, hl, hn, hmeta):
     return t0, k0, l0, n0
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _reserve_issue(mask_u, now, sm, nsp, issue_clk, port_free):
+    """Issue time of a node ready at ``now``: the latest free issue port among
+    its sub-partitions (bits of ``mask_u``), which it then holds ``issue_clk``."""
+    t_iss = now
+    for sp in range(nsp):
+        if (mask_u >> sp) & 1:
+            if port_free[sm * nsp + sp] > t_iss:
+                t_iss = port_free[sm * nsp + sp]
+    for sp in range(nsp):
+        if (mask_u >> sp) & 1:
+            port_free[sm * nsp + sp] = t_iss + issue_clk
+    return t_iss
+
+
 @njit(cache=True, nogil=True)
 def _release(v, edge_kind, bind, now, slot, cta, base, n, sm, nsp, issue_clk, mask, succ_ptr,
              succ_idx, succ_kind, rem, port_free, recording, rec_f, rec_i,
@@ -364,14 +379,7 @@ def _release(v, edge_kind, bind, now, slot, cta, base, n, sm, nsp, issue_clk, ma
         u = succ_idx[e]
         rem[base + u] -= 1
         if rem[base + u] == 0:
-            t_iss = now
-            for sp in range(nsp):
-                if (mask[u] >> sp) & 1:
-                    if port_free[sm * nsp + sp] > t_iss:
-                        t_iss = port_free[sm * nsp + sp]
-            for sp in range(nsp):
-                if (mask[u] >> sp) & 1:
-                    port_free[sm * nsp + sp] = t_iss + issue_clk
+            t_iss = _reserve_issue(mask[u], now, sm, nsp, issue_clk, port_free)
             if recording:
                 g = cta * n + u
                 rec_f[0, g] = now
@@ -477,14 +485,7 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
             for ri in range(n_roots):
                 u = roots[ri]
                 # ready at now: reserve issue slots of its sub-partitions
-                t_iss = now
-                for sp in range(nsp):
-                    if (mask[u] >> sp) & 1:
-                        if port_free[sm * nsp + sp] > t_iss:
-                            t_iss = port_free[sm * nsp + sp]
-                for sp in range(nsp):
-                    if (mask[u] >> sp) & 1:
-                        port_free[sm * nsp + sp] = t_iss + issue_clk
+                t_iss = _reserve_issue(mask[u], now, sm, nsp, issue_clk, port_free)
                 if recording:
                     g = cta * n + u
                     rec_f[0, g] = now
