@@ -75,6 +75,9 @@ class TilePlan:
     persistent: np.ndarray
     useful_flops: np.ndarray
     extra: dict = field(default_factory=dict)
+    #: per-row tensor-core rate factor when several issue groups share an SM
+    #: (:func:`tsbatch.kernels.envelope.envelope_one`); None means 1
+    share_eff: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.g0.shape[0])

@@ -265,6 +265,7 @@ def lower(cols: dict, hw) -> TilePlan:
         launch_us=np.full(rows, launch),
         persistent=(order == ORDER_PERSISTENT).astype(np.int64),
         useful_flops=2.0 * m * n * k,
+        share_eff=np.where(use_wgmma, hw.cal("wgmma_share_efficiency"), 1.0),
         extra={
             "mma_path": np.where(use_wgmma, "wgmma", np.where(on_tc, "mma_sync", "fma")),
             "register_spill": spill,

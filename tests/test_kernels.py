@@ -476,7 +476,8 @@ def envelope_cases(draw):
                 stages=draw(st.integers(1, 6)), warps_tile=float(draw(st.sampled_from([1, 2, 4, 8]))),
                 warps_full=4.0, lat=float(rng.uniform(0.0, 5.0)) * draw(st.integers(0, 1)),
                 ovh_iter=float(rng.uniform(0.0, 0.1)), ovh_tile=float(rng.uniform(0.0, 1.0)),
-                persistent=draw(st.integers(0, 1)), launch=float(rng.uniform(0.0, 5.0)))
+                persistent=draw(st.integers(0, 1)), launch=float(rng.uniform(0.0, 5.0)),
+                share_eff=float(rng.uniform(0.5, 1.0)) if draw(st.booleans()) else 1.0)
 
 
 def _envelopes(cases):
@@ -484,14 +485,15 @@ def _envelopes(cases):
     return evaluate_envelopes(col("work_iter"), col("work_epi"), col("rate"), col("tiles"),
                               cases[0]["sms"], col("p"), col("ksteps"), col("stages"),
                               col("warps_tile"), 4.0, col("lat"), col("ovh_iter"),
-                              col("ovh_tile"), col("persistent"), col("launch"))
+                              col("ovh_tile"), col("persistent"), col("launch"),
+                              share_eff=col("share_eff"))
 
 
 def _twin_wave(c):
     return naive.wave_time(c["work_iter"], c["work_epi"], c["rate"], SHARED.tolist(),
                            COMPUTE.tolist(), c["tiles"], c["sms"], c["p"], c["ksteps"],
                            c["stages"], c["warps_tile"], c["warps_full"], c["lat"],
-                           c["ovh_iter"], c["ovh_tile"], c["persistent"])
+                           c["ovh_iter"], c["ovh_tile"], c["persistent"], c["share_eff"])
 
 
 @settings(max_examples=150, deadline=None)
@@ -518,11 +520,31 @@ def test_evaluate_envelopes_match_twin(cases):
 def test_envelope_one_matches_twin(c, active):
     args = (np.array(c["work_iter"]), np.array(c["work_epi"]), np.array(c["rate"]), SHARED, COMPUTE,
             c["p"], active, c["ksteps"], c["stages"], c["warps_tile"], c["warps_full"], c["lat"],
-            c["ovh_iter"], c["ovh_tile"], c["tiles"] if c["persistent"] else 0)
+            c["ovh_iter"], c["ovh_tile"], c["tiles"] if c["persistent"] else 0, c["share_eff"])
     got = envelope.envelope_one(*args)
     want = naive.envelope_one(c["work_iter"], c["work_epi"], c["rate"], SHARED.tolist(),
                               COMPUTE.tolist(), *args[5:])
     assert_allclose(got, want, rtol=FASTMATH_RTOL, atol=0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(envelope_cases())
+def test_share_eff_slows_only_shared_tensor_cores(c):
+    """The warpgroup-sharing factor never speeds a grid up, and changes it only
+    when more than one issue group shares an SM and the tensor core is used."""
+    base = dict(c, share_eff=1.0)
+    t1 = _twin_wave(base)[0]
+    t2 = _twin_wave(c)[0]
+    assert t2 >= t1 * (1 - 1e-12)
+    groups = c["p"] * c["warps_tile"] > c["warps_full"]
+    if c["persistent"] == 0:
+        tail = c["tiles"] % (c["sms"] * c["p"])
+        groups = groups or (tail and math.ceil(tail / c["sms"]) * c["warps_tile"] > c["warps_full"])
+    tc_used = c["rate"][0] > 0.0 and (c["work_iter"][0] > 0.0 or c["work_epi"][0] > 0.0)
+    if not (groups and tc_used):
+        assert t2 == t1
+    got = _envelopes([c])["latency_us"][0]
+    assert_allclose(got, t2 + c["launch"], rtol=FASTMATH_RTOL, atol=0)
 
 
 @settings(max_examples=150, deadline=None)
@@ -535,7 +557,7 @@ def test_wave_seams_hide_at_most_the_prologue_and_never_the_stores(c, full):
     one = naive.envelope_one(c["work_iter"], c["work_epi"], c["rate"], SHARED.tolist(),
                              COMPUTE.tolist(), c["p"], c["sms"], c["ksteps"], c["stages"],
                              c["warps_tile"], c["warps_full"], c["lat"], c["ovh_iter"],
-                             c["ovh_tile"], 0)
+                             c["ovh_tile"], 0, c["share_eff"])
     isolated, one_pro, one_store = full * one[0], one[1], one[5]
     assert t <= isolated * (1 + 1e-12)
     assert t >= isolated - (full - 1) * one_pro - 1e-9 * isolated
@@ -548,7 +570,7 @@ def test_wave_seams_hide_at_most_the_prologue_and_never_the_stores(c, full):
 def test_infeasible_rows_get_nan():
     c = dict(work_iter=[1.0] * N_RES, work_epi=[1.0] * N_RES, rate=[1.0] * N_RES, tiles=10, sms=4,
              p=0, ksteps=3, stages=2, warps_tile=4.0, warps_full=4.0, lat=0.5, ovh_iter=0.0,
-             ovh_tile=0.0, persistent=0, launch=1.0)
+             ovh_tile=0.0, persistent=0, launch=1.0, share_eff=1.0)
     out = _envelopes([c])
     assert np.isnan(out["latency_us"][0]) and out["waves"][0] == 0
     assert np.isnan(out["util"][0]).all()

@@ -82,6 +82,13 @@ CALIBRATION_DEFAULTS: dict[str, tuple[float, str]] = {
         "latency of one global-memory tile load on an idle chip (fill cost of "
         "the pipeline prologue)",
     ),
+    "wgmma_share_efficiency": (
+        1.0,
+        "tensor-core rate, relative to one warpgroup issuing back to back, when "
+        "more than one warpgroup per SM issues warpgroup MMA (several resident "
+        "blocks, or 8+ warps per block): their asynchronous MMA chains are "
+        "arbitrated onto the same tensor cores",
+    ),
     "wgmma_min_warps": (
         4.0,
         "warps per block from which a Hopper Triton kernel issues warpgroup MMA "

@@ -29,7 +29,12 @@ wave on top of its store-bandwidth time.
 
 Compute-class resources run at a fraction ``min(1, p w / w_full)`` of their
 rate when the resident warps ``p w`` cannot occupy all ``w_full`` issue
-slots (sub-partitions).
+slots (sub-partitions). Conversely, when more than one issue group (a
+Hopper warpgroup: ``w_full`` warps) shares the SM's tensor cores
+(``p w > w_full``), the tensor-core rate is scaled by ``share_eff``: the
+groups' asynchronous MMA chains are arbitrated onto the same units and
+lose issue slots that a single group issuing back to back keeps
+(1 = no loss; set per row by the lowering, e.g. only for warpgroup MMA).
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ COMPUTE = np.array([1, 1, 1, 1, 0, 0, 0, 0], dtype=np.int64)
 
 @jit_scalar
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
-                 warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles):
+                 warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0):
     """Envelope of one SM's share of one wave (or of a persistent run).
 
     Returns ``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store)`` in
@@ -81,6 +86,7 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     tiles back to back: its stores drain inside the loop.
     """
     f = p * warps_tile / warps_full
+    shared_units = f > 1.0  # several issue groups share the tensor cores
     if f > 1.0:
         f = 1.0
     comp = 0.0
@@ -94,6 +100,8 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
             rr = rr / active
         if compute[r] != 0:
             rr = rr * f
+        if r == R_TC and shared_units:
+            rr = rr * share_eff
         u = work_iter[r] / rr
         e = work_epi[r] / rr
         if persist_tiles > 0 and compute[r] == 0:
@@ -131,7 +139,7 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
 
 @jit_scalar
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
-              warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent):
+              warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0):
     """Whole-grid time by waves (Algorithm 2): full waves plus a recomputed tail.
 
     Returns ``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``.
@@ -142,7 +150,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         active = sms if tiles > sms else tiles
         t, a, b, c, s, _ = envelope_one(work_iter, work_epi, rate, shared, compute, p, active,
                                         ksteps, stages, warps_tile, warps_full, lat, ovh_iter,
-                                        ovh_tile, per_sm)
+                                        ovh_tile, per_sm, share_eff)
         return t, a, b, c, s, (tiles + conc - 1) // conc, tiles % conc
     full = tiles // conc
     tail = tiles - full * conc
@@ -155,7 +163,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     if full > 0:
         t, a, b, c, s, store = envelope_one(work_iter, work_epi, rate, shared, compute, p, sms,
                                             ksteps, stages, warps_tile, warps_full, lat,
-                                            ovh_iter, ovh_tile, 0)
+                                            ovh_iter, ovh_tile, 0, share_eff)
         T += full * t
         tp += full * a
         ts += full * b
@@ -171,7 +179,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         pt = (tail + sms - 1) // sms
         t, a, b, c, s, _ = envelope_one(work_iter, work_epi, rate, shared, compute, pt, active,
                                         ksteps, stages, warps_tile, warps_full, lat, ovh_iter,
-                                        ovh_tile, 0)
+                                        ovh_tile, 0, share_eff)
         T += t
         tp += a
         ts += b
@@ -186,7 +194,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
 
 @jit_parallel
 def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
-               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, launch,
+               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff,
                out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util):
     n = tiles.shape[0]
     R = work_iter.shape[1]
@@ -205,7 +213,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
         t, a, b, c, s, wv, tl = wave_time(work_iter[i], work_epi[i], rate[i], shared, compute,
                                           tiles[i], sms, p[i], ksteps[i], stages[i],
                                           warps_tile[i], warps_full, lat[i], ovh_iter[i],
-                                          ovh_tile[i], persistent[i])
+                                          ovh_tile[i], persistent[i], share_eff[i])
         total = t + launch[i]
         out_t[i] = total
         out_pro[i] = a
@@ -227,12 +235,16 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
 
 
 def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages, warps_tile,
-                       warps_full, lat, ovh_iter, ovh_tile, persistent, launch):
+                       warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff=None):
     """Batched :func:`wave_time` plus launch time and per-resource utilization.
 
     ``work_iter``, ``work_epi``, ``rate`` are ``(n, N_RES)``; rates in work
     units per microsecond (per SM for private resources, per chip for
     shared). Rows with ``p <= 0`` (infeasible) get NaN times.
+
+    ``share_eff`` (per row, default 1) scales the tensor-core rate when
+    several issue groups share an SM (:func:`envelope_one`); leaving it out
+    can only make times shorter, so a caller computing a lower bound may.
 
     Returns a dict of arrays: ``latency_us, t_prologue_us, t_steady_us,
     t_epilogue_us, t_steady_iter_us, waves, tail_tiles, util`` (n, N_RES).
@@ -250,6 +262,7 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
                np.ascontiguousarray(rate, dtype=np.float64), SHARED, COMPUTE,
                i(tiles), int(sms), i(p), i(ksteps), i(stages), f(warps_tile), float(warps_full),
                f(lat), f(ovh_iter), f(ovh_tile), i(persistent), f(launch),
+               f(1.0 if share_eff is None else share_eff),
                out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
                out["t_steady_iter_us"], waves, tail, util)
     out["waves"] = waves
