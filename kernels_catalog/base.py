@@ -78,6 +78,8 @@ class TilePlan:
     #: per-row tensor-core rate factor when several issue groups share an SM
     #: (:func:`tsbatch.kernels.envelope.envelope_one`); None means 1
     share_eff: np.ndarray | None = None
+    #: per-row barrier stall per loop iteration (us), hidden by other resident tiles
+    sync_us: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.g0.shape[0])

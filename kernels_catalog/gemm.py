@@ -266,6 +266,7 @@ def lower(cols: dict, hw) -> TilePlan:
         persistent=(order == ORDER_PERSISTENT).astype(np.int64),
         useful_flops=2.0 * m * n * k,
         share_eff=np.where(use_wgmma, hw.cal("wgmma_share_efficiency"), 1.0),
+        sync_us=np.full(rows, hw.cal("iter_sync_cycles") * cyc),
         extra={
             "mma_path": np.where(use_wgmma, "wgmma", np.where(on_tc, "mma_sync", "fma")),
             "register_spill": spill,

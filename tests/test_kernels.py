@@ -477,7 +477,8 @@ def envelope_cases(draw):
                 warps_full=4.0, lat=float(rng.uniform(0.0, 5.0)) * draw(st.integers(0, 1)),
                 ovh_iter=float(rng.uniform(0.0, 0.1)), ovh_tile=float(rng.uniform(0.0, 1.0)),
                 persistent=draw(st.integers(0, 1)), launch=float(rng.uniform(0.0, 5.0)),
-                share_eff=float(rng.uniform(0.5, 1.0)) if draw(st.booleans()) else 1.0)
+                share_eff=float(rng.uniform(0.5, 1.0)) if draw(st.booleans()) else 1.0,
+                sync=float(rng.uniform(0.0, 0.2)) * draw(st.integers(0, 1)))
 
 
 def _envelopes(cases):
@@ -486,14 +487,15 @@ def _envelopes(cases):
                               cases[0]["sms"], col("p"), col("ksteps"), col("stages"),
                               col("warps_tile"), 4.0, col("lat"), col("ovh_iter"),
                               col("ovh_tile"), col("persistent"), col("launch"),
-                              share_eff=col("share_eff"))
+                              share_eff=col("share_eff"), sync=col("sync"))
 
 
 def _twin_wave(c):
     return naive.wave_time(c["work_iter"], c["work_epi"], c["rate"], SHARED.tolist(),
                            COMPUTE.tolist(), c["tiles"], c["sms"], c["p"], c["ksteps"],
                            c["stages"], c["warps_tile"], c["warps_full"], c["lat"],
-                           c["ovh_iter"], c["ovh_tile"], c["persistent"], c["share_eff"])
+                           c["ovh_iter"], c["ovh_tile"], c["persistent"], c["share_eff"],
+                           c["sync"])
 
 
 @settings(max_examples=150, deadline=None)
@@ -520,11 +522,37 @@ def test_evaluate_envelopes_match_twin(cases):
 def test_envelope_one_matches_twin(c, active):
     args = (np.array(c["work_iter"]), np.array(c["work_epi"]), np.array(c["rate"]), SHARED, COMPUTE,
             c["p"], active, c["ksteps"], c["stages"], c["warps_tile"], c["warps_full"], c["lat"],
-            c["ovh_iter"], c["ovh_tile"], c["tiles"] if c["persistent"] else 0, c["share_eff"])
+            c["ovh_iter"], c["ovh_tile"], c["tiles"] if c["persistent"] else 0, c["share_eff"],
+            c["sync"])
     got = envelope.envelope_one(*args)
     want = naive.envelope_one(c["work_iter"], c["work_epi"], c["rate"], SHARED.tolist(),
                               COMPUTE.tolist(), *args[5:])
     assert_allclose(got, want, rtol=FASTMATH_RTOL, atol=0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(envelope_cases(), st.integers(2, 8))
+def test_loop_barrier_stall_is_hidden_by_other_resident_tiles(c, p):
+    """One resident tile pays the barrier stall on top of its compute; ``p``
+    tiles pay it only where it exceeds the others' compute: per tile
+    iteration ``max(comp, (comp + sync) / p)``, never more than alone."""
+    c = dict(c, persistent=0, lat=0.0, sync=0.05, ovh_iter=0.0, ovh_tile=0.0, share_eff=1.0,
+             stages=1)
+    args = lambda q, s: (c["work_iter"], c["work_epi"], c["rate"], SHARED.tolist(),  # noqa: E731
+                         COMPUTE.tolist(), q, c["sms"], c["ksteps"], 1, c["warps_tile"],
+                         c["warps_full"], 0.0, 0.0, 0.0, 0, 1.0, s)
+    for q in (1, p):
+        with_sync = naive.envelope_one(*args(q, c["sync"]))[4]
+        without = naive.envelope_one(*args(q, 0.0))[4]
+        assert with_sync >= without
+        if q == 1:
+            assert with_sync <= (without + c["sync"]) * (1 + 1e-12)
+        else:
+            assert with_sync <= (without + c["sync"] / q) * (1 + 1e-12)
+        # the numba kernel agrees
+        got = envelope.envelope_one(np.array(c["work_iter"]), np.array(c["work_epi"]),
+                                    np.array(c["rate"]), SHARED, COMPUTE, *args(q, c["sync"])[5:])[4]
+        assert_allclose(got, with_sync, rtol=FASTMATH_RTOL, atol=0)
 
 
 @settings(max_examples=150, deadline=None)
@@ -557,7 +585,7 @@ def test_wave_seams_hide_at_most_the_prologue_and_never_the_stores(c, full):
     one = naive.envelope_one(c["work_iter"], c["work_epi"], c["rate"], SHARED.tolist(),
                              COMPUTE.tolist(), c["p"], c["sms"], c["ksteps"], c["stages"],
                              c["warps_tile"], c["warps_full"], c["lat"], c["ovh_iter"],
-                             c["ovh_tile"], 0, c["share_eff"])
+                             c["ovh_tile"], 0, c["share_eff"], c["sync"])
     isolated, one_pro, one_store = full * one[0], one[1], one[5]
     assert t <= isolated * (1 + 1e-12)
     assert t >= isolated - (full - 1) * one_pro - 1e-9 * isolated
@@ -570,7 +598,7 @@ def test_wave_seams_hide_at_most_the_prologue_and_never_the_stores(c, full):
 def test_infeasible_rows_get_nan():
     c = dict(work_iter=[1.0] * N_RES, work_epi=[1.0] * N_RES, rate=[1.0] * N_RES, tiles=10, sms=4,
              p=0, ksteps=3, stages=2, warps_tile=4.0, warps_full=4.0, lat=0.5, ovh_iter=0.0,
-             ovh_tile=0.0, persistent=0, launch=1.0, share_eff=1.0)
+             ovh_tile=0.0, persistent=0, launch=1.0, share_eff=1.0, sync=0.0)
     out = _envelopes([c])
     assert np.isnan(out["latency_us"][0]) and out["waves"][0] == 0
     assert np.isnan(out["util"][0]).all()

@@ -197,7 +197,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
     env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, plan.g0 * plan.g1 * plan.g2,
                              sms, p, plan.ksteps, plan.stages, plan.warps, plan.warps_full,
                              plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us, plan.persistent,
-                             plan.launch_us, share_eff=plan.share_eff)
+                             plan.launch_us, share_eff=plan.share_eff, sync=plan.sync_us)
     t3 = time.perf_counter()
 
     tiles = plan.g0 * plan.g1 * plan.g2

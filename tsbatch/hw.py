@@ -72,6 +72,12 @@ CALIBRATION_DEFAULTS: dict[str, tuple[float, str]] = {
         "fixed SM cycles per reduction-loop iteration of one tile (barrier, "
         "address arithmetic, loop control), not overlapped with the MMA",
     ),
+    "iter_sync_cycles": (
+        0.0,
+        "SM cycles per reduction-loop iteration a tile's warps stall at the "
+        "loop barrier; the tensor cores idle then unless another resident "
+        "tile has work, so it is hidden when several tiles share the SM",
+    ),
     "tile_overhead_cycles": (
         0.0,
         "fixed SM cycles per tile outside the loop (index math, epilogue "

@@ -75,7 +75,7 @@ COMPUTE = np.array([1, 1, 1, 1, 0, 0, 0, 0], dtype=np.int64)
 
 @jit_scalar
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
-                 warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0):
+                 warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0, sync=0.0):
     """Envelope of one SM's share of one wave (or of a persistent run).
 
     Returns ``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store)`` in
@@ -116,6 +116,12 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         if e > epi:
             epi = e
     comp += ovh_iter
+    if sync > 0.0:
+        # the loop's barrier stall: the tile's warps wait, the tensor cores idle
+        # unless another resident tile has work (a round of p iterations takes
+        # max(p comp, comp + sync))
+        hid = (comp + sync) / p
+        comp = comp if comp > hid else hid
     tiles = persist_tiles if persist_tiles > 0 else p  # tiles this SM runs
     n_it = tiles * ksteps
     d = stages * p - 1
@@ -139,7 +145,7 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
 
 @jit_scalar
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
-              warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0):
+              warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0):
     """Whole-grid time by waves (Algorithm 2): full waves plus a recomputed tail.
 
     Returns ``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``.
@@ -150,7 +156,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         active = sms if tiles > sms else tiles
         t, a, b, c, s, _ = envelope_one(work_iter, work_epi, rate, shared, compute, p, active,
                                         ksteps, stages, warps_tile, warps_full, lat, ovh_iter,
-                                        ovh_tile, per_sm, share_eff)
+                                        ovh_tile, per_sm, share_eff, sync)
         return t, a, b, c, s, (tiles + conc - 1) // conc, tiles % conc
     full = tiles // conc
     tail = tiles - full * conc
@@ -163,7 +169,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     if full > 0:
         t, a, b, c, s, store = envelope_one(work_iter, work_epi, rate, shared, compute, p, sms,
                                             ksteps, stages, warps_tile, warps_full, lat,
-                                            ovh_iter, ovh_tile, 0, share_eff)
+                                            ovh_iter, ovh_tile, 0, share_eff, sync)
         T += full * t
         tp += full * a
         ts += full * b
@@ -179,7 +185,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         pt = (tail + sms - 1) // sms
         t, a, b, c, s, _ = envelope_one(work_iter, work_epi, rate, shared, compute, pt, active,
                                         ksteps, stages, warps_tile, warps_full, lat, ovh_iter,
-                                        ovh_tile, 0, share_eff)
+                                        ovh_tile, 0, share_eff, sync)
         T += t
         tp += a
         ts += b
@@ -194,7 +200,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
 
 @jit_parallel
 def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
-               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff,
+               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff, sync,
                out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util):
     n = tiles.shape[0]
     R = work_iter.shape[1]
@@ -213,7 +219,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
         t, a, b, c, s, wv, tl = wave_time(work_iter[i], work_epi[i], rate[i], shared, compute,
                                           tiles[i], sms, p[i], ksteps[i], stages[i],
                                           warps_tile[i], warps_full, lat[i], ovh_iter[i],
-                                          ovh_tile[i], persistent[i], share_eff[i])
+                                          ovh_tile[i], persistent[i], share_eff[i], sync[i])
         total = t + launch[i]
         out_t[i] = total
         out_pro[i] = a
@@ -235,7 +241,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
 
 
 def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages, warps_tile,
-                       warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff=None):
+                       warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff=None, sync=None):
     """Batched :func:`wave_time` plus launch time and per-resource utilization.
 
     ``work_iter``, ``work_epi``, ``rate`` are ``(n, N_RES)``; rates in work
@@ -262,7 +268,7 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
                np.ascontiguousarray(rate, dtype=np.float64), SHARED, COMPUTE,
                i(tiles), int(sms), i(p), i(ksteps), i(stages), f(warps_tile), float(warps_full),
                f(lat), f(ovh_iter), f(ovh_tile), i(persistent), f(launch),
-               f(1.0 if share_eff is None else share_eff),
+               f(1.0 if share_eff is None else share_eff), f(0.0 if sync is None else sync),
                out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
                out["t_steady_iter_us"], waves, tail, util)
     out["waves"] = waves
