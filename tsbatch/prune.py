@@ -50,14 +50,13 @@ import numpy as np
 import polars as pl
 
 from kernels_catalog import gemm as gemm_family
-from kernels_catalog.base import TilePlan
 from tsbatch.errors import InputError
 from tsbatch.evaluate import evaluate_plan, resolve_hw
 from tsbatch.hw import HwSpec
-from tsbatch.kernels.envelope import R_DRAM, R_L15, R_L2, evaluate_envelopes
 from tsbatch.kernels.occupancy import REASON_TEXT, resident_tiles
 from tsbatch.kernels.order import ORDER_NAMES
 from tsbatch.rank import keep_count
+from tsbatch.screen import lower_bound, take_plan
 
 __all__ = ["WORKLOAD_KEYS", "CONFIG_KEYS", "NoFeasibleConfigError", "Pruned", "PruneResult",
            "Pruner", "prune"]
@@ -261,43 +260,10 @@ def _cols(wl: tuple, cfg: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------- model
 
 
-def _take(plan: TilePlan, idx: np.ndarray) -> TilePlan:
-    """The rows ``idx`` of a lowered plan."""
-    kw = {}
-    for f in dataclasses.fields(plan):
-        v = getattr(plan, f.name)
-        if isinstance(v, np.ndarray):
-            kw[f.name] = v[idx]
-        elif isinstance(v, dict):
-            kw[f.name] = {k: (a[idx] if isinstance(a, np.ndarray) else a) for k, a in v.items()}
-        else:
-            kw[f.name] = v
-    return TilePlan(**kw)
-
-
-def _lower_bound(plan: TilePlan, p: np.ndarray, hw: HwSpec) -> np.ndarray:
-    """Latency with perfect caching; never above :func:`evaluate_plan`'s latency.
-
-    Mirrors the work split of :func:`tsbatch.evaluate.evaluate_plan` with the
-    hit rates at their best (L1.5 hit 1, DRAM fraction 0): the L1.5 column
-    does not depend on the hit rates, and the L2 and DRAM columns only grow
-    with misses.
-    """
-    per_step = plan.t_per_step.astype(bool)
-    req = np.where(per_step, plan.t_bytes, 0.0)
-    work_iter = plan.work_iter.copy()
-    if hw.has_l15:
-        work_iter[:, R_L15] = req.sum(axis=1)
-        work_iter[:, R_L2] = 0.0
-    else:
-        work_iter[:, R_L15] = 0.0
-        work_iter[:, R_L2] = req.sum(axis=1)  # h15 is 0 without an L1.5 tier
-    work_iter[:, R_DRAM] = 0.0
-    env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, plan.g0 * plan.g1 * plan.g2,
-                             hw.sm_count, p, plan.ksteps, plan.stages, plan.warps,
-                             plan.warps_full, plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us,
-                             plan.persistent, plan.launch_us)
-    return env["latency_us"]
+#: the rows of a lowered plan, and the perfect-caching latency bound (shared with
+#: the screened ranking of :mod:`tsbatch.screen`)
+_take = take_plan
+_lower_bound = lower_bound
 
 
 def _infeasible_message(wl: tuple, reason: np.ndarray, hw: HwSpec) -> str:

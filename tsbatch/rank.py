@@ -42,11 +42,16 @@ def keep_count(n: int, frac: float) -> int:
 
 
 def rank(results: pl.DataFrame, workload: list[str] | tuple[str, ...], top: float = 1.0,
-         order_col: str | None = None) -> pl.DataFrame:
+         order_col: str | None = None, count_col: str | None = None) -> pl.DataFrame:
     """Add ``rank`` (1 = fastest within its workload) and keep the top fraction.
 
     ``order_col`` names a column holding each row's original position
-    (for ties); by default the current row order is used.
+    (for ties); by default the current row order is used. ``count_col``
+    names a column holding each row's workload size ``n`` (for the kept
+    count), when ``results`` holds only part of each workload's rows: a
+    prefix of its ``(latency, position)`` order, as
+    :class:`tsbatch.screen.TopKScreen` keeps; by default the rows present
+    are counted. ``count_col`` is dropped from the output.
     """
     wl = [c for c in workload if c in results.columns]
     df = results
@@ -56,17 +61,20 @@ def rank(results: pl.DataFrame, workload: list[str] | tuple[str, ...], top: floa
     key = pl.when(pl.col("feasible")).then(pl.col("latency_us")).otherwise(float("inf"))
     df = df.with_columns(_key=key.fill_null(float("inf")))
     over = wl if wl else None
+    n_expr = pl.col(count_col) if count_col else None
     if over:
         df = df.with_columns(
-            _n=pl.len().over(over),
+            _n=n_expr if count_col else pl.len().over(over),
             _nfeas=pl.col("feasible").sum().over(over),
             rank=pl.struct("_key", order_col).rank("ordinal").over(over).cast(pl.Int64),
         )
     else:
-        df = df.with_columns(_n=pl.len(), _nfeas=pl.col("feasible").sum(),
+        df = df.with_columns(_n=n_expr if count_col else pl.len(),
+                             _nfeas=pl.col("feasible").sum(),
                              rank=pl.struct("_key", order_col).rank("ordinal").cast(pl.Int64))
     keep = (pl.col("_n") * top - 1e-9).ceil().clip(lower_bound=1)
     df = df.filter((pl.col("rank") <= keep) & pl.col("feasible"))
     sort_cols = (wl or []) + ["rank"]
     df = df.sort(sort_cols)
-    return df.drop([c for c in ("_key", "_n", "_nfeas", "_pos") if c in df.columns])
+    helpers = ("_key", "_n", "_nfeas", "_pos", count_col)
+    return df.drop([c for c in dict.fromkeys(helpers) if c and c in df.columns])

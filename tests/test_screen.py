@@ -1,0 +1,263 @@
+"""Screened, streamed ranking (tsbatch.screen) equals ``rank(evaluate(all rows))`` row for row.
+
+Every comparison is exact (``DataFrame.equals``: same rows, order, columns,
+dtypes and values, nulls equal), over workloads that span batches, ties
+(duplicate configurations), infeasible rows, library rows, one-row
+workloads, ``top`` = 1 and tiny fractions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from strategies import frame, gemm_frames, gemm_row, infeasible_gemm_row
+from tsbatch.cli import main
+from tsbatch.evaluate import CacheMemo, evaluate, resolve_hw
+from tsbatch.rank import keep_count, rank
+from tsbatch.screen import TopKScreen, bound_rows, screened_rank, workload_counts
+from tsbatch.sweep import candidate_chunks, load_sweep, run_sweep
+
+WL = ["m", "n", "k", "dtype", "a_row_major", "b_row_major", "tf32"]
+WORKLOAD_KEYS = ("m", "n", "k", "dtype", "a_row_major", "b_row_major", "tf32")
+TOPS = [1.0, 0.5, 0.2, 0.05, 0.001]
+
+
+def _same(a: pl.DataFrame, b: pl.DataFrame) -> None:
+    assert a.columns == b.columns
+    assert a.schema == b.schema
+    assert a.height == b.height
+    assert a.equals(b, null_equal=True)
+
+
+@st.composite
+def workload(draw, max_size: int = 2048) -> dict:
+    row = draw(gemm_row(max_size=max_size, library=False))
+    return {k: row[k] for k in WORKLOAD_KEYS}
+
+
+@st.composite
+def ranked_inputs(draw, max_workloads: int = 3, max_configs: int = 14):
+    """Candidate rows of a few workloads, shuffled: ties (duplicate rows),
+    infeasible rows (shared memory), library rows, one-row workloads."""
+    wls = draw(st.lists(workload(), min_size=1, max_size=max_workloads))
+    rows = []
+    for w in wls:
+        cfgs = draw(st.lists(gemm_row(max_size=2048), min_size=1, max_size=max_configs))
+        cfgs += draw(st.lists(infeasible_gemm_row(), max_size=2))
+        if len(cfgs) > 1:  # duplicates: identical predictions, tie broken by position
+            dup = draw(st.lists(st.integers(0, len(cfgs) - 1), max_size=4))
+            cfgs += [cfgs[i] for i in dup]
+        for c in cfgs:
+            rows.append({**c, **w})
+    rows = draw(st.permutations(rows))
+    return frame(list(rows))
+
+
+# ----------------------------------------------------------------------------- evaluate
+@given(df=gemm_frames(min_rows=2, max_rows=10, max_size=2048), data=st.data())
+def test_evaluate_is_row_independent(df, data):
+    """A row's result does not depend on the other rows of the call (nor on a
+    cache memo filled by earlier calls): predicting a subset gives the rows
+    the whole batch gives them. The screen relies on this."""
+    full = evaluate(df, "h100")
+    idx = data.draw(st.lists(st.integers(0, df.height - 1), min_size=1, max_size=df.height,
+                             unique=True))
+    memo = CacheMemo()
+    evaluate(df[np.array(idx[::-1])], "h100", cache_memo=memo)  # fills the memo
+    for m in (None, memo):
+        sub = evaluate(df[np.array(idx)], "h100", cache_memo=m)
+        _same(sub, full[np.array(idx)])
+
+
+@given(df=ranked_inputs(), hw=st.sampled_from(["h100", "a100"]))
+def test_bound_below_prediction_and_feasibility_exact(df, hw):
+    spec = resolve_hw(hw)
+    lb, infeasible = bound_rows(df, spec)
+    res = evaluate(df, spec)
+    feas = res["feasible"].to_numpy()
+    assert (infeasible == ~feas).all()
+    lat = res["latency_us"].fill_null(np.inf).to_numpy()
+    assert (lb[feas] <= lat[feas]).all()
+    assert np.isinf(lb[~feas]).all()
+
+
+# ----------------------------------------------------------------------------- ranking
+@given(df=ranked_inputs(), top=st.sampled_from(TOPS), batch=st.integers(1, 40),
+       hw=st.sampled_from(["h100", "a100"]))
+def test_screened_streamed_rank_equals_rank_of_all(df, top, batch, hw):
+    ref = rank(evaluate(df, hw), WL, top)
+    stats: dict = {}
+    got = screened_rank(df, hw, WL, top, batch_rows=batch, stats=stats)
+    _same(got, ref)
+    assert stats["rows"] == df.height
+    assert stats["infeasible"] == int((~evaluate(df, hw)["feasible"]).sum())
+    _same(screened_rank(df, hw, WL, top), ref)  # one batch
+
+
+@given(df=ranked_inputs(max_workloads=2), top=st.sampled_from(TOPS), batch=st.integers(1, 9))
+def test_unscreened_stream_equals_rank(df, top, batch):
+    """The streamed running set alone (every feasible row predicted) is exact too."""
+    _same(screened_rank(df, "h100", WL, top, batch_rows=batch, screen=False),
+          rank(evaluate(df, "h100"), WL, top))
+
+
+def _check_with_bounds(df: pl.DataFrame, frac, top: float, batch: int | None) -> None:
+    """Screen with the bound ``frac * prediction`` per row (0: nothing known; 1:
+    tight), any valid lower bound, and compare with ranking every prediction."""
+    import tsbatch.screen as screen
+
+    df = df.with_row_index("_rid")
+    res = evaluate(df, "h100")
+    feas = res["feasible"].to_numpy()
+    key = np.where(feas, res["latency_us"].fill_null(np.inf).to_numpy(), np.inf)
+    frac = np.asarray(frac, dtype=np.float64)
+    real = screen.bound_rows
+
+    def bound(batch_df, hw, family="gemm"):
+        lb, infeasible = real(batch_df, hw, family)
+        rid = batch_df["_rid"].to_numpy()
+        with np.errstate(invalid="ignore"):  # inf * 0
+            lb = np.where(frac[rid] == 0, 0.0, key[rid] * frac[rid])
+        return np.where(infeasible, np.inf, lb), infeasible
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(screen, "bound_rows", bound)
+        _same(screened_rank(df, "h100", WL, top, batch_rows=batch), rank(res, WL, top))
+
+
+@given(df=ranked_inputs(max_workloads=2), top=st.sampled_from(TOPS), batch=st.integers(1, 12),
+       data=st.data())
+def test_exact_for_any_valid_bound(df, top, batch, data):
+    """Exact for any lower bound, not only a tight one: bounds equal to the
+    prediction (a tie with the threshold must still be predicted), a half of
+    it, or nothing known (0), mixed at random over duplicated rows."""
+    frac = data.draw(st.lists(st.sampled_from([1.0, 1.0, 0.5, 0.0]), min_size=df.height,
+                              max_size=df.height))
+    _check_with_bounds(df, frac, top, batch)
+
+
+@pytest.mark.parametrize("batch", [None, 3])
+def test_bound_equal_to_threshold_is_still_predicted(batch):
+    """Two identical rows, K = 1: the later one has a loose bound and is predicted
+    first, setting the threshold; the earlier one's bound equals it exactly and
+    it wins the tie on position, so it must be predicted, not screened out."""
+    row = {"m": 512, "n": 1024, "k": 2048, "dtype": "float16", "block_m": 64,
+           "block_n": 128, "block_k": 64, "num_stages": 3, "num_warps": 4}
+    other = {**row, "block_m": 16, "block_n": 32, "block_k": 32, "num_stages": 2}
+    df = pl.DataFrame([other, row, row])
+    lat = evaluate(df, "h100")["latency_us"].to_list()
+    assert lat[0] > lat[1] == lat[2]
+    _check_with_bounds(df, [1.0, 1.0, 0.5], 0.05, batch)
+
+
+def _many(n_cfg: int = 300, seed: int = 0) -> pl.DataFrame:
+    """Two workloads x ``n_cfg`` random configurations, interleaved, with duplicates."""
+    rng = np.random.default_rng(seed)
+    tiles = dict(block_m=[16, 32, 64, 128, 256], block_n=[32, 64, 128, 256],
+                 block_k=[32, 64, 128], num_stages=[2, 3, 4, 5, 6], num_warps=[2, 4, 8],
+                 group_m=[1, 8])
+    cfg = {k: rng.choice(v, n_cfg) for k, v in tiles.items()}
+    d = min(20, n_cfg // 2)
+    for k in tiles:  # rows 0..d-1 duplicate rows d..2d-1: ties
+        cfg[k][:d] = cfg[k][d:2 * d]
+    parts = []
+    for m, n, k in ((4096, 4096, 4096), (128, 8192, 2048)):
+        parts.append(pl.DataFrame({**{c: v.astype(np.int64) for c, v in cfg.items()},
+                                   "m": m, "n": n, "k": k, "dtype": "bfloat16"}))
+    return pl.concat(parts).sample(fraction=1.0, shuffle=True, seed=seed)
+
+
+@pytest.mark.parametrize("top", [0.05, 0.01])
+def test_screen_predicts_few_rows_and_holds_k_per_workload(top):
+    df = _many()
+    ref = rank(evaluate(df, "h100"), WL, top)
+    wl = [c for c in WL if c in df.columns]
+    scr = TopKScreen("h100", "gemm", wl, top, workload_counts(df, wl))
+    k = keep_count(df.height // 2, top)
+    for a in range(0, df.height, 97):
+        scr.add(df.slice(a, 97))
+        assert scr._R.height <= 2 * k  # the running set: at most K rows per workload
+    _same(scr.result(), ref)
+    assert scr.n_predicted < 0.5 * df.height  # the bound screens most rows out
+
+
+def test_rank_count_col_uses_given_workload_size():
+    df = pl.DataFrame({"w": [1, 1, 2], "feasible": [True] * 3, "latency_us": [2.0, 1.0, 3.0],
+                       "_n": [40, 40, 1]})
+    out = rank(df, ["w"], 0.05, count_col="_n")  # K = 2 for w=1 (of 40), 1 for w=2
+    assert out["latency_us"].to_list() == [1.0, 2.0, 3.0] and "_n" not in out.columns
+    assert rank(df.drop("_n"), ["w"], 0.05)["latency_us"].to_list() == [1.0, 3.0]
+
+
+def test_empty_input_gives_empty_ranking():
+    df = _many(4).head(0)
+    _same(screened_rank(df, "h100", WL, 0.05), rank(evaluate(df, "h100"), WL, 0.05))
+
+
+# ----------------------------------------------------------------------------- CLI
+@pytest.mark.parametrize("flags", [["--top", "5%"], ["--top", "30%"], ["--rank"]])
+def test_cli_ranked_batches_equal_one_batch(tmp_path, capsys, flags):
+    df = _many(60, seed=3)
+    inf = pl.DataFrame({"block_m": [256], "block_n": [256], "block_k": [128], "num_stages": [6],
+                        "num_warps": [8], "group_m": [8], "m": [4096], "n": [4096],
+                        "k": [4096], "dtype": ["bfloat16"]})  # shared memory overflow
+    inf = inf.select(df.columns).cast(df.schema)
+    df = pl.concat([inf, df, inf], how="vertical")
+    src = tmp_path / "c.parquet"
+    df.write_parquet(src)
+    outs = []
+    for rows in ([], ["--batch-rows", "7"], ["--batch-rows", "50"]):
+        out = tmp_path / f"o{len(outs)}.parquet"
+        assert main(["evaluate", str(src), "--hw", "h100", "-o", str(out), "-q", *flags,
+                     *rows]) == 0
+        outs.append(pl.read_parquet(out))
+    assert "predicted in full" in capsys.readouterr().out
+    top = 1.0 if flags == ["--rank"] else float(flags[1][:-1]) / 100
+    ref = rank(evaluate(pl.read_parquet(src), "h100"), WL, top)
+    for o in outs:
+        _same(o, ref)
+    assert not list(tmp_path.glob(".*tmp*")) and not list(tmp_path.glob(".*unranked*"))
+
+
+SWEEP = """
+[sweep]
+name = "screen-test"
+[workload]
+m = [64, 2048]
+dtype = ["float16"]
+[[workload.shape]]
+label = "a"
+n = 4096
+k = 4096
+[[workload.shape]]
+label = "b"
+n = 1024
+k = 8192
+[schedule]
+block_m = [32, 64, 128, 256]
+block_n = [64, 128, 256]
+block_k = [32, 64, 128]
+num_stages = [2, 4, 6]
+num_warps = [4, 8]
+"""
+
+
+@pytest.mark.parametrize("top", [0.05, 1.0])
+def test_sweep_equals_rank_of_every_chunk(tmp_path, top):
+    path = tmp_path / "s.toml"
+    path.write_text(SWEEP)
+    spec = load_sweep(path)
+    tm: dict = {}
+    summary = run_sweep(spec, "h100", tmp_path / "r.parquet", top, chunk_rows=300,
+                        progress=False, timings=tm)
+    got = pl.read_parquet(tmp_path / "r.parquet")
+    wl = ["workload_id", *WL]
+    ref = pl.concat([rank(evaluate(c, "h100"), wl, top) for c in candidate_chunks(spec, 300)])
+    _same(got, ref)
+    assert summary["kept"] == ref.height
+    if top < 1.0:
+        assert tm["rows_predicted"] < summary["candidates"]

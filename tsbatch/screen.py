@@ -1,0 +1,414 @@
+"""Screened, streamed top-k % ranking: exactly ``rank(evaluate(rows), workload, top)``.
+
+:func:`tsbatch.rank.rank` keeps, per workload, the first
+``K = keep_count(n, top)`` rows by ``(key, position)`` (``key`` = predicted
+latency of a feasible row, +inf otherwise; ``n`` = the workload's row count)
+and drops the infeasible ones. Almost every row is therefore predicted only
+to be thrown away, and the cache model, which dominates a prediction, is
+paid for all of them. :class:`TopKScreen` gets the same rows without it:
+
+1. *Bound.* Every row is lowered and its occupancy computed (infeasible rows
+   are known here, exactly: ``resident_tiles == 0``); a perfect-caching
+   :func:`lower_bound` of the latency is computed for the feasible ones (the
+   envelope is non-decreasing in every work entry and the cache model only
+   ever adds L2 and DRAM work, so the bound never exceeds the prediction).
+   A library row (``backend == 'cublas'``, the best tile of a catalog) is
+   bounded by the least bound of its catalog tiles.
+2. *Screen.* Per workload, rows are predicted in full (:func:`evaluate`,
+   cache model included) in order of their bound, in a few vectorised rounds
+   of growing size, until every row not yet predicted has a bound *strictly*
+   above the ``K``-th best key known for its workload (a row whose bound
+   equals it is still predicted: it could tie and win on position). Such a
+   row cannot be among the first ``K``.
+3. *Stream.* A workload's rows may span record batches. The screen keeps a
+   running set ``R``: per workload, the first ``K`` rows by ``(key,
+   position)`` among the rows seen so far (``K`` from the workload's count
+   over the *whole* input, given up front). Each batch is screened against
+   ``R``'s ``K``-th key as well, and ``R`` is replaced by the first ``K`` of
+   ``R`` and the batch's known rows. By induction ``R`` is always the exact
+   prefix of the global order over the rows seen, so at the end every row
+   ahead of a kept row is in ``R`` and :func:`rank` of ``R`` with the global
+   counts gives the same ranks, ties and kept rows as ranking everything
+   (the argument of :mod:`tsbatch.distributed`, applied incrementally). ``R``
+   holds at most ``K`` rows per workload, so memory is bounded by the output
+   (about ``top`` times the input) plus one batch, not by the input.
+
+Rows enter ``R`` with the exact columns :func:`evaluate` gives them:
+``evaluate`` is row-independent (a row's result does not depend on the other
+rows of its call; tested), so predicting a subset gives the same values.
+Infeasible rows that fall within a workload's first ``K`` (a workload with
+fewer than ``K`` feasible rows) are evaluated too, so that positions among
+infinite keys rank exactly as in :func:`rank`; they are dropped at the end.
+
+No Python loop runs per row or per workload; the loop is over rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import polars as pl
+
+from kernels_catalog import gemm as gemm_family
+from kernels_catalog.base import TilePlan
+from tsbatch.evaluate import CacheMemo, evaluate, get_family, resolve_hw
+from tsbatch.hw import HwSpec
+from tsbatch.kernels.envelope import R_DRAM, R_L15, R_L2, evaluate_envelopes
+from tsbatch.kernels.occupancy import resident_tiles
+from tsbatch.rank import rank
+from tsbatch.schema import to_polars, validate
+
+__all__ = ["lower_bound", "take_plan", "bound_rows", "workload_counts", "TopKScreen",
+           "screened_rank", "COUNT_COL"]
+
+#: column of a counts frame holding each workload's total row count
+COUNT_COL = "_wl_n"
+_POS = "_pos"
+_WID = "_wid"
+
+
+# ----------------------------------------------------------------------------- bound
+def take_plan(plan: TilePlan, idx: np.ndarray) -> TilePlan:
+    """The rows ``idx`` of a lowered plan."""
+    kw = {}
+    for f in dataclasses.fields(plan):
+        v = getattr(plan, f.name)
+        if isinstance(v, np.ndarray):
+            kw[f.name] = v[idx]
+        elif isinstance(v, dict):
+            kw[f.name] = {k: (a[idx] if isinstance(a, np.ndarray) else a) for k, a in v.items()}
+        else:
+            kw[f.name] = v
+    return TilePlan(**kw)
+
+
+def lower_bound(plan: TilePlan, p: np.ndarray, hw: HwSpec) -> np.ndarray:
+    """Latency with perfect caching; never above :func:`evaluate_plan`'s latency.
+
+    ``plan`` and ``p`` (resident tiles per SM) hold feasible rows only.
+    Mirrors the work split of :func:`tsbatch.evaluate.evaluate_plan` with the
+    hit rates at their best (L1.5 hit 1, DRAM fraction 0): the L1.5 column
+    does not depend on the hit rates, and the L2 and DRAM columns only grow
+    with misses.
+    """
+    per_step = plan.t_per_step.astype(bool)
+    req = np.where(per_step, plan.t_bytes, 0.0)
+    work_iter = plan.work_iter.copy()
+    if hw.has_l15:
+        work_iter[:, R_L15] = req.sum(axis=1)
+        work_iter[:, R_L2] = 0.0
+    else:
+        work_iter[:, R_L15] = 0.0
+        work_iter[:, R_L2] = req.sum(axis=1)  # h15 is 0 without an L1.5 tier
+    work_iter[:, R_DRAM] = 0.0
+    # every other envelope input exactly as evaluate_plan passes it
+    kw = {}
+    share_eff = getattr(plan, "share_eff", None)
+    if share_eff is not None:
+        kw["share_eff"] = share_eff
+    env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, plan.g0 * plan.g1 * plan.g2,
+                             hw.sm_count, p, plan.ksteps, plan.stages, plan.warps,
+                             plan.warps_full, plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us,
+                             plan.persistent, plan.launch_us, **kw)
+    return env["latency_us"]
+
+
+def bound_rows(df: pl.DataFrame, hw: HwSpec, family: str = "gemm") -> tuple[np.ndarray, np.ndarray]:
+    """``(bound, infeasible)`` per row of a candidate frame.
+
+    ``infeasible[i]``: row ``i`` is infeasible in :func:`evaluate` (known
+    exactly from its occupancy). ``bound[i]``: a lower bound of row ``i``'s
+    predicted latency, ``-inf`` where none is known (then the row is always
+    predicted) and ``+inf`` for infeasible rows. Raises the same
+    :class:`~tsbatch.errors.InputError` as :func:`evaluate` on bad input.
+    """
+    fam = get_family(family)
+    cols, is_lib = validate(df, fam)
+    n = df.height
+    if is_lib.any():
+        cols, parent = gemm_family.expand_library(cols, is_lib, hw.arch)
+    else:
+        parent = np.arange(n, dtype=np.int64)
+    plan = fam.lower(cols, hw)
+    p, _ = resident_tiles(plan.smem_block, plan.regs_thread, plan.threads, hw)
+    ok = np.flatnonzero(p > 0)
+    lb_x = np.full(parent.shape[0], np.inf)
+    if ok.size:
+        b = lower_bound(take_plan(plan, ok), p[ok], hw)
+        lb_x[ok] = np.where(np.isnan(b), -np.inf, b)  # no usable bound: always predict
+    # a row (library row: its catalog tiles) is infeasible when no tile is feasible;
+    # otherwise bounded by its least feasible tile's bound
+    any_feas = np.zeros(n, dtype=bool)
+    any_feas[parent[ok]] = True
+    lb = np.full(n, np.inf)
+    np.minimum.at(lb, parent, lb_x)
+    lb = np.where(any_feas, lb, np.inf)
+    lb = np.where(any_feas & (lb == np.inf), -np.inf, lb)  # an infinite bound: predict anyway
+    return lb, ~any_feas
+
+
+# ----------------------------------------------------------------------------- counts
+def _key_frame(df: pl.DataFrame | pl.LazyFrame, workload: list[str]):
+    """The workload columns, categoricals as text (so joins need no string cache)."""
+    sch = df.collect_schema() if isinstance(df, pl.LazyFrame) else df.schema
+    return df.select([pl.col(c).cast(pl.String) if isinstance(sch[c], (pl.Categorical, pl.Enum))
+                      else pl.col(c) for c in workload])
+
+
+def workload_counts(source, workload: list[str]) -> pl.DataFrame:
+    """Rows per workload: the ``workload`` columns and :data:`COUNT_COL`.
+
+    ``source`` is a frame or a Parquet path; a path is scanned in a stream,
+    reading only the workload columns.
+    """
+    if not workload:
+        n = (pl.scan_parquet(source).select(pl.len()).collect().item()
+             if not isinstance(source, pl.DataFrame) else source.height)
+        return pl.DataFrame({COUNT_COL: [n]}, schema={COUNT_COL: pl.Int64})
+    if isinstance(source, pl.DataFrame):
+        return (_key_frame(source, workload).group_by(workload, maintain_order=True)
+                .agg(pl.len().cast(pl.Int64).alias(COUNT_COL)))
+    lf = _key_frame(pl.scan_parquet(source), workload)
+    return (lf.group_by(workload).agg(pl.len().cast(pl.Int64).alias(COUNT_COL))
+            .collect(engine="streaming"))
+
+
+# ----------------------------------------------------------------------------- helpers
+def _group_starts(g: np.ndarray) -> np.ndarray:
+    """For sorted group ids ``g``: each element's offset within its group."""
+    if g.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    brk = np.flatnonzero(g[1:] != g[:-1]) + 1
+    starts = np.concatenate([[0], brk])
+    lens = np.diff(np.concatenate([starts, [g.size]]))
+    return np.arange(g.size, dtype=np.int64) - np.repeat(starts, lens)
+
+
+def _kth_key(gid: np.ndarray, key: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Per group ``g``: the ``k[g]``-th smallest key (``+inf`` with fewer rows)."""
+    thr = np.full(k.shape[0], np.inf)
+    if gid.size == 0:
+        return thr
+    o = np.lexsort((key, gid))
+    g = gid[o]
+    at = np.flatnonzero(_group_starts(g) == k[g] - 1)
+    thr[g[at]] = key[o[at]]
+    return thr
+
+
+def _first_k(gid: np.ndarray, key: np.ndarray, pos: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Mask of the first ``k[g]`` rows of each group by ``(key, pos)``."""
+    keep = np.zeros(gid.shape[0], dtype=bool)
+    if gid.size == 0:
+        return keep
+    o = np.lexsort((pos, key, gid))
+    g = gid[o]
+    keep[o[_group_starts(g) < k[g]]] = True
+    return keep
+
+
+def _keys(res: pl.DataFrame) -> np.ndarray:
+    """:func:`rank`'s key: latency of feasible rows, +inf otherwise (and for nulls)."""
+    lat = res.get_column("latency_us").cast(pl.Float64).to_numpy()
+    feas = res.get_column("feasible").fill_null(False).to_numpy()
+    return np.where(feas & ~np.isnan(lat), lat, np.inf)
+
+
+# ----------------------------------------------------------------------------- screen
+class TopKScreen:
+    """Screened top-``K`` per workload over a stream of candidate batches.
+
+    ``counts`` (from :func:`workload_counts`) gives every workload's row
+    count over the whole input; batches are then given in input order with
+    :meth:`add`, and :meth:`result` returns exactly
+    ``rank(evaluate(all rows), workload, top)``.
+
+    ``screen=False`` predicts every feasible row (same result; for checking).
+    Counters: ``n_rows``, ``n_predicted`` (rows given to :func:`evaluate`),
+    ``n_infeasible`` (rows :func:`evaluate` would mark infeasible).
+    """
+
+    def __init__(self, hw: str | HwSpec, family: str, workload: list[str] | tuple[str, ...],
+                 top: float, counts: pl.DataFrame, *, memo: CacheMemo | None = None,
+                 timings: dict | None = None, screen: bool = True, check: bool = True):
+        self.hw = resolve_hw(hw)
+        self.family = family
+        get_family(family)
+        self.workload = list(workload)
+        self.top = float(top)
+        self.memo = memo if memo is not None else CacheMemo()
+        self.timings = timings
+        self.screen = bool(screen)
+        self.check = bool(check)
+        self._ids = counts.select(self.workload).with_row_index(_WID) if self.workload else None
+        self.n_w = counts.get_column(COUNT_COL).cast(pl.Int64).to_numpy()
+        # keep_count(n, top), as rank computes it (same float operations)
+        self.k_w = np.maximum(1.0, np.ceil(self.n_w * self.top - 1e-9)).astype(np.int64)
+        self.n_rows = 0
+        self.n_predicted = 0
+        self.n_infeasible = 0
+        self.rounds = 0
+        self._template: pl.DataFrame | None = None
+        # the running set R: frame of evaluated rows (+ _pos, _wid) and its arrays
+        self._R: pl.DataFrame | None = None
+        self._r_wid = np.zeros(0, dtype=np.int64)
+        self._r_key = np.zeros(0)
+        self._r_pos = np.zeros(0, dtype=np.int64)
+        self._thr = np.full(self.k_w.shape[0], np.inf)  # K-th key of R per workload
+
+    # ------------------------------------------------------------------ internals
+    def _tick(self, name: str, t0: float) -> None:
+        if self.timings is not None:
+            self.timings[name] = self.timings.get(name, 0.0) + (time.perf_counter() - t0)
+
+    def _wid(self, df: pl.DataFrame) -> np.ndarray:
+        if self._ids is None:
+            return np.zeros(df.height, dtype=np.int64)
+        j = _key_frame(df, self.workload).join(self._ids, on=self.workload, how="left",
+                                               nulls_equal=True, maintain_order="left")
+        wid = j.get_column(_WID)
+        if wid.null_count():
+            raise ValueError("a batch holds a workload missing from the counts")
+        return wid.cast(pl.Int64).to_numpy()
+
+    def _evaluate(self, df: pl.DataFrame, rows: np.ndarray, pos: np.ndarray,
+                  wid: np.ndarray) -> pl.DataFrame:
+        sub = df[rows] if rows.shape[0] != df.height else df
+        res = evaluate(sub, self.hw, self.family, timings=self.timings, cache_memo=self.memo)
+        self.n_predicted += rows.shape[0]
+        return res.with_columns(pl.Series(_POS, pos[rows], dtype=pl.Int64),
+                                pl.Series(_WID, wid[rows], dtype=pl.Int64))
+
+    # ------------------------------------------------------------------ API
+    def add(self, batch) -> None:
+        """Screen the next batch of candidates (input order) into the running set."""
+        df = to_polars(batch)
+        if self._template is None:
+            self._template = df.head(0)
+        n = df.height
+        if n == 0:
+            return
+        t0 = time.perf_counter()
+        pos = np.arange(self.n_rows, self.n_rows + n, dtype=np.int64)
+        wid = self._wid(df)
+        lb, infeas = bound_rows(df, self.hw, self.family)
+        if not self.screen:
+            lb = np.where(infeas, np.inf, -np.inf)
+        self._tick("bound_s", t0)
+        k = self.k_w[wid]
+        step = np.full(n, n, dtype=np.int64) if not self.screen else k + k // 4
+        key = np.full(n, np.inf)
+        done = np.zeros(n, dtype=bool)
+        parts: list[pl.DataFrame] = []
+        part_rows: list[np.ndarray] = []
+        rnd = 0
+        while True:
+            t0 = time.perf_counter()
+            # an upper estimate of the K-th key of (R + rows known so far): the least of
+            # R's and the batch's own (the K-th of a union is at most either's)
+            ev = np.flatnonzero(done)
+            thr = np.minimum(self._thr, _kth_key(wid[ev], key[ev], self.k_w))
+            need = np.flatnonzero(~infeas & ~done & (lb <= thr[wid]))
+            if need.size == 0:
+                self._tick("screen_s", t0)
+                break
+            o = np.lexsort((pos[need], lb[need], wid[need]))
+            need = need[o]
+            take = np.sort(need[_group_starts(wid[need]) < (step[need] << min(rnd, 40))])
+            self._tick("screen_s", t0)
+            res = self._evaluate(df, take, pos, wid)
+            kk = _keys(res)
+            if self.check:
+                self._check(res, take, lb, kk)
+            key[take] = kk
+            done[take] = True
+            parts.append(res)
+            part_rows.append(take)
+            rnd += 1
+        self.rounds += rnd
+
+        # ---- merge: the first K by (key, pos) of R and this batch's known rows
+        t0 = time.perf_counter()
+        known = np.flatnonzero(done | infeas)
+        nr = self._r_wid.shape[0]
+        all_wid = np.concatenate([self._r_wid, wid[known]])
+        all_key = np.concatenate([self._r_key, key[known]])
+        all_pos = np.concatenate([self._r_pos, pos[known]])
+        keep = _first_k(all_wid, all_key, all_pos, self.k_w)
+        keep_b = np.zeros(n, dtype=bool)
+        keep_b[known[keep[nr:]]] = True
+        extra = np.flatnonzero(keep_b & ~done)  # infeasible rows within the first K
+        self._tick("screen_s", t0)
+        if extra.size:
+            res = self._evaluate(df, extra, pos, wid)
+            if self.check and res.get_column("feasible").any():
+                raise RuntimeError("screen: a row judged infeasible by its occupancy is "
+                                   "feasible in evaluate()")
+            parts.append(res)
+            part_rows.append(extra)
+        t0 = time.perf_counter()
+        self.n_infeasible += int(infeas.sum())
+        for res in parts[:rnd]:  # feasibility of library rows is known only once predicted
+            self.n_infeasible += int((~res.get_column("feasible")).sum())
+        if parts:
+            rows = np.concatenate(part_rows)
+            sel = keep_b[rows]
+            new = pl.concat(parts, how="vertical").filter(pl.Series(sel))
+            rows = rows[sel]
+            frames = ([self._R.filter(pl.Series(keep[:nr]))] if self._R is not None else []) + [new]
+            self._R = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
+            self._r_wid = np.concatenate([self._r_wid[keep[:nr]], wid[rows]])
+            self._r_key = np.concatenate([self._r_key[keep[:nr]], key[rows]])
+            self._r_pos = np.concatenate([self._r_pos[keep[:nr]], pos[rows]])
+            self._thr = _kth_key(self._r_wid, self._r_key, self.k_w)
+        self.n_rows += n
+        self._tick("screen_s", t0)
+
+    def _check(self, res: pl.DataFrame, rows: np.ndarray, lb: np.ndarray, key: np.ndarray) -> None:
+        """The screen's two assumptions, checked on every row it predicts."""
+        if (key < lb[rows]).any():
+            i = int(np.flatnonzero(key < lb[rows])[0])
+            raise RuntimeError(f"screen: the perfect-caching bound {lb[rows][i]!r} exceeds the "
+                               f"prediction {key[i]!r}; the bound is no longer valid")
+        if (~res.get_column("feasible").to_numpy() & np.isfinite(lb[rows])).any():
+            raise RuntimeError("screen: a row judged feasible by its occupancy is infeasible "
+                               "in evaluate()")
+
+    def result(self) -> pl.DataFrame:
+        """``rank(evaluate(all rows added), workload, top)``, row for row."""
+        t0 = time.perf_counter()
+        if self._R is None:  # nothing predicted: no rows at all
+            if self._template is None:
+                raise ValueError("no batch was added")
+            out = rank(evaluate(self._template, self.hw, self.family), self.workload, self.top)
+        else:
+            df = self._R.with_columns(pl.Series(COUNT_COL, self.n_w[self._r_wid],
+                                                dtype=pl.Int64)).drop(_WID)
+            out = rank(df, self.workload, self.top, order_col=_POS, count_col=COUNT_COL)
+        self._tick("rank_s", t0)
+        return out
+
+
+def screened_rank(candidates, hw: str | HwSpec, workload: list[str] | tuple[str, ...],
+                  top: float = 1.0, family: str = "gemm", *, batch_rows: int | None = None,
+                  memo: CacheMemo | None = None, timings: dict | None = None,
+                  screen: bool = True, stats: dict | None = None) -> pl.DataFrame:
+    """``rank(evaluate(candidates, hw, family), workload, top)`` computed by screening.
+
+    ``batch_rows`` feeds the rows in batches of that size (as a stream would);
+    ``stats``, if given, is filled with the screen's counters.
+    """
+    df = to_polars(candidates)
+    wl = [c for c in workload if c in df.columns]
+    scr = TopKScreen(hw, family, wl, top, workload_counts(df, wl), memo=memo, timings=timings,
+                     screen=screen)
+    step = batch_rows if batch_rows and batch_rows > 0 else max(df.height, 1)
+    for a in range(0, max(df.height, 1), step):
+        scr.add(df.slice(a, step))
+    out = scr.result()
+    if stats is not None:
+        stats.update(rows=scr.n_rows, predicted=scr.n_predicted, infeasible=scr.n_infeasible,
+                     rounds=scr.rounds)
+    return out
