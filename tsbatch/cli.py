@@ -33,7 +33,7 @@ def cmd_evaluate(args) -> int:
 
     from tsbatch.evaluate import CacheMemo, evaluate, get_family, resolve_hw
     from tsbatch.io import ParquetSink, provenance, sha256_file, write_parquet
-    from tsbatch.rank import parse_top, rank
+    from tsbatch.rank import parse_top
     from tsbatch.schema import read_candidates
 
     hw = resolve_hw(args.hw)
@@ -41,7 +41,9 @@ def cmd_evaluate(args) -> int:
     top = parse_top(args.top)
     fam = get_family(args.family)
     try:
-        total = pl.scan_parquet(args.candidates).select(pl.len()).collect().item()
+        scan = pl.scan_parquet(args.candidates)
+        total = scan.select(pl.len()).collect().item()
+        names = scan.collect_schema().names()
     except FileNotFoundError:
         raise InputError(f"{args.candidates}: no such file") from None
     except Exception:
@@ -49,37 +51,46 @@ def cmd_evaluate(args) -> int:
         raise
     # stream batches: memory stays bounded by --batch-rows, not the file; a
     # file of one batch is read at once (no streaming engine start-up)
-    batches = ([read_candidates(args.candidates)] if total <= args.batch_rows else
+    one = total <= args.batch_rows
+    batches = ([read_candidates(args.candidates)] if one else
                pl.scan_parquet(args.candidates).collect_batches(chunk_size=args.batch_rows))
     meta = provenance(hw, args.family, {"candidates": sha256_file(args.candidates)},
                       extra={"top_fraction": str(top)})
     ranked = bool(args.rank or args.top)
     t0 = time.perf_counter()
-    n_rows = 0
-    n_inf = 0
-    target = out if not ranked else out.with_name(f".{out.name}.unranked")
     memo = CacheMemo()  # cache problems solved in one batch are reused by the next
-    with ParquetSink(target, meta if not ranked else {}) as sink:
-        for df in batches:
-            res = evaluate(df, hw, args.family, cache_memo=memo)
-            if ranked:
-                res = res.with_columns(pl.int_range(n_rows, n_rows + res.height,
-                                                    dtype=pl.Int64).alias("_pos"))
-            n_rows += df.height
-            n_inf += int((~res.get_column("feasible")).sum())
-            sink.write(res)
-        sink.commit()
     if ranked:
-        try:
-            res = rank(pl.read_parquet(target), list(fam.workload_columns), top, order_col="_pos")
-            write_parquet(res, out, meta)
-        finally:
-            target.unlink(missing_ok=True)
-        kept = res.height
+        # screened ranking (tsbatch.screen): per record batch only the rows that can
+        # still be among their workload's top K (K from the workload's count over
+        # the whole file, one streamed scan of the workload columns) are predicted
+        # in full, and only the running top K per workload is held
+        from tsbatch.screen import TopKScreen, workload_counts
+
+        wl = [c for c in fam.workload_columns if c in names]
+        if one:
+            batches = list(batches)
+        counts = workload_counts(batches[0] if one else args.candidates, wl)
+        screen = TopKScreen(hw, args.family, wl, top, counts, memo=memo)
+        for df in batches:
+            screen.add(df)
+        res = screen.result()
+        write_parquet(res, out, meta)
+        n_rows, n_inf, kept = screen.n_rows, screen.n_infeasible, res.height
+        full = f" ({screen.n_predicted:,} predicted in full, the rest bounded out)"
     else:
+        n_rows = 0
+        n_inf = 0
+        with ParquetSink(out, meta) as sink:
+            for df in batches:
+                res = evaluate(df, hw, args.family, cache_memo=memo)
+                n_rows += df.height
+                n_inf += int((~res.get_column("feasible")).sum())
+                sink.write(res)
+            sink.commit()
         kept = n_rows
+        full = ""
     dt = time.perf_counter() - t0
-    print(f"evaluated {n_rows:,} candidates on {hw.name} in {dt:.2f} s "
+    print(f"evaluated {n_rows:,} candidates{full} on {hw.name} in {dt:.2f} s "
           f"({n_rows / max(dt, 1e-9):,.0f} rows/s); {n_inf:,} infeasible; "
           f"wrote {kept:,} rows to {out}")
     if not args.quiet and kept:
@@ -124,11 +135,16 @@ def cmd_sweep(args) -> int:
                                             shard_dir=args.shard_dir, shard_rows=args.shard_rows,
                                             chunk_rows=args.chunk_rows, progress=args.progress)
     else:
+        tm: dict = {}
         summary = run_sweep(spec, args.hw, out, top, chunk_rows=args.chunk_rows,
-                            progress=not args.quiet and sys.stderr.isatty() or args.progress)
+                            progress=not args.quiet and sys.stderr.isatty() or args.progress,
+                            timings=tm)
+        summary = {**summary, "predicted": tm.get("rows_predicted", 0)}
     rate = summary["candidates"] / max(summary["seconds"], 1e-9)
     print(f"sweep '{summary['sweep']}' on {summary['hw']}: {summary['candidates']:,} candidates "
-          f"for {summary['workloads']:,} workloads ({summary['infeasible']:,} infeasible) in "
+          f"for {summary['workloads']:,} workloads ({summary['infeasible']:,} infeasible"
+          + (f", {summary['predicted']:,} predicted in full" if "predicted" in summary else "")
+          + ") in "
           f"{summary['seconds']:.1f} s ({rate:,.0f} rows/s)")
     print(f"kept the top {top:.0%} per workload: {summary['kept']:,} rows -> {out}")
     if not args.quiet:

@@ -12,7 +12,10 @@ A sweep file (TOML) has four tables::
 
 Candidates are generated and evaluated a chunk of whole workloads at a
 time, so a workload's top-k % is exact and memory stays bounded however
-large the sweep is.
+large the sweep is. Within a chunk the ranking is screened
+(:mod:`tsbatch.screen`): only candidates whose perfect-caching latency
+bound can still place them in their workload's top k % are predicted in
+full; the result is the same as ranking every prediction.
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ from typing import Iterator
 import polars as pl
 
 from tsbatch.errors import InputError
-from tsbatch.evaluate import evaluate, get_family, resolve_hw
+from tsbatch.evaluate import get_family, resolve_hw
 from tsbatch.io import ParquetSink, provenance, sha256_file
-from tsbatch.rank import rank
+from tsbatch.screen import TopKScreen, workload_counts
 
 try:
     import tomllib
@@ -172,6 +175,9 @@ def run_sweep(spec: str | Path | SweepSpec, hw: str, out: str | Path, top: float
     """Generate, evaluate and rank a sweep; write the ranked rows to ``out``.
 
     Returns a summary: candidate and kept row counts, workloads, seconds.
+    ``timings`` (if given) is filled with the seconds of each stage and
+    ``rows_predicted``, the candidates predicted in full (the others were
+    screened out by their latency bound).
     """
     t0 = time.perf_counter()
     sp = spec if isinstance(spec, SweepSpec) else load_sweep(spec)
@@ -194,13 +200,17 @@ def run_sweep(spec: str | Path | SweepSpec, hw: str, out: str | Path, top: float
         for chunk in candidate_chunks(sp, chunk_rows):
             if chunk.height == 0:  # the rules removed every candidate of these workloads
                 continue
-            res = evaluate(chunk, hwspec, sp.family, timings=tm)
-            n_infeasible += int((~res.get_column("feasible")).sum())
-            t_r = time.perf_counter()
-            ranked = rank(res, workload_cols, top)
+            # whole workloads per chunk: the chunk's counts are the workloads' counts,
+            # and the screen predicts in full only rows that can still be kept
+            wl = [c for c in workload_cols if c in chunk.columns]
+            screen = TopKScreen(hwspec, sp.family, wl, top, workload_counts(chunk, wl),
+                                timings=tm)
+            screen.add(chunk)
+            ranked = screen.result()
+            n_infeasible += screen.n_infeasible
+            tm["rows_predicted"] = tm.get("rows_predicted", 0) + screen.n_predicted
             t_w = time.perf_counter()
             sink.write(ranked)
-            tm["rank_s"] = tm.get("rank_s", 0.0) + (t_w - t_r)
             tm["write_s"] = tm.get("write_s", 0.0) + (time.perf_counter() - t_w)
             n_cand += chunk.height
             n_kept += ranked.height
