@@ -14,7 +14,13 @@ writes it to Parquet and measures in the same run:
 - ``end_to_end_rows_per_s``: the ``tsbatch evaluate`` command, from Parquet in
   to ranked Parquet out (streamed record batches of ``--batch-rows``, rank top
   5 %, write), in a child process whose peak memory is
-  ``end_to_end_peak_rss_mb``;
+  ``end_to_end_peak_rss_mb``. The command ranks by screening
+  (:mod:`tsbatch.screen`): only rows whose perfect-caching latency bound can
+  still place them in their workload's top 5 % are predicted in full —
+  ``end_to_end_rows_fully_evaluated`` of them
+  (``end_to_end_fraction_fully_evaluated``) — and its output is checked to be
+  identical to ranking the in-memory predictions of every row
+  (``end_to_end_equals_full_rank``);
 - ``roofline_rows_per_s``: a plain numpy roofline (max of FLOP time and
   compulsory-byte time) over the same columns — the floor any evaluator pays
   to touch the data — and ``ratio_vs_roofline``;
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import resource
 import shutil
 import subprocess
@@ -180,6 +187,36 @@ def naive_rows_per_s(cand: pl.DataFrame, hw, budget_s: float = 20.0, seed: int =
     return naive_rate, done, fast_rate
 
 
+#: the ``tsbatch`` command in a child process that reports its own peak memory
+#: (``VmHWM``: the high-water mark of the process image after exec; the rusage
+#: of children would count the parent's pages copied at fork)
+_CHILD = """
+import sys
+from tsbatch.cli import main
+rc = main(sys.argv[1:])
+try:
+    hwm = next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM"))
+except (OSError, StopIteration):
+    import resource
+    hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(f"peak_rss_kb {hwm}", file=sys.stderr)
+sys.exit(rc)
+"""
+
+
+def run_cli(argv: list[str]) -> subprocess.CompletedProcess:
+    """Run ``tsbatch ARGV`` in a child process (see :func:`child_peak_rss_mb`)."""
+    proc = subprocess.run([sys.executable, "-c", _CHILD, *argv], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"tsbatch {argv[0]} failed:\n{proc.stderr}")
+    return proc
+
+
+def child_peak_rss_mb(proc: subprocess.CompletedProcess) -> float:
+    got = re.search(r"peak_rss_kb (\d+)", proc.stderr)
+    return int(got.group(1)) / 1024.0 if got else float("nan")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -231,21 +268,20 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     write_parquet(ranked, tmp / "ranked_inmem.parquet", provenance(hw, "gemm", {"bench": "throughput"}))
     io["write_parquet_s"] = time.perf_counter() - t
-    del res, ranked
+    del res
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
     # ---- end to end: the `tsbatch evaluate` command (streams record batches
     # of --batch-rows, ranks, writes), in a child process to measure its memory
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", "import sys; from tsbatch.cli import main; "
-                           "sys.exit(main(sys.argv[1:]))", "evaluate", str(src), "--hw", args.hw,
-                           "-o", str(tmp / "ranked.parquet"), "--top", args.top, "--quiet",
-                           "--batch-rows", str(args.batch_rows)],
-                          capture_output=True, text=True)
+    proc = run_cli(["evaluate", str(src), "--hw", args.hw, "-o", str(tmp / "ranked.parquet"),
+                    "--top", args.top, "--quiet", "--batch-rows", str(args.batch_rows)])
     t_e2e = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise SystemExit(f"tsbatch evaluate failed:\n{proc.stderr}")
-    e2e_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
+    e2e_rss_mb = child_peak_rss_mb(proc)
+    got = re.search(r"([\d,]+) predicted in full", proc.stdout)
+    e2e_full = int(got.group(1).replace(",", "")) if got else None
+    e2e_same = pl.read_parquet(tmp / "ranked.parquet").equals(ranked, null_equal=True)
+    del ranked
     shutil.rmtree(tmp, ignore_errors=True)
 
     naive_rate, naive_rows, fast_same = (naive_rows_per_s(cand, hw, args.naive_budget_s)
@@ -267,6 +303,9 @@ def main(argv=None) -> int:
         "evaluate_s": t_eval,
         "end_to_end_s": t_e2e,
         "end_to_end_batch_rows": args.batch_rows,
+        "end_to_end_rows_fully_evaluated": e2e_full,
+        "end_to_end_fraction_fully_evaluated": (e2e_full / n) if e2e_full is not None else None,
+        "end_to_end_equals_full_rank": e2e_same,
         "roofline_s": t_roof,
         "build_s": t_build,
         "cache_problems": problems,
