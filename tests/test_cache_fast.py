@@ -30,6 +30,7 @@ overflow the memo tables, and on the whole batch vs one problem at a time
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose
@@ -46,6 +47,9 @@ SAMPLINGS = (
     dict(k_samples=4, max_waves=8, max_lookback=4),  # evaluate's defaults
     dict(k_samples=3, max_waves=16),
     dict(k_samples=64, max_waves=1 << 30),  # unsampled
+    # two analysed waves, everything between them only book-kept (the fast
+    # path's per-block book-keeping) and looked back on
+    dict(k_samples=4, max_waves=2, max_lookback=1 << 30),
 )
 
 
@@ -90,7 +94,8 @@ def test_fast_equals_general_small(problems, sampling):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(h100_like(), min_size=1, max_size=3), st.sampled_from(SAMPLINGS[:2]))
+@given(st.lists(h100_like(), min_size=1, max_size=3),
+       st.sampled_from(SAMPLINGS[:2] + SAMPLINGS[3:]))
 def test_fast_equals_general_h100_like(problems, sampling):
     _assert_same(cache_args(problems), **sampling)
 
@@ -187,3 +192,39 @@ def test_balanced_order_is_a_permutation():
         tiles = np.arange(n, dtype=np.int64)[::-1] * 7 % 101 + 1
         perm = reuse._balanced_order(tiles, np.full(n, 132), np.full(n, 8))
         assert sorted(perm.tolist()) == list(range(n))
+
+
+def _random_batch(rng, tbytes_choices=(64.0, 512.0, 2048.0, 8192.0)) -> tuple:
+    """Three arbitrary problems of one tensor count: any masks and cadences,
+    every order (group sizes 0, above the row count, not dividing it), split
+    planes, odd wave sizes, optional L1.5 groups."""
+    T = int(rng.integers(1, 5))
+    probs = []
+    for _ in range(3):
+        nsm = int(rng.integers(1, 40))
+        probs.append(dict(
+            g0=int(rng.integers(1, 30)), g1=int(rng.integers(1, 30)), g2=int(rng.integers(1, 4)),
+            order=int(rng.integers(0, 5)), group=int(rng.choice([0, 1, 2, 3, 8, 40])),
+            conc=nsm * int(rng.integers(1, 4)), ksteps=int(rng.integers(1, 50)),
+            tbytes=tuple(float(rng.choice(tbytes_choices)) for _ in range(T)),
+            mask=tuple(int(rng.integers(0, 8)) for _ in range(T)),
+            per_step=tuple(1 if t == 0 else int(rng.integers(0, 2)) for t in range(T)),
+            cap2=float(rng.uniform(3, 300)) * 2048, assoc2=16.0, nsm=nsm,
+            g15=int(rng.choice([0, 2, 4, 8])), cap15=float(rng.uniform(2, 30)) * 2048,
+            assoc15=8.0))
+    return tuple(np.array([p[k] for p in probs]) for k in (
+        "g0", "g1", "g2", "order", "group", "conc", "ksteps", "mask", "per_step", "tbytes",
+        "cap2", "assoc2", "nsm", "g15", "cap15", "assoc15"))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fast_equals_general_book_kept_waves(seed):
+    """Most waves only book-kept (per distinct block on the fast path) and
+    looked back on by the analysed ones: arbitrary masks, orders and planes;
+    block sizes that are not integers take the per-access book-keeping."""
+    rng = np.random.default_rng(seed)
+    for i in range(60):
+        args = _random_batch(rng, (64.0, 512.0, 2048.0, 8192.0) if i % 4 else (64.5, 1000.25))
+        for kw in (dict(k_samples=4, max_waves=2, max_lookback=1 << 30), SAMPLINGS[0],
+                   dict(k_samples=3, max_waves=3, max_lookback=2)):
+            _assert_same(args, **kw)

@@ -392,6 +392,20 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
     req2 = np.zeros(T, dtype=np.float64)
     hit2 = np.zeros(T, dtype=np.float64)
     kf = float(ksteps)
+    # per-block book-keeping of the waves without hit rates (panel orders,
+    # integer block sizes: sums exact in any order)
+    blockbook = fast and not zorder
+    for t in range(T):
+        if per_step[t] != 0 and (tbytes[t] != math.floor(tbytes[t]) or tbytes[t] > 1e12):
+            blockbook = False
+    gmb = group if group > 0 else 1
+    if order == ORDER_ROW:
+        gmb = 1
+    elif order == ORDER_COL:
+        gmb = g0
+    cp = np.empty((T, conc if blockbook else 0), dtype=np.int64)
+    ck = np.empty((T, conc if blockbook else 0), dtype=np.int64)
+    clen = np.zeros(2 * T, dtype=np.int64)
 
     # lookback window: waves further back than this cannot hold a block in L2
     # (their distance exceeds 4x the capacity even at the minimum footprint of
@@ -426,6 +440,11 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
         else:
             valid_from = ws
         for wv in range(ws, w + 1):
+            if blockbook and wv != w:
+                _book_blocks(wv, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1,
+                             gmb, n_step, once_bytes, lastwave, bstamp, tail_b, ustep, newcum,
+                             oncecum, cp, ck, clen)
+                continue
             _wave(wv, wv == w, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff, c3, x,
                   zorder, order, g0, g1, g2, group, use15, nsm, g15, ngroups, once_bytes,
                   unit, B2, B15, assoc2, assoc15, ks, svals, kf,
@@ -592,6 +611,132 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
                 tail_b[k] = run
                 run += wts[j]
                 lastwave[k] = w
+
+
+@jit_serial
+def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gm, n_step,
+                 once_bytes, lastwave, bstamp, tail_b, ustep, newcum, oncecum, cp, ck, clen):
+    """The book-keeping of wave ``w`` (no hit rates) per distinct block
+    instead of per access, for the panel orders (row, column, grouped,
+    persistent: all are panels of ``gm`` rows walked column-major, ``gm`` 1
+    for row order and ``g0`` for column order).
+
+    Book-keeping only needs, per distinct block of the wave, its last touch
+    (for ``tail_b`` and ``lastwave``) and its bytes (for ``ustep`` and
+    ``newcum``). In a panel the blocks keyed by the row recur every ``size``
+    tiles and those keyed by the column come in runs of ``size`` tiles, so
+    each tensor's candidate last touches are, per panel segment walked
+    backwards, its last ``size`` tiles (row keys), the ends of its column runs
+    (column keys), its last tile (neither) or every tile (both); a stamp keeps
+    each block's latest candidate, its true last touch. The tensors' streams
+    (each decreasing in access position ``p * n_step + q``) are merged, so
+    ``tail_b`` accumulates in exactly the per-access tail pass's order.
+    ``ustep`` and ``newb`` sum the same bytes in another order: the caller
+    runs this only when every block size is an integer (sums exact).
+    """
+    start = w * conc
+    end = start + conc
+    if end > P:
+        end = P
+    plane = g0 * g1
+    pw = gm * g1
+    for t in range(T):
+        clen[t] = 0
+    z = (end - 1) // plane
+    while z >= 0 and z * plane + plane > start:
+        zb = z * plane
+        ra = start - zb if start > zb else 0
+        rb = end - zb if end - zb < plane else plane
+        pa = ra // pw
+        pi = (rb - 1) // pw
+        while pi >= pa:
+            first = pi * gm
+            size = g0 - first
+            if size > gm:
+                size = gm
+            pb = first * g1
+            ia = ra - pb if ra > pb else 0
+            ib = rb - pb
+            if ib > size * g1:
+                ib = size * g1
+            p0 = zb + pb - start  # wave position of inner offset 0
+            q = 0
+            for t in range(T):
+                if per_step[t] == 0:
+                    continue
+                kz = koff[t] + z * kstr[t, 2]
+                k0 = kstr[t, 0]
+                k1 = kstr[t, 1]
+                c = clen[t]
+                if k0 != 0 and k1 != 0:
+                    for inner in range(ib - 1, ia - 1, -1):
+                        col = inner // size
+                        k = kz + (first + inner - col * size) * k0 + col * k1
+                        if bstamp[k] != w:
+                            bstamp[k] = w
+                            cp[t, c] = (p0 + inner) * n_step + q
+                            ck[t, c] = k
+                            c += 1
+                elif k0 != 0:
+                    lo = ib - size
+                    if lo < ia:
+                        lo = ia
+                    for inner in range(ib - 1, lo - 1, -1):
+                        k = kz + (first + inner % size) * k0
+                        if bstamp[k] != w:
+                            bstamp[k] = w
+                            cp[t, c] = (p0 + inner) * n_step + q
+                            ck[t, c] = k
+                            c += 1
+                elif k1 != 0:
+                    for col in range((ib - 1) // size, ia // size - 1, -1):
+                        inner = col * size + size - 1
+                        if inner > ib - 1:
+                            inner = ib - 1
+                        k = kz + col * k1
+                        if bstamp[k] != w:
+                            bstamp[k] = w
+                            cp[t, c] = (p0 + inner) * n_step + q
+                            ck[t, c] = k
+                            c += 1
+                else:
+                    if bstamp[kz] != w:
+                        bstamp[kz] = w
+                        cp[t, c] = (p0 + ib - 1) * n_step + q
+                        ck[t, c] = kz
+                        c += 1
+                clen[t] = c
+                q += 1
+            pi -= 1
+        z -= 1
+    # ---- merge the streams by decreasing access position: the tail pass
+    run = 0.0
+    newb = 0.0
+    fresh_all = w - 1 < valid_from
+    for t in range(T):
+        clen[T + t] = 0  # read pointers
+    while True:
+        best = -1
+        bj = -1
+        for t in range(T):
+            i = clen[T + t]
+            if i < clen[t] and cp[t, i] > bj:
+                bj = cp[t, i]
+                best = t
+        if best < 0:
+            break
+        k = ck[best, clen[T + best]]
+        clen[T + best] += 1
+        wt = tbytes[best]
+        tail_b[k] = run
+        run += wt
+        if fresh_all or lastwave[k] != w - 1:
+            newb += wt
+        lastwave[k] = w
+    nw = end - start
+    ustep[w] = run
+    newcum[w + 1] = newcum[w] + newb
+    oncecum[w + 1] = oncecum[w] + nw * once_bytes
 
 
 @jit_parallel
