@@ -18,6 +18,9 @@ from tsbatch.errors import InputError
 __all__ = ["main", "build_parser"]
 
 EXIT_INPUT = 2
+#: cache problems remembered across the batches of a ranked evaluate (about 200
+#: bytes each): bounds the memo, which otherwise grows with the rows predicted
+RANKED_MEMO_PROBLEMS = 250_000
 
 
 def _out_path(p: str) -> Path:
@@ -50,10 +53,13 @@ def cmd_evaluate(args) -> int:
         read_candidates(args.candidates)  # raises the descriptive InputError
         raise
     # stream batches: memory stays bounded by --batch-rows, not the file; a
-    # file of one batch is read at once (no streaming engine start-up)
+    # file of one batch is read at once. Each batch is read when it is needed
+    # (a slice of the scan): collect_batches reads ahead of a slow consumer and
+    # would end up holding the whole file
     one = total <= args.batch_rows
     batches = ([read_candidates(args.candidates)] if one else
-               pl.scan_parquet(args.candidates).collect_batches(chunk_size=args.batch_rows))
+               (pl.scan_parquet(args.candidates).slice(a, args.batch_rows).collect()
+                for a in range(0, total, args.batch_rows)))
     meta = provenance(hw, args.family, {"candidates": sha256_file(args.candidates)},
                       extra={"top_fraction": str(top)})
     ranked = bool(args.rank or args.top)
@@ -70,7 +76,9 @@ def cmd_evaluate(args) -> int:
         if one:
             batches = list(batches)
         counts = workload_counts(batches[0] if one else args.candidates, wl)
-        screen = TopKScreen(hw, args.family, wl, top, counts, memo=memo)
+        # a bounded cache memo: the running set is the only state growing with the input
+        screen = TopKScreen(hw, args.family, wl, top, counts,
+                            memo=CacheMemo(max_problems=RANKED_MEMO_PROBLEMS))
         for df in batches:
             screen.add(df)
         res = screen.result()

@@ -316,7 +316,7 @@ class TopKScreen:
                 break
             o = np.lexsort((pos[need], lb[need], wid[need]))
             need = need[o]
-            take = np.sort(need[_group_starts(wid[need]) < (step[need] << min(rnd, 40))])
+            take = np.sort(need[_group_starts(wid[need]) < (step[need] << min(rnd, 30))])
             self._tick("screen_s", t0)
             res = self._evaluate(df, take, pos, wid)
             kk = _keys(res)
