@@ -76,6 +76,8 @@ def hit_prob_exact(d: float, assoc: float, blocks: float) -> float:
     if e is not None:
         return e
     n = int(math.floor(d))
+    if n < int(assoc):  # every term of the binomial: the sum is exactly 1
+        return 1.0
     p = assoc / blocks
     terms = []
     for a in range(int(assoc)):

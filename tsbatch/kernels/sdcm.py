@@ -120,6 +120,8 @@ def hit_prob_exact(d, assoc, blocks):
     n = math.floor(d)
     p = assoc / blocks
     a_max = int(assoc) - 1
+    if n <= a_max:  # the whole binomial sums to 1: fewer than A blocks intervene
+        return 1.0
     lp = math.log(p)
     lq = math.log1p(-p)
     lg_n1 = math.lgamma(n + 1.0)
