@@ -38,6 +38,7 @@ from strategies import cache_args, cache_problems
 
 from tsbatch.kernels import reuse
 from tsbatch.kernels.order import ORDER_NAMES, launch_order_array
+from tsbatch.kernels.sdcm import hit_prob_gauss_array
 
 #: fast vs general path: the same values up to reassociated sums
 FAST_RTOL = 1e-9
@@ -228,3 +229,21 @@ def test_fast_equals_general_book_kept_waves(seed):
         for kw in (dict(k_samples=4, max_waves=2, max_lookback=1 << 30), SAMPLINGS[0],
                    dict(k_samples=3, max_waves=3, max_lookback=2)):
             _assert_same(args, **kw)
+
+
+def test_l15_footprint_that_surely_hits():
+    """Small blocks in a large L1.5: whole SM groups' footprints hit with
+    probability exactly 1, the fast path then takes 1 for every re-touch
+    without distances; it rests on the SDCM being non-increasing in the
+    distance, so exactly 1 below such a footprint (checked on a scan)."""
+    probs = [_problem(tbytes=(512.0, 512.0, 1024.0), cap15=184320.0, order=o, group=g,
+                      g0=40, g1=33, conc=c)
+             for o in range(5) for g, c in ((1, 132), (8, 396), (16, 528))]
+    for kw in SAMPLINGS:
+        _assert_same(cache_args(probs), **kw)
+    for assoc, blocks in ((8.0, 360.0), (8.0, 15.0), (16.0, 20.5), (4.0, 1e4)):
+        d = np.linspace(0.0, blocks, 20001)
+        h = hit_prob_gauss_array(d, assoc, blocks)
+        ones = np.flatnonzero(h == 1.0)
+        if ones.size:  # every distance below the largest sure hit surely hits
+            assert np.all(h[: ones.max() + 1] == 1.0)

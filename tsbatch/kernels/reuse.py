@@ -70,25 +70,88 @@ def _fw_prefix(tree, i):
 
 
 @jit_scalar
-def _cross_wave_hit(k, head_j, w, valid_from, lastwave, ustep, newcum, oncecum, tail_b,
-                    svals, ks, kf, unit, assoc2, B2):
-    """L2 hit probability of block ``k``'s first touch in a step of wave ``w``,
-    whose previous touch lies in an earlier wave: the distance is linear in
-    the reduction step ``s`` and averaged over the ``ks`` sampled steps."""
+def _cross_terms(k, head_j, w, lastwave, ustep, newcum, oncecum, tail_b):
+    """The reuse distance of block ``k``'s first touch in a step of wave ``w``
+    (previous touch in wave ``wp = lastwave[k]``) is ``base + (kf - 1 - s) u1
+    + s u2`` at reduction step ``s``: returns ``(base, u1, u2)``."""
     wp = lastwave[k]
-    if wp < valid_from:
-        return 0.0
     u1 = ustep[wp] + (newcum[w] - newcum[wp + 1])
     u2 = ustep[wp + 1] + (newcum[w + 1] - newcum[wp + 2])
     umid = 0.0
     if wp + 1 <= w - 1:
         umid = ustep[wp + 1] + (newcum[w] - newcum[wp + 2])
     base = tail_b[k] + umid + head_j + (oncecum[w] - oncecum[wp])
+    return base, u1, u2
+
+
+@jit_scalar
+def _cross_mean(base, u1, u2, svals, ks, kf, unit, assoc2, B2):
+    """The L2 hit probability at distance ``base + (kf - 1 - s) u1 + s u2``
+    averaged over the ``ks`` sampled steps ``s``."""
     h = 0.0
     for i in range(ks):
         s = svals[i]
         h += hit_prob_gauss((base + (kf - 1.0 - s) * u1 + s * u2) / unit, assoc2, B2)
     return h / ks
+
+
+@jit_scalar
+def _cross_wave_hit(k, head_j, w, valid_from, lastwave, ustep, newcum, oncecum, tail_b,
+                    svals, ks, kf, unit, assoc2, B2):
+    """L2 hit probability of block ``k``'s first touch in a step of wave ``w``,
+    whose previous touch lies in an earlier wave: the distance is linear in
+    the reduction step ``s`` and averaged over the ``ks`` sampled steps."""
+    if lastwave[k] < valid_from:
+        return 0.0
+    base, u1, u2 = _cross_terms(k, head_j, w, lastwave, ustep, newcum, oncecum, tail_b)
+    return _cross_mean(base, u1, u2, svals, ks, kf, unit, assoc2, B2)
+
+
+#: slots of the per-problem memo of cross-wave hit probabilities (power of two)
+XMEMO_SIZE = 512
+
+
+@jit_scalar
+def _cross_wave_hit_memo(k, head_j, w, valid_from, lastwave, ustep, newcum, oncecum, tail_b,
+                         svals, ks, kf, unit, assoc2, B2, xtag, xwp, xs, xval):
+    """:func:`_cross_wave_hit`, memoized per wave ``w`` on the exact
+    ``(wp, tail_b[k] + head_j)``: the rest of the distance (``umid``, the
+    once-per-tile bytes, ``u1``, ``u2``) depends on ``w`` and ``wp`` alone,
+    so equal keys mean the very same call. Blocks that share their previous
+    wave and their bytes around the wave boundary (in a regular order, most
+    of a wave's first touches) are solved once. Slots tagged with another
+    wave are free. The distance sums its terms in another order than
+    :func:`_cross_terms` (the same value for integer block sizes).
+    """
+    wp = lastwave[k]
+    if wp < valid_from:
+        return 0.0
+    s = tail_b[k] + head_j
+    mask = xtag.shape[0] - 1
+    h = np.int64(0)
+    probe = s < 1e18
+    if probe:
+        x = np.int64(s) ^ (wp * np.int64(0x9E3779B97F4A7C15 - (1 << 64)))
+        h = ((x * np.int64(-7046029254386353131)) >> np.int64(40)) & mask
+        for _ in range(_MEMO_PROBES):
+            if xtag[h] != w:
+                break
+            if xwp[h] == wp and xs[h] == s:
+                return xval[h]
+            h = (h + 1) & mask
+    u1 = ustep[wp] + (newcum[w] - newcum[wp + 1])
+    u2 = ustep[wp + 1] + (newcum[w + 1] - newcum[wp + 2])
+    umid = 0.0
+    if wp + 1 <= w - 1:
+        umid = ustep[wp + 1] + (newcum[w] - newcum[wp + 2])
+    v = _cross_mean(s + (umid + (oncecum[w] - oncecum[wp])), u1, u2, svals, ks, kf, unit,
+                    assoc2, B2)
+    if probe and xtag[h] != w:
+        xtag[h] = w
+        xwp[h] = wp
+        xs[h] = s
+        xval[h] = v
+    return v
 
 
 @jit_serial
@@ -179,11 +242,12 @@ def _pattern_slot(hsh, m, lab, pat_m, pat_hash, pat_off, pool_lab):
 
 
 @jit_serial
-def _hits_fast(w, valid_from, nw, n, n_step, use15, nsm, g15, ngroups, unit, B2, B15,
+def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups, unit, B2, B15,
                assoc2, assoc15, ks, svals, kf, run, lastwave, tail_b, ustep, newcum,
                oncecum, ids, wts, ten, dist, head, h15, tree, last_idx, sub_ids,
                sub_wts, sub_j, sub_d, memo15_k, memo15_v, memo2_k, memo2_v,
-               acc, hit15, req2, hit2, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab):
+               acc, hit15, req2, hit2, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
+               xtag, xwp, xs, xval):
     """The hit rates of wave ``w``'s accesses: the general path's arithmetic,
     cheaper (tests/test_cache_fast.py proves the two equal).
 
@@ -209,6 +273,7 @@ def _hits_fast(w, valid_from, nw, n, n_step, use15, nsm, g15, ngroups, unit, B2,
             # the group's accesses, with canonical labels (rank of first touch)
             m = 0
             nl = 0
+            foot = 0.0
             hsh = np.int64(1469598103934665603)
             base = 0
             while base + lo < nw:
@@ -224,6 +289,10 @@ def _hits_fast(w, valid_from, nw, n, n_step, use15, nsm, g15, ngroups, unit, B2,
                             lb = nl
                             last_idx[k] = nl
                             nl += 1
+                            foot += wts[j]
+                            h15[j] = 0.0
+                        else:
+                            h15[j] = 1.0
                         sub_ids[m] = k
                         sub_j[m] = j
                         sub_lab[m] = lb
@@ -235,6 +304,11 @@ def _hits_fast(w, valid_from, nw, n, n_step, use15, nsm, g15, ngroups, unit, B2,
                 continue
             for q in range(m):
                 last_idx[sub_ids[q]] = -1
+            # the group's footprint surely hits: every re-touch distance is
+            # below it, so its probability is exactly 1 too (non-increasing
+            # SDCM), and a first touch misses (as set above)
+            if hit_prob_gauss(foot / unit, assoc15, B15) == 1.0:
+                continue
             # a group with the same pattern (this wave or an earlier one) has the
             # same distances, so the same probabilities: reuse them
             slot = _pattern_slot(hsh, m, sub_lab, pat_m, pat_hash, pat_off, pool_lab)
@@ -263,21 +337,28 @@ def _hits_fast(w, valid_from, nw, n, n_step, use15, nsm, g15, ngroups, unit, B2,
     for t in range(T):
         for r in range(4):
             loc[r, t] = 0.0
+    # L2 hit probability of every access (into sub_d, free after L1.5):
+    # re-touches in the step, then the first touches (listed by the caller)
+    hx = sub_d
+    if skip:
+        for j in range(n):
+            hx[j] = 1.0
+    else:
+        for j in range(n):
+            if dist[j] < math.inf:
+                hx[j] = _memo_hit(dist[j], assoc2, B2, unit, memo2_k, memo2_v)
+    for i in range(nft):
+        j = fts[i]
+        hx[j] = _cross_wave_hit_memo(ids[j], head[j], w, valid_from, lastwave, ustep, newcum,
+                                     oncecum, tail_b, svals, ks, kf, unit, assoc2, B2,
+                                     xtag, xwp, xs, xval)
     for j in range(n):
         t = ten[j]
         x15 = h15[j] if use15 else 0.0
-        if dist[j] < math.inf:
-            if skip:
-                h = 1.0
-            else:
-                h = _memo_hit(dist[j], assoc2, B2, unit, memo2_k, memo2_v)
-        else:
-            h = _cross_wave_hit(ids[j], head[j], w, valid_from, lastwave, ustep, newcum,
-                                oncecum, tail_b, svals, ks, kf, unit, assoc2, B2)
         loc[0, t] += 1.0
         loc[1, t] += x15
         loc[2, t] += 1.0 - x15
-        loc[3, t] += (1.0 - x15) * h
+        loc[3, t] += (1.0 - x15) * hx[j]
     for t in range(T):
         acc[t] += kf * loc[0, t]
         hit15[t] += kf * loc[1, t]
@@ -387,6 +468,10 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
     pool_lab = np.empty(PAT_POOL, dtype=np.int64)
     pool_h15 = np.empty(PAT_POOL, dtype=np.float64)
     sub_lab = np.empty(L, dtype=np.int64)
+    xtag = np.full(XMEMO_SIZE if fast else 0, -1, dtype=np.int64)
+    xwp = np.empty(XMEMO_SIZE if fast else 0, dtype=np.int64)
+    xs = np.empty(XMEMO_SIZE if fast else 0, dtype=np.float64)
+    xval = np.empty(XMEMO_SIZE if fast else 0, dtype=np.float64)
     acc = np.zeros(T, dtype=np.float64)
     hit15 = np.zeros(T, dtype=np.float64)
     req2 = np.zeros(T, dtype=np.float64)
@@ -451,7 +536,8 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                   lastwave, fstamp, bstamp, tail_b, last_idx, ustep, newcum, oncecum,
                   ids, wts, ten, grp, dist, head, h15, tree, sub_ids, sub_wts, sub_j, sub_d,
                   goff, gfill, acc, hit15, req2, hit2, fast, n_step, memo15_k, memo15_v,
-                  memo2_k, memo2_v, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab)
+                  memo2_k, memo2_v, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
+                  xtag, xwp, xs, xval)
         done = w
     for t in range(T):
         if per_step[t] == 0 or acc[t] == 0.0:
@@ -468,7 +554,8 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
           lastwave, fstamp, bstamp, tail_b, last_idx, ustep, newcum, oncecum,
           ids, wts, ten, grp, dist, head, h15, tree, sub_ids, sub_wts, sub_j, sub_d,
           goff, gfill, acc, hit15, req2, hit2, fast, n_step, memo15_k, memo15_v,
-          memo2_k, memo2_v, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab):
+          memo2_k, memo2_v, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
+          xtag, xwp, xs, xval):
     """Book-keep wave ``w`` (and, if ``do_hits``, add its accesses' hit rates)."""
     if True:
         start = w * conc
@@ -536,10 +623,14 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
         # ---- first touches in the step: bytes before them, new bytes vs previous wave
         run = 0.0
         newb = 0.0
+        nft = 0
         for j in range(n):
             k = ids[j]
             if fstamp[k] != w:
                 fstamp[k] = w
+                if fast:
+                    grp[nft] = j  # the fast path's list of first touches
+                    nft += 1
                 head[j] = run
                 run += wts[j]
                 if lastwave[k] != w - 1 or w - 1 < valid_from:
@@ -551,11 +642,12 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
         newcum[w + 1] = newcum[w] + newb
         oncecum[w + 1] = oncecum[w] + nw * once_bytes
         if do_hits and fast:
-            _hits_fast(w, valid_from, nw, n, n_step, use15, nsm, g15, ngroups, unit, B2, B15,
+            _hits_fast(w, valid_from, nw, n, nft, grp, n_step, use15, nsm, g15, ngroups, unit, B2, B15,
                        assoc2, assoc15, ks, svals, kf, run, lastwave, tail_b, ustep, newcum,
                        oncecum, ids, wts, ten, dist, head, h15, tree, last_idx, sub_ids,
                        sub_wts, sub_j, sub_d, memo15_k, memo15_v, memo2_k, memo2_v,
-                       acc, hit15, req2, hit2, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab)
+                       acc, hit15, req2, hit2, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
+                       xtag, xwp, xs, xval)
         elif do_hits:
             # every within-step distance is below the step's footprint; when
             # even that footprint surely hits (monotone SDCM), skip the tree
