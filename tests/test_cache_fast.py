@@ -17,6 +17,15 @@ the same arithmetic, done once where the general path repeats it:
   (tensor ``q`` of the tile) in every group of the same length;
 * when the step footprint surely hits, re-touches take ``h = 1`` (the
   general path sets their distance to 0, whose probability is exactly 1);
+* cross-wave hits (a block's first touch in a step, previous touch in an
+  earlier wave) are memoized per wave on the exact (previous wave,
+  ``tail_b + head``): the rest of the distance depends on the two waves alone;
+* an L1.5 group whose whole footprint hits with probability exactly 1 gives
+  every re-touch exactly 1 (the SDCM is non-increasing in the distance);
+* waves that are only book-kept for the lookback (panel orders, integer block
+  sizes) are book-kept per distinct block: each tensor's candidate last
+  touches, merged by access position, give ``tail_b`` in the per-access
+  order; ``ustep``/``newcum`` sum the same integers in another order;
 * per-tensor sums are added once per wave, scaled by ``ksteps`` (the only
   change of rounding: sums reassociate, ~1e-16 relative).
 
