@@ -727,6 +727,25 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
                 lastwave[k] = w
 
 
+
+@jit_scalar
+def _column_last_touches(c_hi, c_lo, size, ib, kz, k1, w, p0, n_step, q, t, c, bstamp, cp, ck):
+    """Record, for the columns ``c_hi`` down to ``c_lo`` of a panel segment, the
+    last touch of each column-keyed block not yet stamped in wave ``w`` (the
+    column's last tile, clipped to the segment end ``ib``); returns the new
+    candidate count ``c`` of tensor ``t``."""
+    for col in range(c_hi, c_lo - 1, -1):
+        inner = col * size + size - 1
+        if inner > ib - 1:
+            inner = ib - 1
+        k = kz + col * k1
+        if bstamp[k] != w:
+            bstamp[k] = w
+            cp[t, c] = (p0 + inner) * n_step + q
+            ck[t, c] = k
+            c += 1
+    return c
+
 @jit_serial
 def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gm, n_step,
                  once_bytes, lastwave, bstamp, tail_b, ustep, newcum, oncecum, cp, ck, clen):
@@ -819,28 +838,12 @@ def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
                     c1 = ca
                     if lo <= hi:
                         c1 = hi + 1 if hi + 1 > ca else ca
-                    for col in range(c2, c1 - 1, -1):
-                        inner = col * size + size - 1
-                        if inner > ib - 1:
-                            inner = ib - 1
-                        k = kz + col * k1
-                        if bstamp[k] != w:
-                            bstamp[k] = w
-                            cp[t, c] = (p0 + inner) * n_step + q
-                            ck[t, c] = k
-                            c += 1
+                    c = _column_last_touches(c2, c1, size, ib, kz, k1, w, p0, n_step, q, t, c,
+                                             bstamp, cp, ck)
                     if lo <= hi:
                         c2 = lo - 1 if lo - 1 < cb else cb
-                        for col in range(c2, ca - 1, -1):
-                            inner = col * size + size - 1
-                            if inner > ib - 1:
-                                inner = ib - 1
-                            k = kz + col * k1
-                            if bstamp[k] != w:
-                                bstamp[k] = w
-                                cp[t, c] = (p0 + inner) * n_step + q
-                                ck[t, c] = k
-                                c += 1
+                        c = _column_last_touches(c2, ca, size, ib, kz, k1, w, p0, n_step, q, t,
+                                                 c, bstamp, cp, ck)
                         # keep the union when it is an interval, else the later one
                         if ca <= hi + 1 and cb >= lo - 1:
                             if ca < lo:
