@@ -260,12 +260,6 @@ def _cols(wl: tuple, cfg: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------- model
 
 
-#: the rows of a lowered plan, and the perfect-caching latency bound (shared with
-#: the screened ranking of :mod:`tsbatch.screen`)
-_take = take_plan
-_lower_bound = lower_bound
-
-
 def _infeasible_message(wl: tuple, reason: np.ndarray, hw: HwSpec) -> str:
     codes, counts = np.unique(reason, return_counts=True)
     why = "; ".join(f"{int(c)} x {REASON_TEXT.get(int(code), 'infeasible')}"
@@ -287,11 +281,11 @@ def _select(wl: tuple, cfg: dict[str, np.ndarray], hw: HwSpec, top: float,
         raise NoFeasibleConfigError(_infeasible_message(wl, reason, hw))
     keep = min(keep, feas.size)
     if not screen:
-        lat = evaluate_plan(_take(plan, feas), hw)["latency_us"]
+        lat = evaluate_plan(take_plan(plan, feas), hw)["latency_us"]
         order = np.lexsort((feas, np.where(np.isfinite(lat), lat, np.inf)))[:keep]
         return feas[order], lat[order], int(feas.size), int(feas.size)
 
-    lb = _lower_bound(_take(plan, feas), p[feas], hw)
+    lb = lower_bound(take_plan(plan, feas), p[feas], hw)
     lb = np.where(np.isfinite(lb), lb, np.inf)
     by_lb = np.lexsort((feas, lb))  # positions into feas, smallest bound first
     done = 0
@@ -302,7 +296,7 @@ def _select(wl: tuple, cfg: dict[str, np.ndarray], hw: HwSpec, top: float,
         nxt = by_lb[done:done + step]
         done += nxt.size
         rows = feas[nxt]
-        lat = evaluate_plan(_take(plan, rows), hw)["latency_us"]
+        lat = evaluate_plan(take_plan(plan, rows), hw)["latency_us"]
         got_idx = np.concatenate([got_idx, rows])
         got_lat = np.concatenate([got_lat, np.where(np.isfinite(lat), lat, np.inf)])
         if done >= feas.size:

@@ -61,15 +61,16 @@ def rank(results: pl.DataFrame, workload: list[str] | tuple[str, ...], top: floa
     key = pl.when(pl.col("feasible")).then(pl.col("latency_us")).otherwise(float("inf"))
     df = df.with_columns(_key=key.fill_null(float("inf")))
     over = wl if wl else None
-    n_expr = pl.col(count_col) if count_col else None
+    n_rows = pl.len().over(over) if over else pl.len()
+    n_expr = pl.col(count_col) if count_col else n_rows
     if over:
         df = df.with_columns(
-            _n=n_expr if count_col else pl.len().over(over),
+            _n=n_expr,
             _nfeas=pl.col("feasible").sum().over(over),
             rank=pl.struct("_key", order_col).rank("ordinal").over(over).cast(pl.Int64),
         )
     else:
-        df = df.with_columns(_n=n_expr if count_col else pl.len(),
+        df = df.with_columns(_n=n_expr,
                              _nfeas=pl.col("feasible").sum(),
                              rank=pl.struct("_key", order_col).rank("ordinal").cast(pl.Int64))
     keep = (pl.col("_n") * top - 1e-9).ceil().clip(lower_bound=1)
