@@ -362,8 +362,9 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     epi = max(epi_times)
     tiles = persist_tiles if persist_tiles > 0 else p
     N = tiles * ksteps
-    d = max(stages * p - 1, 0)
-    steady = max(comp, mem, (lat + mem + comp) / (d + 1))
+    d = max(p * (stages - 1), 0)
+    lat_bound = (lat + mem) / d if d > 0 else (lat + mem + comp) / p
+    steady = max(comp, mem, lat_bound)
     fill = min(d, N)
     t_pro = lat + fill * mem
     t_steady = max(N - d, 0) * steady

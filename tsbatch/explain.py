@@ -55,8 +55,8 @@ def explain_text(row: dict, hw: HwSpec) -> str:
     lines.append(f"  launch               {row['t_launch_us']:10.2f} us")
     lines.append("")
     tail = f", tail wave of {row['tail_tiles']} tiles" if row["tail_tiles"] else ""
-    lines.append(f"Occupancy: {row['resident_tiles']} resident tile-blocks per SM, effective "
-                 f"pipeline depth d = stages x resident - 1 = {row['pipeline_depth']}; "
+    lines.append(f"Occupancy: {row['resident_tiles']} resident tile-blocks per SM, "
+                 f"pipeline depth (loads in flight) d = resident x (stages - 1) = {row['pipeline_depth']}; "
                  f"{row['waves']} wave(s){tail}.")
     lines.append(f"MMA path: {row['mma_path']}"
                  + (f"; about {row['register_spill']} registers/thread spill" if row["register_spill"] else ""))
