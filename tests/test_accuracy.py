@@ -471,9 +471,12 @@ def test_threshold_parsing():
     assert (t.metric, t.value, t.above, t.selector) == ("mape_pct", 15.0, True, ())
     t = parse_threshold("spearman[gpu=h100, backend=triton]=0.85", above=False)
     assert t.selector == (("gpu", "h100_sxm"), ("backend", "triton"))
+    t = parse_threshold("mape_pct[gpu=h100|a100,dtype=float16 | bfloat16]=15", above=True)
+    assert t.selector == (("gpu", "h100_sxm|a100"), ("dtype", "float16|bfloat16"))
     for bad, what in [("mape=3", "unknown metric"), ("mape_pct", "METRIC=VALUE"),
                       ("mape_pct=abc", "not a number"), ("mape_pct[color=red]=1", "selector key"),
-                      ("mape_pct[gpu=v100]=1", "v100")]:
+                      ("mape_pct[gpu=v100]=1", "v100"), ("mape_pct[gpu=h100|v100]=1", "v100"),
+                      ("mape_pct[dtype=float16|]=1", "empty value")]:
         with pytest.raises(InputError, match=what):
             parse_threshold(bad, above=True)
 
@@ -490,6 +493,13 @@ def test_thresholds_report_which_one_broke(slice_result):
     # cuBLAS rows have nothing to rank: an undefined metric breaks its threshold
     und = check_thresholds(slice_result, [parse_threshold("spearman[backend=cublas]=0", above=False)])
     assert len(und) == 1 and "undefined" in und[0]
+    # a|b pools the listed values: the check sees exactly those rows' metric
+    fp = slice_result.scored.filter(pl.col("dtype").is_in(["float16", "bfloat16"]),
+                                    pl.col("backend") == "triton")
+    pooled = accuracy_metrics(fp)["mape_pct"][0]
+    sel = "[dtype=float16|bfloat16,backend=triton]"
+    assert check_thresholds(slice_result, [parse_threshold(f"mape_pct{sel}={pooled * 1.001}", above=True)]) == []
+    assert len(check_thresholds(slice_result, [parse_threshold(f"mape_pct{sel}={pooled * 0.999}", above=True)])) == 1
     none = check_thresholds(slice_result, [parse_threshold("mape_pct[backend=rocblas]=1", above=True)])
     assert len(none) == 1 and "no measured rows" in none[0]
 

@@ -631,7 +631,8 @@ class Threshold:
     """``metric`` must stay at or below (``above=True``: fails above) ``value``.
 
     ``selector`` restricts the check to matching rows, pooled; a selector
-    value ``*`` checks each distinct value of that key separately.
+    value ``*`` checks each distinct value of that key separately, and
+    ``a|b`` pools the rows whose key is any of the listed values.
     """
 
     metric: str
@@ -644,7 +645,9 @@ class Threshold:
 def parse_threshold(text: str, *, above: bool) -> Threshold:
     """Parse ``METRIC=VALUE`` or ``METRIC[key=val,key=*]=VALUE``.
 
-    Keys are ``gpu`` (any alias), ``family``, ``dtype``, ``backend``.
+    Keys are ``gpu`` (any alias), ``family``, ``dtype``, ``backend``; a
+    value is ``*`` (each value separately) or one or more values joined by
+    ``|`` (those rows pooled).
     """
     flag = "--fail-above" if above else "--fail-below"
     m = _THRESHOLD_RE.match(text)
@@ -670,8 +673,13 @@ def parse_threshold(text: str, *, above: bool) -> Threshold:
                 raise InputError(
                     f"{flag} {text!r}: selector key '{key}' unknown; known: {', '.join(_SELECTOR_KEYS)}"
                 )
-            if key == "gpu" and val != "*":
-                val = _resolve_gpu(val, f"{flag} {text!r}")
+            if val != "*":
+                parts = [v.strip() for v in val.split("|")]
+                if not all(parts):
+                    raise InputError(f"{flag} {text!r}: selector item '{item.strip()}' has an empty value")
+                if key == "gpu":
+                    parts = [_resolve_gpu(v, f"{flag} {text!r}") for v in parts]
+                val = "|".join(parts)
             selector.append((key, val))
     return Threshold(metric=metric, value=value, above=above, selector=tuple(selector), text=text)
 
@@ -684,7 +692,7 @@ def check_thresholds(result: AccuracyResult, thresholds: Sequence[Threshold]) ->
         scored = result.scored
         for key, val in th.selector:
             if val != "*":
-                scored = scored.filter(pl.col(key) == val)
+                scored = scored.filter(pl.col(key).is_in(val.split("|")))
         each = [k for k, v in th.selector if v == "*"]
         if scored.height == 0:
             broken.append(f"{flag} {th.text}: no measured rows match the selector")
@@ -889,7 +897,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--fail-above", action="append", default=[], metavar="METRIC[SEL]=VALUE",
         help="exit 1 when METRIC exceeds VALUE (repeatable), e.g. mape_pct=15 or "
-             "'mape_pct[gpu=*,backend=triton]=15' (each GPU's Triton rows)",
+             "'mape_pct[gpu=*,dtype=float16|bfloat16,backend=triton]=15' (each GPU's "
+             "fp16 and bf16 Triton rows, pooled)",
     )
     p.add_argument(
         "--fail-below", action="append", default=[], metavar="METRIC[SEL]=VALUE",
