@@ -7,7 +7,7 @@ the plain-Python twin (``naive.cache_hit_rates_one``). The fast path claims
 the same arithmetic, done once where the general path repeats it:
 
 * SDCM probabilities of within-step distances are memoized per problem on
-  the exact distance (``_memo_hit``): a hit returns the result of the very
+  the exact distance (``_memo_hits``): a hit returns the result of the very
   same call;
 * an L1.5 SM group's access sequence is read off its slot runs, and groups
   whose sequences are equal up to a renaming of the blocks (compared element

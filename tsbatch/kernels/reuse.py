@@ -38,6 +38,11 @@ are book-kept per distinct block on the panel orders (:func:`_book_blocks`).
 ``cache_hit_rates(..., general=True)`` runs the original per-access code,
 which tests/test_cache_fast.py holds the fast path equal to (bench/cache_speed.py
 times the two).
+
+Hot loops keep their memo probes in the loop body rather than in an inlined
+helper: numba counts references to every array an inlined helper with
+branches or loops takes (an atomic increment and decrement per array per
+call, not pruned), which cost several times the probe itself.
 """
 
 from __future__ import annotations
@@ -115,10 +120,11 @@ def _cross_wave_hit(k, head_j, w, valid_from, lastwave, ustep, newcum, oncecum, 
 XMEMO_SIZE = 512
 
 
-@jit_scalar
-def _cross_wave_hit_memo(k, head_j, w, valid_from, lastwave, ustep, newcum, oncecum, tail_b,
-                         svals, ks, kf, unit, assoc2, B2, xtag, xwp, xs, xval):
-    """:func:`_cross_wave_hit`, memoized per wave ``w`` on the exact
+@jit_serial
+def _cross_wave_hits(fts, nft, ids, head, w, valid_from, lastwave, ustep, newcum, oncecum,
+                     tail_b, svals, ks, kf, unit, assoc2, B2, xtag, xwp, xs, xval, hx):
+    """``hx[j]`` for the first touches ``j = fts[:nft]`` of wave ``w``:
+    :func:`_cross_wave_hit`, memoized per wave ``w`` on the exact
     ``(wp, tail_b[k] + head_j)``: the rest of the distance (``umid``, the
     once-per-tile bytes, ``u1``, ``u2``) depends on ``w`` and ``wp`` alone,
     so equal keys mean the very same call. Blocks that share their previous
@@ -126,36 +132,49 @@ def _cross_wave_hit_memo(k, head_j, w, valid_from, lastwave, ustep, newcum, once
     of a wave's first touches) are solved once. Slots tagged with another
     wave are free. The distance sums its terms in another order than
     :func:`_cross_terms` (the same value for integer block sizes).
+
+    One loop over the list with the probe written in it: an inlined helper
+    that takes arrays and branches costs numba a reference count increment
+    and decrement per array per call, several times the probe itself.
     """
-    wp = lastwave[k]
-    if wp < valid_from:
-        return 0.0
-    s = tail_b[k] + head_j
     mask = xtag.shape[0] - 1
-    h = np.int64(0)
-    probe = s < 1e18
-    if probe:
-        x = np.int64(s) ^ (wp * np.int64(0x9E3779B97F4A7C15 - (1 << 64)))
-        h = ((x * np.int64(-7046029254386353131)) >> np.int64(40)) & mask
-        for _ in range(_MEMO_PROBES):
-            if xtag[h] != w:
-                break
-            if xwp[h] == wp and xs[h] == s:
-                return xval[h]
-            h = (h + 1) & mask
-    u1 = ustep[wp] + (newcum[w] - newcum[wp + 1])
-    u2 = ustep[wp + 1] + (newcum[w + 1] - newcum[wp + 2])
-    umid = 0.0
-    if wp + 1 <= w - 1:
-        umid = ustep[wp + 1] + (newcum[w] - newcum[wp + 2])
-    v = _cross_mean(s + (umid + (oncecum[w] - oncecum[wp])), u1, u2, svals, ks, kf, unit,
-                    assoc2, B2)
-    if probe and xtag[h] != w:
-        xtag[h] = w
-        xwp[h] = wp
-        xs[h] = s
-        xval[h] = v
-    return v
+    for i in range(nft):
+        j = fts[i]
+        k = ids[j]
+        wp = lastwave[k]
+        if wp < valid_from:
+            hx[j] = 0.0
+            continue
+        s = tail_b[k] + head[j]
+        h = np.int64(0)
+        probe = s < 1e18
+        found = False
+        if probe:
+            x = np.int64(s) ^ (wp * np.int64(0x9E3779B97F4A7C15 - (1 << 64)))
+            h = ((x * np.int64(-7046029254386353131)) >> np.int64(40)) & mask
+            for _ in range(_MEMO_PROBES):
+                if xtag[h] != w:
+                    break
+                if xwp[h] == wp and xs[h] == s:
+                    found = True
+                    break
+                h = (h + 1) & mask
+        if found:
+            hx[j] = xval[h]
+            continue
+        u1 = ustep[wp] + (newcum[w] - newcum[wp + 1])
+        u2 = ustep[wp + 1] + (newcum[w + 1] - newcum[wp + 2])
+        umid = 0.0
+        if wp + 1 <= w - 1:
+            umid = ustep[wp + 1] + (newcum[w] - newcum[wp + 2])
+        v = _cross_mean(s + (umid + (oncecum[w] - oncecum[wp])), u1, u2, svals, ks, kf, unit,
+                        assoc2, B2)
+        if probe and xtag[h] != w:
+            xtag[h] = w
+            xwp[h] = wp
+            xs[h] = s
+            xval[h] = v
+        hx[j] = v
 
 
 @jit_serial
@@ -189,60 +208,47 @@ MEMO_SIZE = 256
 _MEMO_PROBES = 8
 
 
-@jit_scalar
-def _memo_hit(d, assoc, blocks, unit, keys, vals):
-    """``hit_prob_gauss(d / unit, assoc, blocks)``, memoized on the exact ``d``.
+@jit_serial
+def _memo_hits(d, n, finite_only, assoc, blocks, unit, keys, vals, out):
+    """``out[j] = hit_prob_gauss(d[j] / unit, assoc, blocks)`` for ``j < n``
+    (only where ``d[j]`` is finite if ``finite_only``), memoized on the exact
+    ``d[j]``.
 
     ``keys``/``vals`` form an open-addressing table (keys ``-1``: empty) valid
     for one ``(unit, assoc, blocks)``; a hit returns the stored result of the
-    very same call, so the memo never changes a value. ``d`` is a distance in
-    bytes (``>= 0`` or ``inf``).
+    very same call, so the memo never changes a value. ``d`` holds distances
+    in bytes (``>= 0`` or ``inf``). ``out`` may be ``d``. One loop with the
+    probe written in it (see :func:`_cross_wave_hits`).
     """
-    if not (d < 1e18):  # inf (a first touch), or too large to hash as an int64
-        return hit_prob_gauss(d / unit, assoc, blocks)
     mask = keys.shape[0] - 1
-    x = np.int64(d)
-    h = ((x * np.int64(-7046029254386353131)) >> np.int64(40)) & mask
-    for _ in range(_MEMO_PROBES):
-        k = keys[h]
-        if k == d:
-            return vals[h]
-        if k < 0.0:
-            v = hit_prob_gauss(d / unit, assoc, blocks)
-            keys[h] = d
-            vals[h] = v
-            return v
-        h = (h + 1) & mask
-    return hit_prob_gauss(d / unit, assoc, blocks)
+    for j in range(n):
+        dj = d[j]
+        if not (dj < 1e18):  # inf (a first touch), or too large to hash as an int64
+            if not finite_only or dj < math.inf:
+                out[j] = hit_prob_gauss(dj / unit, assoc, blocks)
+            continue
+        x = np.int64(dj)
+        h = ((x * np.int64(-7046029254386353131)) >> np.int64(40)) & mask
+        v = -1.0
+        for _ in range(_MEMO_PROBES):
+            k = keys[h]
+            if k == dj:
+                v = vals[h]
+                break
+            if k < 0.0:
+                v = hit_prob_gauss(dj / unit, assoc, blocks)
+                keys[h] = dj
+                vals[h] = v
+                break
+            h = (h + 1) & mask
+        if v < 0.0:
+            v = hit_prob_gauss(dj / unit, assoc, blocks)
+        out[j] = v
 
 
 #: slots of the per-problem table of L1.5 group patterns and their pooled labels
 PAT_SLOTS = 64
 PAT_POOL = 1 << 13
-
-
-@jit_scalar
-def _pattern_slot(hsh, m, lab, pat_m, pat_hash, pat_off, pool_lab):
-    """Slot of the stored pattern equal to ``lab[:m]`` (``pat_m[slot] == m``),
-    else a free slot for it (``pat_m[slot] == -1``), else ``-1`` (table full).
-    Patterns are compared element by element; the hash only picks the slot."""
-    mask = pat_m.shape[0] - 1
-    h = ((hsh ^ (hsh >> np.int64(29))) + m) & mask
-    for _ in range(pat_m.shape[0]):
-        pm = pat_m[h]
-        if pm < 0:
-            return h
-        if pm == m and pat_hash[h] == hsh:
-            off = pat_off[h]
-            same = True
-            for q in range(m):
-                if pool_lab[off + q] != lab[q]:
-                    same = False
-                    break
-            if same:
-                return h
-        h = (h + 1) & mask
-    return -1
 
 
 @jit_serial
@@ -315,7 +321,28 @@ def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups,
                 continue
             # a group with the same pattern (this wave or an earlier one) has the
             # same distances, so the same probabilities: reuse them
-            slot = _pattern_slot(hsh, m, sub_lab, pat_m, pat_hash, pat_off, pool_lab)
+            # the slot of the stored pattern equal to sub_lab[:m] (pat_m[slot] == m),
+            # else a free slot for it (pat_m[slot] == -1), else -1 (table full);
+            # patterns are compared element by element, the hash only picks the slot
+            pmask = pat_m.shape[0] - 1
+            ps = ((hsh ^ (hsh >> np.int64(29))) + m) & pmask
+            slot = -1
+            for _ in range(pat_m.shape[0]):
+                pm = pat_m[ps]
+                if pm < 0:
+                    slot = ps
+                    break
+                if pm == m and pat_hash[ps] == hsh:
+                    off = pat_off[ps]
+                    same = True
+                    for q in range(m):
+                        if pool_lab[off + q] != sub_lab[q]:
+                            same = False
+                            break
+                    if same:
+                        slot = ps
+                        break
+                ps = (ps + 1) & pmask
             if slot >= 0 and pat_m[slot] == m:
                 off = pat_off[slot]
                 for q in range(m):
@@ -331,8 +358,9 @@ def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups,
                 pat_hash[slot] = hsh
                 pat_off[slot] = fill
                 pat_off[PAT_SLOTS] = fill + m
+            _memo_hits(sub_d, m, False, assoc15, B15, unit, memo15_k, memo15_v, sub_d)
             for q in range(m):
-                v = _memo_hit(sub_d[q], assoc15, B15, unit, memo15_k, memo15_v)
+                v = sub_d[q]
                 h15[sub_j[q]] = v
                 if store:
                     pool_lab[fill + q] = sub_lab[q]
@@ -348,14 +376,9 @@ def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups,
         for j in range(n):
             hx[j] = 1.0
     else:
-        for j in range(n):
-            if dist[j] < math.inf:
-                hx[j] = _memo_hit(dist[j], assoc2, B2, unit, memo2_k, memo2_v)
-    for i in range(nft):
-        j = fts[i]
-        hx[j] = _cross_wave_hit_memo(ids[j], head[j], w, valid_from, lastwave, ustep, newcum,
-                                     oncecum, tail_b, svals, ks, kf, unit, assoc2, B2,
-                                     xtag, xwp, xs, xval)
+        _memo_hits(dist, n, True, assoc2, B2, unit, memo2_k, memo2_v, hx)
+    _cross_wave_hits(fts, nft, ids, head, w, valid_from, lastwave, ustep, newcum, oncecum,
+                     tail_b, svals, ks, kf, unit, assoc2, B2, xtag, xwp, xs, xval, hx)
     # per tensor (access q of every tile), in register accumulators
     for q in range(n_step):
         if q >= n:
