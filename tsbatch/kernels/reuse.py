@@ -751,24 +751,6 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
 
 
 
-@jit_scalar
-def _column_last_touches(c_hi, c_lo, size, ib, kz, k1, w, p0, n_step, q, t, c, bstamp, cp, ck):
-    """Record, for the columns ``c_hi`` down to ``c_lo`` of a panel segment, the
-    last touch of each column-keyed block not yet stamped in wave ``w`` (the
-    column's last tile, clipped to the segment end ``ib``); returns the new
-    candidate count ``c`` of tensor ``t``."""
-    for col in range(c_hi, c_lo - 1, -1):
-        inner = col * size + size - 1
-        if inner > ib - 1:
-            inner = ib - 1
-        k = kz + col * k1
-        if bstamp[k] != w:
-            bstamp[k] = w
-            cp[t, c] = (p0 + inner) * n_step + q
-            ck[t, c] = k
-            c += 1
-    return c
-
 @jit_serial
 def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gm, n_step,
                  once_bytes, lastwave, bstamp, tail_b, ustep, newcum, oncecum, cp, ck, clen):
@@ -784,11 +766,12 @@ def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
     each tensor's candidate last touches are, per panel segment walked
     backwards, its last ``size`` tiles (row keys), the ends of its column runs
     (column keys), its last tile (neither) or every tile (both); a stamp keeps
-    each block's latest candidate, its true last touch. The tensors' streams
-    (each decreasing in access position ``p * n_step + q``) are merged, so
-    ``tail_b`` accumulates in exactly the per-access tail pass's order.
-    ``ustep`` and ``newb`` sum the same bytes in another order: the caller
-    runs this only when every block size is an integer (sums exact).
+    each block's latest candidate, its true last touch. A block's ``tail_b``
+    is the bytes of the candidates at later access positions (each tensor's
+    stream decreases in position ``p * n_step + q``, so per tensor a count
+    read off a pointer): the per-access tail pass's running sum, summed in
+    another order, like ``ustep`` and ``newb``. The caller runs this only
+    when every block size is an integer (sums exact in any order).
     """
     start = w * conc
     end = start + conc
@@ -857,16 +840,28 @@ def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
                     cb = (ib - 1) // size
                     lo = clen[2 * T + t]
                     hi = clen[3 * T + t]
-                    c2 = cb
-                    c1 = ca
+                    # the columns cb down to ca less [lo, hi]: up to two runs, walked
+                    # downwards; each column-keyed block not yet stamped has its
+                    # last touch at the column's last tile, clipped to the segment end
+                    r1l = ca
+                    r2h = -1
                     if lo <= hi:
-                        c1 = hi + 1 if hi + 1 > ca else ca
-                    c = _column_last_touches(c2, c1, size, ib, kz, k1, w, p0, n_step, q, t, c,
-                                             bstamp, cp, ck)
+                        r1l = hi + 1 if hi + 1 > ca else ca
+                        r2h = lo - 1 if lo - 1 < cb else cb
+                    for run_i in range(2):
+                        c_hi = cb if run_i == 0 else r2h
+                        c_lo = r1l if run_i == 0 else ca
+                        for col in range(c_hi, c_lo - 1, -1):
+                            inner = col * size + size - 1
+                            if inner > ib - 1:
+                                inner = ib - 1
+                            k = kz + col * k1
+                            if bstamp[k] != w:
+                                bstamp[k] = w
+                                cp[t, c] = (p0 + inner) * n_step + q
+                                ck[t, c] = k
+                                c += 1
                     if lo <= hi:
-                        c2 = lo - 1 if lo - 1 < cb else cb
-                        c = _column_last_touches(c2, ca, size, ib, kz, k1, w, p0, n_step, q, t,
-                                                 c, bstamp, cp, ck)
                         # keep the union when it is an interval, else the later one
                         if ca <= hi + 1 and cb >= lo - 1:
                             if ca < lo:
@@ -886,30 +881,38 @@ def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
                 q += 1
             pi -= 1
         z -= 1
-    # ---- merge the streams by decreasing access position: the tail pass
+    # ---- the tail pass: a block's tail bytes are the bytes of the candidates at
+    # later access positions, per tensor t2 its block bytes times the number of
+    # its candidates there (each stream decreases in position); integer block
+    # sizes make these the per-access pass's running sums exactly
     run = 0.0
     newb = 0.0
     fresh_all = w - 1 < valid_from
     for t in range(T):
-        clen[T + t] = 0  # read pointers
-    while True:
-        best = -1
-        bj = -1
-        for t in range(T):
-            i = clen[T + t]
-            if i < clen[t] and cp[t, i] > bj:
-                bj = cp[t, i]
-                best = t
-        if best < 0:
-            break
-        k = ck[best, clen[T + best]]
-        clen[T + best] += 1
-        wt = tbytes[best]
-        tail_b[k] = run
-        run += wt
-        if fresh_all or lastwave[k] != w - 1:
-            newb += wt
-        lastwave[k] = w
+        nt = clen[t]
+        if nt == 0:
+            continue
+        wt = tbytes[t]
+        run += nt * wt
+        for t2 in range(T):
+            clen[T + t2] = 0  # read pointers: candidates of t2 after the current one
+        for i in range(nt):
+            pos = cp[t, i]
+            r = i * wt
+            for t2 in range(T):
+                if t2 == t:
+                    continue
+                n2 = clen[t2]
+                a = clen[T + t2]
+                while a < n2 and cp[t2, a] > pos:
+                    a += 1
+                clen[T + t2] = a
+                r += a * tbytes[t2]
+            k = ck[t, i]
+            tail_b[k] = r
+            if fresh_all or lastwave[k] != w - 1:
+                newb += wt
+            lastwave[k] = w
     nw = end - start
     ustep[w] = run
     newcum[w + 1] = newcum[w] + newb
