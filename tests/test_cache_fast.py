@@ -26,6 +26,11 @@ the same arithmetic, done once where the general path repeats it:
   sizes) are book-kept per distinct block: each tensor's candidate last
   touches, merged by access position, give ``tail_b`` in the per-access
   order; ``ustep``/``newcum`` sum the same integers in another order;
+* analysed waves without an L1.5 tier whose step footprint surely hits in
+  L2 (panel orders, integer block sizes) go per distinct block too: every
+  re-touch hits, so a tensor's sums need its access count, its first touches
+  (the mirror of the last touches above, heads from candidate counts) and
+  their cross-wave hits;
 * per-tensor sums are added once per wave, scaled by ``ksteps`` (the only
   change of rounding: sums reassociate, ~1e-16 relative).
 
@@ -256,3 +261,62 @@ def test_l15_footprint_that_surely_hits():
         ones = np.flatnonzero(h == 1.0)
         if ones.size:  # every distance below the largest sure hit surely hits
             assert np.all(h[: ones.max() + 1] == 1.0)
+
+
+def _block_batch(rng, big_l2: bool) -> tuple:
+    """Three problems without an L1.5 tier (``g15 = 0`` or ``cap15 = 0``) and
+    integer block sizes: any masks and cadences, every order (group sizes 0,
+    above the row count, not dividing it), ragged grids, split planes
+    (``g2 > 1``), waves from one tile to more than the grid. ``big_l2``: the
+    step footprint surely hits in L2, so analysed waves take the per-block
+    path (:func:`reuse._hits_blocks`); else it gives back to the per-access
+    path after stamping its first touches."""
+    T = int(rng.integers(1, 5))
+    probs = []
+    for _ in range(3):
+        nsm = int(rng.integers(1, 40))
+        no15 = bool(rng.integers(0, 2))
+        probs.append(dict(
+            g0=int(rng.integers(1, 40)), g1=int(rng.integers(1, 40)), g2=int(rng.integers(1, 4)),
+            order=int(rng.integers(0, 5)), group=int(rng.choice([0, 1, 2, 3, 5, 8, 16, 64])),
+            conc=int(rng.choice([1, nsm, nsm * int(rng.integers(1, 5)), 5000])),
+            ksteps=int(rng.integers(1, 80)),
+            tbytes=tuple(float(rng.choice([64, 512, 2048, 8192, 65536])) for _ in range(T)),
+            mask=tuple(int(rng.integers(0, 8)) for _ in range(T)),
+            per_step=tuple(1 if t == 0 else int(rng.integers(0, 2)) for t in range(T)),
+            cap2=1e12 if big_l2 else float(rng.uniform(3, 300)) * 2048, assoc2=16.0, nsm=nsm,
+            g15=0 if no15 else int(rng.choice([2, 4, 8])),
+            cap15=float(rng.uniform(2, 30)) * 2048 if no15 else 0.0, assoc15=8.0))
+    return tuple(np.array([p[k] for p in probs]) for k in (
+        "g0", "g1", "g2", "order", "group", "conc", "ksteps", "mask", "per_step", "tbytes",
+        "cap2", "assoc2", "nsm", "g15", "cap15", "assoc15"))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fast_equals_general_block_analysed_waves(seed):
+    """Analysed waves per distinct block (no L1.5 tier, panel orders, integer
+    block sizes, step footprint surely hitting in L2): first touches from the
+    panel structure, heads from candidate counts, sums from counts and the
+    cross-wave hits; and the give-back to the per-access path when the
+    footprint may miss."""
+    rng = np.random.default_rng(100 + seed)
+    for i in range(50):
+        args = _block_batch(rng, big_l2=i % 5 != 0)
+        for kw in (SAMPLINGS[0], SAMPLINGS[3], dict(k_samples=3, max_waves=3, max_lookback=2),
+                   dict(k_samples=64, max_waves=1 << 30)):
+            _assert_same(args, **kw)
+
+
+@pytest.mark.parametrize("order", sorted(ORDER_NAMES.values()))
+def test_fast_equals_general_block_analysed_waves_grids(order):
+    """The per-block analysed waves on tiny and large grids (GEMM masks, A100-
+    like waves, no L1.5): one tile, a grid smaller than a wave, ragged panels
+    of every group size, split-K planes, a 300 x 200 x 2 grid."""
+    probs = [_problem(g0=g0, g1=g1, g2=g2, order=order, group=grp, conc=conc, nsm=108, g15=0,
+                      cap15=0.0, cap2=4e7, ksteps=ks)
+             for g0, g1, g2, grp, conc, ks in ((1, 1, 1, 8, 108, 1), (3, 5, 1, 8, 216, 7),
+                                               (37, 29, 1, 4, 216, 64), (37, 29, 3, 16, 324, 9),
+                                               (64, 48, 2, 1, 432, 33), (100, 7, 1, 8, 108, 12),
+                                               (300, 200, 2, 8, 648, 5), (45, 61, 1, 0, 972, 2))]
+    for kw in (SAMPLINGS[0], SAMPLINGS[3], dict(k_samples=4, max_waves=40, max_lookback=6)):
+        _assert_same(cache_args(probs), **kw)

@@ -34,7 +34,9 @@ The hit rates of an analysed wave are computed by :func:`_hits_fast`
 (memoized SDCM calls, cross-wave hits memoized per wave on their exact
 inputs, L1.5 groups with equal access patterns solved once and groups whose
 footprint surely hits skipped); the waves only book-kept for the lookback
-are book-kept per distinct block on the panel orders (:func:`_book_blocks`).
+are book-kept per distinct block on the panel orders (:func:`_book_blocks`),
+and so are analysed waves without an L1.5 tier whose step footprint surely
+hits in L2 (:func:`_hits_blocks`).
 ``cache_hit_rates(..., general=True)`` runs the original per-access code,
 which tests/test_cache_fast.py holds the fast path equal to (bench/cache_speed.py
 times the two).
@@ -570,6 +572,12 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
         else:
             valid_from = ws
         for wv in range(ws, w + 1):
+            if blockbook and wv == w and not use15 and _hits_blocks(
+                    w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gmb, n_step,
+                    once_bytes, lastwave, fstamp, bstamp, tail_b, ustep, newcum, oncecum, cp, ck,
+                    clen, ids, head, grp, dist, unit, assoc2, B2, svals, ks, kf, xtag, xwp, xs,
+                    xval, acc, hit15, req2, hit2):
+                continue
             if blockbook and wv != w:
                 _book_blocks(wv, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1,
                              gmb, n_step, once_bytes, lastwave, bstamp, tail_b, ustep, newcum,
@@ -917,6 +925,195 @@ def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
     ustep[w] = run
     newcum[w + 1] = newcum[w] + newb
     oncecum[w + 1] = oncecum[w] + nw * once_bytes
+
+
+@jit_serial
+def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gm, n_step,
+                 once_bytes, lastwave, fstamp, bstamp, tail_b, ustep, newcum, oncecum, cp, ck,
+                 clen, ids, head, fts, hx, unit, assoc2, B2, svals, ks, kf, xtag, xwp, xs, xval,
+                 acc, hit15, req2, hit2):
+    """Analyse wave ``w`` per distinct block, without an L1.5 tier, on the
+    panel orders with integer block sizes (as :func:`_book_blocks`); returns
+    ``False``, having changed nothing but ``fstamp`` and this wave's
+    ``ustep``/``newcum``/``oncecum`` (which the per-access path recomputes
+    equal), when the step footprint does not surely hit in L2.
+
+    When it surely hits, every within-step re-touch hits (the per-access path
+    takes ``h = 1``), so a tensor's sums need only its access count ``nw``,
+    its first touches in the step and their cross-wave hits. The first
+    touches are the mirror of :func:`_book_blocks`'s last touches: per panel
+    segment walked forwards, a tensor's first ``size`` tiles (row keys), the
+    starts of its column runs (column keys), its first tile (neither) or
+    every tile (both), a stamp keeping each block's earliest. A block's
+    ``head`` (bytes first touched before it in the step) is, per tensor, its
+    bytes times the count of earlier candidates. The per-tensor sums add the
+    same terms in another order (the only change: rounding, ~1e-16 relative);
+    then :func:`_book_blocks` book-keeps the wave.
+    """
+    start = w * conc
+    end = start + conc
+    if end > P:
+        end = P
+    nw = end - start
+    plane = g0 * g1
+    pw = gm * g1
+    stamp = -2 - w  # not a wave index: the per-access pass's own stamps stay valid
+    for t in range(T):
+        clen[t] = 0
+        clen[2 * T + t] = 1  # covered columns [lo, hi]: none
+        clen[3 * T + t] = 0
+    z = start // plane
+    while z * plane < end:
+        zb = z * plane
+        for t in range(T):
+            if kstr[t, 2] != 0:
+                clen[2 * T + t] = 1
+                clen[3 * T + t] = 0
+        ra = start - zb if start > zb else 0
+        rb = end - zb if end - zb < plane else plane
+        pl = (rb - 1) // pw
+        for pi in range(ra // pw, pl + 1):
+            first = pi * gm
+            size = g0 - first
+            if size > gm:
+                size = gm
+            pb = first * g1
+            ia = ra - pb if ra > pb else 0
+            ib = rb - pb
+            if ib > size * g1:
+                ib = size * g1
+            p0 = zb + pb - start  # wave position of inner offset 0
+            q = 0
+            for t in range(T):
+                if per_step[t] == 0:
+                    continue
+                kz = koff[t] + z * kstr[t, 2]
+                k0 = kstr[t, 0]
+                k1 = kstr[t, 1]
+                c = clen[t]
+                if k0 != 0 and k1 != 0:
+                    for inner in range(ia, ib):
+                        col = inner // size
+                        k = kz + (first + inner - col * size) * k0 + col * k1
+                        if fstamp[k] != stamp:
+                            fstamp[k] = stamp
+                            cp[t, c] = (p0 + inner) * n_step + q
+                            ck[t, c] = k
+                            c += 1
+                elif k0 != 0:
+                    hi_in = ia + size
+                    if hi_in > ib:
+                        hi_in = ib
+                    for inner in range(ia, hi_in):
+                        k = kz + (first + inner % size) * k0
+                        if fstamp[k] != stamp:
+                            fstamp[k] = stamp
+                            cp[t, c] = (p0 + inner) * n_step + q
+                            ck[t, c] = k
+                            c += 1
+                elif k1 != 0:
+                    # the columns ca up to cb less those earlier segments emitted
+                    # (an interval [lo, hi], of this plane if the key has the
+                    # plane): up to two runs, walked upwards; a column's first
+                    # touch is its first tile, clipped to the segment start
+                    ca = ia // size
+                    cb = (ib - 1) // size
+                    lo = clen[2 * T + t]
+                    hi = clen[3 * T + t]
+                    r1h = cb
+                    r2l = cb + 1
+                    if lo <= hi:
+                        r1h = lo - 1 if lo - 1 < cb else cb
+                        r2l = hi + 1 if hi + 1 > ca else ca
+                    for run_i in range(2):
+                        c_lo = ca if run_i == 0 else r2l
+                        c_hi = r1h if run_i == 0 else cb
+                        for col in range(c_lo, c_hi + 1):
+                            inner = col * size
+                            if inner < ia:
+                                inner = ia
+                            k = kz + col * k1
+                            if fstamp[k] != stamp:
+                                fstamp[k] = stamp
+                                cp[t, c] = (p0 + inner) * n_step + q
+                                ck[t, c] = k
+                                c += 1
+                    if lo <= hi:
+                        # keep the union when it is an interval, else the later one
+                        if ca <= hi + 1 and cb >= lo - 1:
+                            if ca < lo:
+                                clen[2 * T + t] = ca
+                            if cb > hi:
+                                clen[3 * T + t] = cb
+                        else:
+                            clen[2 * T + t] = ca
+                            clen[3 * T + t] = cb
+                    else:
+                        clen[2 * T + t] = ca
+                        clen[3 * T + t] = cb
+                else:
+                    if fstamp[kz] != stamp:
+                        fstamp[kz] = stamp
+                        cp[t, c] = (p0 + ia) * n_step + q
+                        ck[t, c] = kz
+                        c += 1
+                clen[t] = c
+                q += 1
+        z += 1
+    # ---- heads (bytes of the candidates at earlier positions), footprint, new bytes
+    run = 0.0
+    newb = 0.0
+    fresh_all = w - 1 < valid_from
+    nft = 0
+    for t in range(T):
+        nt = clen[t]
+        if nt == 0:
+            continue
+        wt = tbytes[t]
+        run += nt * wt
+        for t2 in range(T):
+            clen[T + t2] = 0  # read pointers: candidates of t2 before the current one
+        for i in range(nt):
+            pos = cp[t, i]
+            r = i * wt
+            for t2 in range(T):
+                if t2 == t:
+                    continue
+                n2 = clen[t2]
+                a = clen[T + t2]
+                while a < n2 and cp[t2, a] < pos:
+                    a += 1
+                clen[T + t2] = a
+                r += a * tbytes[t2]
+            k = ck[t, i]
+            ids[nft] = k
+            head[nft] = r
+            fts[nft] = nft
+            nft += 1
+            if fresh_all or lastwave[k] != w - 1:
+                newb += wt
+    ustep[w] = run
+    newcum[w + 1] = newcum[w] + newb
+    oncecum[w + 1] = oncecum[w] + nw * once_bytes
+    if not (hit_prob_gauss(run / unit, assoc2, B2) >= 1.0 - 1e-12):
+        return False
+    _cross_wave_hits(fts, nft, ids, head, w, valid_from, lastwave, ustep, newcum, oncecum,
+                     tail_b, svals, ks, kf, unit, assoc2, B2, xtag, xwp, xs, xval, hx)
+    i = 0
+    for t in range(T):
+        if per_step[t] == 0:
+            continue
+        nt = clen[t]
+        cw = 0.0
+        for _ in range(nt):
+            cw += hx[i]
+            i += 1
+        acc[t] += kf * nw
+        req2[t] += kf * nw
+        hit2[t] += kf * ((nw - nt) + cw)
+    _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gm, n_step,
+                 once_bytes, lastwave, bstamp, tail_b, ustep, newcum, oncecum, cp, ck, clen)
+    return True
 
 
 @jit_parallel
