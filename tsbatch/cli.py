@@ -64,7 +64,9 @@ def cmd_evaluate(args) -> int:
                       extra={"top_fraction": str(top)})
     ranked = bool(args.rank or args.top)
     t0 = time.perf_counter()
-    memo = CacheMemo()  # cache problems solved in one batch are reused by the next
+    # cache problems solved in one batch are reused by the next (none to share
+    # when the file is one batch)
+    memo = None if one else CacheMemo()
     if ranked:
         # screened ranking (tsbatch.screen): per record batch only the rows that can
         # still be among their workload's top K (K from the workload's count over

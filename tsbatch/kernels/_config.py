@@ -4,7 +4,8 @@
 semantics: an infinite reuse distance (a cold miss) and a NaN latency (an
 infeasible row) carry meaning. ``cache=True`` stores compiled machine code
 next to the package (or in ``NUMBA_CACHE_DIR``), so a process start does not
-recompile.
+recompile; a cached kernel loads without numba's compiler set-up
+(``_fastload``).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from numba import njit  # noqa: E402
 
+from tsbatch.kernels._fastload import fast_loading  # noqa: E402
+
 FASTMATH = {"contract", "arcp", "reassoc", "nsz", "afn"}
 
 #: decorator for scalar device-style helpers, inlined into callers
-jit_scalar = njit(cache=True, fastmath=FASTMATH, inline="always", nogil=True)
+jit_scalar = fast_loading(njit(cache=True, fastmath=FASTMATH, inline="always", nogil=True))
 #: decorator for serial array kernels
-jit_serial = njit(cache=True, fastmath=FASTMATH, nogil=True)
+jit_serial = fast_loading(njit(cache=True, fastmath=FASTMATH, nogil=True))
 #: decorator for row-parallel array kernels (``prange`` over rows)
-jit_parallel = njit(cache=True, fastmath=FASTMATH, nogil=True, parallel=True)
+jit_parallel = fast_loading(njit(cache=True, fastmath=FASTMATH, nogil=True, parallel=True))

@@ -1,0 +1,59 @@
+"""Cached kernels load without numba's registry refresh (tsbatch.kernels._fastload).
+
+Each check is a new process sharing one fresh numba cache directory: the first
+compiles and stores two small kernels (one parallel, one serial), the next
+ones load them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CODE = """
+import json, sys
+import numpy as np
+from numba import njit
+from numba.core.registry import cpu_target
+from tsbatch.hw import get_hw
+from tsbatch.kernels.occupancy import _resident_batch, resident_tiles
+from tsbatch.kernels.order import launch_order, launch_order_array
+
+r, why = resident_tiles(np.array([32768, 10**6, 4096]), np.array([128, 128, 255]),
+                        np.array([256, 256, 1024]), get_hw("h100"))
+x0, x1, x2 = launch_order_array(2, 3, 4, 2, 2)
+refreshed = bool(cpu_target.target_context._registries)
+hits = sum(_resident_batch.stats.cache_hits.values()) + sum(launch_order.stats.cache_hits.values())
+# compiling something new in the same process still works (it refreshes first)
+inc = njit(lambda v: v + 1)(np.arange(3)).tolist()
+print(json.dumps({"r": r.tolist(), "why": why.tolist(), "order": [x0.tolist(), x1.tolist(),
+                  x2.tolist()], "refreshed": refreshed, "hits": hits, "inc": inc}))
+"""
+
+
+def _run(cache: Path, **env) -> dict:
+    full = {k: v for k, v in os.environ.items() if k != "TSBATCH_NUMBA_FASTLOAD"}
+    full.update(NUMBA_CACHE_DIR=str(cache), OMP_WAIT_POLICY="passive", **env)
+    res = subprocess.run([sys.executable, "-c", CODE], env=full, cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_cached_kernels_load_without_refresh(tmp_path):
+    cold = _run(tmp_path)
+    assert cold["hits"] == 0 and cold["refreshed"]  # compiled: the compiler refreshed
+    warm = _run(tmp_path)
+    assert warm["hits"] == 2  # both loaded from the cache ...
+    assert not warm["refreshed"]  # ... without the registry refresh
+    plain = _run(tmp_path, TSBATCH_NUMBA_FASTLOAD="0")  # numba's own loading
+    assert plain["hits"] == 2 and plain["refreshed"]
+    for res in (warm, plain):
+        assert {k: res[k] for k in ("r", "why", "order", "inc")} == \
+               {k: cold[k] for k in ("r", "why", "order", "inc")}
+    assert cold["r"][1] == 0 and cold["inc"] == [1, 2, 3]
