@@ -277,6 +277,8 @@ def lower(cols: dict, hw) -> TilePlan:
 
 def _map_codes(values: np.ndarray, table: dict) -> np.ndarray:
     """Map an object array of strings to integer codes (vectorized)."""
+    if values.size and type(values[0]) is str and (values == values[0]).all():
+        return np.full(values.shape[0], table[values[0]], dtype=np.int64)  # one value: no sort
     uniq, inv = np.unique(values.astype(str), return_inverse=True)
     codes = np.array([table[u] for u in uniq], dtype=np.int64)
     return codes[inv]

@@ -79,6 +79,23 @@ def test_prune_matches_full_ranking(hw, workload):
     assert res.n_predicted <= full.n_predicted == res.n_feasible
 
 
+@pytest.mark.parametrize("m,n,k,dtype,top", [
+    (1, 8192, 8192, "float16", 0.05), (16, 4096, 4096, "bfloat16", 0.02),
+    (64, 14336, 4096, "float16", 0.1), (8, 1024, 1024, "float8", 0.05),
+    (32768, 1024, 1024, "float16", 0.01), (300, 700, 5000, "float32", 0.3),
+])
+def test_screen_rounds_match_unscreened(m, n, k, dtype, top):
+    """The rounds (first the smallest bounds, then halves of the rows that can still
+    make it) keep exactly what predicting every row keeps, also for memory-bound
+    shapes where the bound is loose and several rounds run."""
+    configs = _grid(300, seed=m % 7, extra=True)
+    wl = {"m": m, "n": n, "k": k, "dtype": dtype}
+    res = prune(wl, configs, top=top)
+    full = prune(wl, configs, top=top, screen=False)
+    assert res.indices == full.indices and res.latency_us == full.latency_us
+    assert res.n_predicted <= full.n_predicted
+
+
 def test_prune_kept_are_feasible_and_optional_columns():
     workload = {"m": 3000, "n": 2000, "k": 1000, "dtype": "float16"}
     configs = _grid(150, seed=3, extra=True)
@@ -171,6 +188,67 @@ def test_bad_top_and_hw():
             prune(w, c, top=top)
     with pytest.raises(InputError):
         prune(w, c, hw="no_such_gpu")
+
+
+
+def _cfg_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k].dtype == b[k].dtype and a[k].tolist() == b[k].tolist() for k in a)
+
+
+@pytest.mark.parametrize("variant", ["plain", "extra", "mixed_keys", "numpy_ints", "bools",
+                                     "floats", "int32", "float_optional", "huge", "one"])
+def test_config_columns_fast_path_matches_row_loop(variant):
+    """The loop-free reading of config dicts gives exactly the row loop's columns, or
+    declines (``None``) and leaves the input to the row loop."""
+    from tsbatch.prune import _config_arrays, _dict_columns, _dict_columns_fast
+
+    configs = _grid(40, seed=9, extra=variant in ("extra", "float_optional"))
+    if variant == "numpy_ints":
+        configs = [{k: np.int64(v) for k, v in c.items()} for c in configs]
+    elif variant == "bools":
+        configs[3]["num_stages"] = True  # an int to numpy, as in the row loop
+    elif variant == "floats":
+        configs[5]["block_k"] = 64.0
+    elif variant == "int32":
+        configs = [{k: np.int32(v) for k, v in c.items()} for c in configs]
+    elif variant == "float_optional":
+        configs[7]["group_m"] = 4.0
+    elif variant == "mixed_keys":  # optional keys in some dicts only
+        configs[2]["group_m"] = 4
+        configs[4]["split_k"] = 2
+        configs[6]["raster"] = "row"
+    elif variant == "huge":  # beyond int64: left to the row loop
+        configs[1]["block_m"] = 2**70
+        assert _dict_columns_fast(configs, len(configs)) is None
+        return
+    elif variant == "one":
+        configs = configs[:1]
+    slow = _dict_columns(configs, len(configs))
+    fast = _dict_columns_fast(configs, len(configs))
+    if variant in ("floats", "int32", "float_optional"):
+        assert fast is None
+    else:
+        assert fast is not None and _cfg_equal(fast, slow)
+    assert _cfg_equal(_config_arrays(configs), slow)
+
+
+def test_dense_ids_small_path_matches_polars(monkeypatch):
+    """evaluate_plan's grouping of cache problems: the numpy path for small inputs
+    gives the polars path's ids and representatives."""
+    import tsbatch.evaluate as ev
+
+    rng = np.random.default_rng(4)
+    for n in (1, 2, 7, 60, 256):
+        keys = rng.integers(-3, 4, size=(n, 12)).astype(np.int64)
+        keys[:, 5] = rng.integers(-2**62, 2**62, n)
+        keys[n // 2::3] = keys[0]  # duplicate rows
+        keys[1::4, :6] = keys[0, :6]  # rows equal in their leading columns
+        small = ev._dense_ids(keys)
+        monkeypatch.setattr(ev, "_DENSE_IDS_NUMPY_ROWS", 0)
+        big = ev._dense_ids(keys)
+        monkeypatch.undo()
+        assert np.array_equal(small[0], big[0]) and np.array_equal(small[1], big[1])
 
 
 # --------------------------------------------------------------------------- Triton adapter

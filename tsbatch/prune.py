@@ -26,9 +26,12 @@ expensive part of the model for most candidates:
    is non-decreasing in every work entry, and the cache model only ever
    adds L2 and DRAM work, so the bound never exceeds the full prediction;
 3. candidates are predicted in full (cache model included) in order of
-   their bound, in growing batches, until the ``keep``-th best full
-   prediction is strictly below the bound of every candidate not yet
-   predicted. No unpredicted candidate can then enter the kept set.
+   their bound: first a few more than ``keep``, then, round after round,
+   half of the candidates whose bound is not above the ``keep``-th best
+   prediction so far, until there are none. The ``keep``-th best only
+   falls as predictions are added, so every candidate left out has a
+   bound, and so a prediction, strictly above the final one: none can
+   enter the kept set.
 
 The cache model (§3.5) dominates the cost of a prediction; the bound is
 tight for the fast candidates, so typically only a few more than ``keep``
@@ -42,6 +45,7 @@ asking again for the same problem) cost a dictionary lookup.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import operator
 from collections import OrderedDict
 from typing import Iterator, NamedTuple, Sequence
@@ -192,41 +196,9 @@ def _config_arrays(configs) -> dict[str, np.ndarray]:
         n = len(configs)
         if n == 0:
             raise InputError("configs is empty; nothing to prune")
-        rows = []
-        raster = np.empty(n, dtype=object)
-        known = set(CONFIG_KEYS)
-        required = _INT_CONFIG[:5]
-        optional = _INT_CONFIG[5:]
-        get_req = operator.itemgetter(*required)
-        opt_default = tuple(CONFIG_KEYS[x] for x in optional)
-        for i, c in enumerate(configs):
-            if not isinstance(c, dict):
-                raise InputError(f"configs[{i}] must be a dict, got {type(c).__name__}")
-            if not known.issuperset(c):
-                bad = sorted(set(c) - known)
-                raise InputError(f"configs[{i}] has unknown key{'s' if len(bad) > 1 else ''} "
-                                 f"{', '.join(map(repr, bad))}; known: {', '.join(CONFIG_KEYS)}")
-            try:
-                row = get_req(c)
-                if len(c) > 5 or "raster" in c:
-                    row = row + tuple(c.get(x, CONFIG_KEYS[x]) for x in optional)
-                else:
-                    row = row + opt_default
-                rows.append(row)
-            except KeyError:
-                miss = [x for x in required if x not in c]
-                raise InputError(f"configs[{i}] lacks {', '.join(map(repr, miss))}") from None
-            raster[i] = c.get("raster", "grouped")
-        try:
-            arr = np.array(rows)
-        except (TypeError, ValueError, OverflowError):
-            arr = np.array(rows, dtype=object)
-        if arr.dtype.kind not in "iu":
-            arr = np.array([[_as_int(v, f"configs[{i}]['{x}']") for x, v in zip(_INT_CONFIG, r)]
-                            for i, r in enumerate(rows)], dtype=np.int64).reshape(n, -1)
-        ints = arr.astype(np.int64).reshape(n, len(_INT_CONFIG))
-        out = {x: ints[:, j].copy() for j, x in enumerate(_INT_CONFIG)}
-        out["raster"] = raster
+        out = _dict_columns_fast(configs, n)
+        if out is None:
+            out = _dict_columns(configs, n)
     if n == 0:
         raise InputError("configs is empty; nothing to prune")
     for name in _INT_CONFIG:
@@ -241,6 +213,86 @@ def _config_arrays(configs) -> dict[str, np.ndarray]:
         i = int(np.flatnonzero(out["raster"].astype(str) == unknown[0])[0])
         raise InputError(f"configs[{i}]['raster'] {unknown[0]!r} is not one of "
                          f"{', '.join(ORDER_NAMES)}")
+    return out
+
+
+def _dict_columns_fast(configs, n: int) -> dict[str, np.ndarray] | None:
+    """:func:`_dict_columns` for the common input, without a Python loop per row.
+
+    Plain dicts with known keys only, every required key present, and
+    integer values that numpy reads as int64 (as the row loop does). ``None``
+    for anything else: the row loop then names the problem (or converts
+    integral floats) as before.
+    """
+    if set(map(type, configs)) != {dict}:
+        return None
+    keys = set().union(*configs)
+    if not keys.issubset(CONFIG_KEYS):
+        return None
+    uniform = set(map(len, configs)) == {len(keys)}  # every dict holds every key
+    optional = [x for x in _INT_CONFIG[5:] if x in keys]
+    names = _INT_CONFIG[:5] + (tuple(optional) if uniform else ())
+    try:
+        arr = np.array(list(itertools.chain.from_iterable(
+            map(operator.itemgetter(*names), configs))))
+        cols = {} if uniform else {x: np.array([c.get(x, CONFIG_KEYS[x]) for c in configs])
+                                   for x in optional}
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+    if arr.dtype != np.int64 or arr.shape != (n * len(names),) or any(
+            v.dtype != np.int64 or v.shape != (n,) for v in cols.values()):
+        return None
+    arr = arr.reshape(n, len(names))
+    out = {x: arr[:, j].copy() for j, x in enumerate(names)}
+    out.update(cols)
+    for x in _INT_CONFIG[5:]:
+        if x not in out:
+            out[x] = np.full(n, CONFIG_KEYS[x], dtype=np.int64)
+    if "raster" in keys:
+        out["raster"] = np.fromiter((c.get("raster", "grouped") for c in configs),
+                                    dtype=object, count=n)
+    else:
+        out["raster"] = np.full(n, CONFIG_KEYS["raster"], dtype=object)
+    return out
+
+
+def _dict_columns(configs, n: int) -> dict[str, np.ndarray]:
+    """Validated columns of a list of ``n`` config dicts, one row at a time."""
+    rows = []
+    raster = np.empty(n, dtype=object)
+    known = set(CONFIG_KEYS)
+    required = _INT_CONFIG[:5]
+    optional = _INT_CONFIG[5:]
+    get_req = operator.itemgetter(*required)
+    opt_default = tuple(CONFIG_KEYS[x] for x in optional)
+    for i, c in enumerate(configs):
+        if not isinstance(c, dict):
+            raise InputError(f"configs[{i}] must be a dict, got {type(c).__name__}")
+        if not known.issuperset(c):
+            bad = sorted(set(c) - known)
+            raise InputError(f"configs[{i}] has unknown key{'s' if len(bad) > 1 else ''} "
+                             f"{', '.join(map(repr, bad))}; known: {', '.join(CONFIG_KEYS)}")
+        try:
+            row = get_req(c)
+            if len(c) > 5 or "raster" in c:
+                row = row + tuple(c.get(x, CONFIG_KEYS[x]) for x in optional)
+            else:
+                row = row + opt_default
+            rows.append(row)
+        except KeyError:
+            miss = [x for x in required if x not in c]
+            raise InputError(f"configs[{i}] lacks {', '.join(map(repr, miss))}") from None
+        raster[i] = c.get("raster", "grouped")
+    try:
+        arr = np.array(rows)
+    except (TypeError, ValueError, OverflowError):
+        arr = np.array(rows, dtype=object)
+    if arr.dtype.kind not in "iu":
+        arr = np.array([[_as_int(v, f"configs[{i}]['{x}']") for x, v in zip(_INT_CONFIG, r)]
+                        for i, r in enumerate(rows)], dtype=np.int64).reshape(n, -1)
+    ints = arr.astype(np.int64).reshape(n, len(_INT_CONFIG))
+    out = {x: ints[:, j].copy() for j, x in enumerate(_INT_CONFIG)}
+    out["raster"] = raster
     return out
 
 
@@ -288,25 +340,39 @@ def _select(wl: tuple, cfg: dict[str, np.ndarray], hw: HwSpec, top: float,
     lb = lower_bound(take_plan(plan, feas), p[feas], hw)
     lb = np.where(np.isfinite(lb), lb, np.inf)
     by_lb = np.lexsort((feas, lb))  # positions into feas, smallest bound first
-    done = 0
-    got_idx = np.empty(0, dtype=np.int64)
-    got_lat = np.empty(0, dtype=np.float64)
-    step = keep + max(4, keep // 4)
+    lb_sorted = lb[by_lb]
+    # round 1: the smallest bounds, a few more than are kept
+    done = min(keep + max(2, keep // 16), by_lb.size)
+    got = feas[by_lb[:done]]
+    lat = _predict(plan, got, hw)
     while True:
-        nxt = by_lb[done:done + step]
-        done += nxt.size
-        rows = feas[nxt]
-        lat = evaluate_plan(take_plan(plan, rows), hw)["latency_us"]
-        got_idx = np.concatenate([got_idx, rows])
-        got_lat = np.concatenate([got_lat, np.where(np.isfinite(lat), lat, np.inf)])
-        if done >= feas.size:
+        # only rows whose bound is not above the keep-th best prediction so far
+        # can still be among the first ``keep`` (strictly above: a tie could
+        # still win on position); the keep-th best only falls as rows are added
+        kth = np.partition(lat, keep - 1)[keep - 1] if lat.size >= keep else np.inf
+        cand = int(np.searchsorted(lb_sorted, kth, side="right")) - done
+        if cand <= 0:
             break
-        kth = np.sort(got_lat)[keep - 1] if got_lat.size >= keep else np.inf
-        if kth < lb[by_lb[done]]:  # strict: a tie could be won by an earlier position
-            break
-        step *= 2
-    order = np.lexsort((got_idx, got_lat))[:keep]
-    return got_idx[order], got_lat[order], int(feas.size), int(done)
+        # the half of them with the smaller bounds first (the keep-th best
+        # falls with them, often below the others' bounds)
+        step = cand if cand <= _ROUND_MIN else (cand + 1) // 2
+        rows = feas[by_lb[done:done + step]]
+        done += step
+        got = np.concatenate([got, rows])
+        lat = np.concatenate([lat, _predict(plan, rows, hw)])
+    order = np.lexsort((got, lat))[:keep]
+    return got[order], lat[order], int(feas.size), int(got.size)
+
+
+#: below this many candidates a round predicts them all (a round costs ~0.4 ms
+#: besides its rows)
+_ROUND_MIN = 16
+
+
+def _predict(plan, rows: np.ndarray, hw: HwSpec) -> np.ndarray:
+    """Full predictions of ``rows`` of ``plan`` (+inf where not finite)."""
+    lat = evaluate_plan(take_plan(plan, rows), hw)["latency_us"]
+    return np.where(np.isfinite(lat), lat, np.inf)
 
 
 def _check_top(top) -> float:
