@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from test_screen import WL, _same, ranked_inputs
+from tsbatch.cli import main
 from tsbatch.bucket_rank import BUCKET_COL, BucketRanker, bucket_map
 from tsbatch.evaluate import evaluate, resolve_hw
 from tsbatch.rank import rank
@@ -39,3 +40,23 @@ def test_bucketed_rank_equals_full_rank(df, batch, max_rows, top):
         spill = br.dir
     _same(got, want)
     assert not spill.exists()  # the spill folder is removed
+
+
+@settings(max_examples=5, deadline=None)
+@given(df=ranked_inputs(max_workloads=3))
+def test_cli_rank_without_top_streams_buckets_and_matches(tmp_path_factory, df):
+    tmp_path = tmp_path_factory.mktemp("rank")
+    src = tmp_path / "c.parquet"
+    df.write_parquet(src)
+    out = tmp_path / "r.parquet"
+    assert main(["evaluate", str(src), "--hw", "h100", "--rank", "--batch-rows", "5",
+                 "--rank-bucket-rows", "7", "-o", str(out), "-q"]) == 0
+    _same(pl.read_parquet(out), rank(evaluate(pl.read_parquet(src), "h100"), WL, 1.0))
+
+
+def test_cli_rejects_a_nonpositive_bucket(tmp_path, capsys):
+    src = tmp_path / "c.parquet"
+    pl.DataFrame({"m": [64]}).write_parquet(src)
+    rc = main(["evaluate", str(src), "--hw", "h100", "--rank", "--rank-bucket-rows", "0",
+               "-o", str(tmp_path / "o.parquet")])
+    assert rc != 0 and "--rank-bucket-rows" in capsys.readouterr().err

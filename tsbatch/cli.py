@@ -39,6 +39,9 @@ def cmd_evaluate(args) -> int:
     from tsbatch.rank import parse_top
     from tsbatch.schema import read_candidates
 
+    for flag, v in (("--batch-rows", args.batch_rows), ("--rank-bucket-rows", args.rank_bucket_rows)):
+        if v < 1:
+            raise InputError(f"{flag} must be a positive number of rows, got {v}")
     hw = resolve_hw(args.hw)
     out = _out_path(args.output)
     top = parse_top(args.top)
@@ -66,8 +69,33 @@ def cmd_evaluate(args) -> int:
     t0 = time.perf_counter()
     # cache problems solved in one batch are reused by the next (none to share
     # when the file is one batch)
-    memo = None if one else CacheMemo()
-    if ranked:
+    memo = None if one else CacheMemo(max_problems=RANKED_MEMO_PROBLEMS)
+    if ranked and top >= 1.0 and not one:
+        # every feasible row is kept, so there is nothing to screen out: the
+        # predictions go to workload buckets on disk and are ranked one
+        # bucket at a time (tsbatch.bucket_rank), never the whole sweep in memory
+        from tsbatch.bucket_rank import BucketRanker
+        from tsbatch.rank import rank
+        from tsbatch.screen import workload_counts
+
+        wl = [c for c in fam.workload_columns if c in names]
+        n_rows = 0
+        n_inf = 0
+        kept = 0
+        spill = out.parent if str(out.parent) else Path(".")
+        with BucketRanker(wl, workload_counts(args.candidates, wl), args.rank_bucket_rows,
+                          spill_dir=spill) as br, ParquetSink(out, meta) as sink:
+            for df in batches:
+                res = evaluate(df, hw, args.family, cache_memo=memo)
+                n_rows += df.height
+                n_inf += int((~res.get_column("feasible")).sum())
+                br.add(res)
+            for part in br.ranked(top):
+                sink.write(part)
+                kept += part.height
+            sink.commit(empty_schema=rank(br.template, wl) if br.template is not None else None)
+        full = f" (ranked in buckets of at most {args.rank_bucket_rows:,} rows)"
+    elif ranked:
         # screened ranking (tsbatch.screen): per record batch only the rows that can
         # still be among their workload's top K (K from the workload's count over
         # the whole file, one streamed scan of the workload columns) are predicted
@@ -276,6 +304,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     e.add_argument("--top", default=None, help="keep only the top fraction per workload, e.g. 5%%")
     e.add_argument("--batch-rows", type=int, default=1_000_000,
                    help="rows evaluated per record batch (bounds memory)")
+    e.add_argument("--rank-bucket-rows", type=int, default=500_000,
+                   help="with --rank and no --top (every row kept): rows ranked in memory at "
+                        "once; the rest wait in workload buckets on disk next to the output")
     e.add_argument("-q", "--quiet", action="store_true")
     e.set_defaults(func=cmd_evaluate)
 
