@@ -759,6 +759,25 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
 
 
 
+@jit_scalar
+def _panel_segment(pi, gm, g0, g1, ra, rb, zb, start):
+    """Panel ``pi``'s segment of a wave within plane offset ``zb``: the panel's
+    first row ``first``, its rows ``size``, the wave's inner offsets
+    ``[ia, ib)`` in it (of the plane-relative range ``[ra, rb)``) and the wave
+    position ``p0`` of inner offset 0. Scalars only, so inlining costs no
+    reference counting."""
+    first = pi * gm
+    size = g0 - first
+    if size > gm:
+        size = gm
+    pb = first * g1
+    ia = ra - pb if ra > pb else 0
+    ib = rb - pb
+    if ib > size * g1:
+        ib = size * g1
+    return first, size, ia, ib, zb + pb - start
+
+
 @jit_serial
 def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gm, n_step,
                  once_bytes, lastwave, bstamp, tail_b, ustep, newcum, oncecum, cp, ck, clen):
@@ -803,16 +822,7 @@ def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
         pa = ra // pw
         pi = (rb - 1) // pw
         while pi >= pa:
-            first = pi * gm
-            size = g0 - first
-            if size > gm:
-                size = gm
-            pb = first * g1
-            ia = ra - pb if ra > pb else 0
-            ib = rb - pb
-            if ib > size * g1:
-                ib = size * g1
-            p0 = zb + pb - start  # wave position of inner offset 0
+            first, size, ia, ib, p0 = _panel_segment(pi, gm, g0, g1, ra, rb, zb, start)
             q = 0
             for t in range(T):
                 if per_step[t] == 0:
@@ -973,16 +983,7 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
         rb = end - zb if end - zb < plane else plane
         pl = (rb - 1) // pw
         for pi in range(ra // pw, pl + 1):
-            first = pi * gm
-            size = g0 - first
-            if size > gm:
-                size = gm
-            pb = first * g1
-            ia = ra - pb if ra > pb else 0
-            ib = rb - pb
-            if ib > size * g1:
-                ib = size * g1
-            p0 = zb + pb - start  # wave position of inner offset 0
+            first, size, ia, ib, p0 = _panel_segment(pi, gm, g0, g1, ra, rb, zb, start)
             q = 0
             for t in range(T):
                 if per_step[t] == 0:
