@@ -23,7 +23,10 @@ wave, is a linear function of the step index ``s``; it is *sampled along
 the reduction axis* at ``k_samples`` steps. Unions of blocks over runs of
 waves are accumulated as "new since the previous wave" prefix sums (exact
 for launch orders in which a block never skips a wave and comes back, an
-upper bound otherwise).
+upper bound otherwise). A launch of more than ``max_waves`` waves is
+*sampled along the waves*: the first, the last and evenly spaced interior
+waves are analysed, each interior one weighted for its share of the
+interior waves (the cold first wave counts once).
 
 On chips with an L1.5 tier (one per group of ``l15_group_sms`` SMs), the
 same within-step analysis is repeated on each group's subsequence (tile
@@ -416,7 +419,7 @@ def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups,
 @jit_serial
 def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                cap2, assoc2, nsm, g15, cap15, assoc15, k_samples, max_waves,
-               max_lookback, out_h15, out_h2, out_dram, fast):
+               max_lookback, out_h15, out_h2, out_dram, fast, weights):
     T = mask.shape[0]
     P = g0 * g1 * g2
     zorder = order == ORDER_ZORDER
@@ -561,11 +564,24 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
             lookback = lb
     if lookback > max_lookback:
         lookback = max_lookback
+    # the first (cold) and the last (partial) wave stand for themselves; an
+    # interior sampled wave stands for its share of the W - 2 interior waves
+    wt_in = 1.0
+    if weights and W > max_waves and max_waves > 2:
+        wt_in = (W - 2.0) / (max_waves - 2.0)
+    saved = np.zeros(4 * T, dtype=np.float64)
     valid_from = 0
     done = -1
     for w in range(W):
         if not sampled[w]:
             continue
+        scale = wt_in != 1.0 and 0 < w < W - 1
+        if scale:
+            for t in range(T):
+                saved[t] = acc[t]
+                saved[T + t] = hit15[t]
+                saved[2 * T + t] = req2[t]
+                saved[3 * T + t] = hit2[t]
         ws = w - lookback
         if ws <= done:
             ws = done + 1
@@ -591,6 +607,12 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                   goff, gfill, acc, hit15, req2, hit2, fast, n_step, memo15_k, memo15_v,
                   memo2_k, memo2_v, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
                   xtag, xwp, xs, xval)
+        if scale:
+            for t in range(T):
+                acc[t] = saved[t] + wt_in * (acc[t] - saved[t])
+                hit15[t] = saved[T + t] + wt_in * (hit15[t] - saved[T + t])
+                req2[t] = saved[2 * T + t] + wt_in * (req2[t] - saved[2 * T + t])
+                hit2[t] = saved[3 * T + t] + wt_in * (hit2[t] - saved[3 * T + t])
         done = w
     for t in range(T):
         if per_step[t] == 0 or acc[t] == 0.0:
@@ -1120,19 +1142,19 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
 @jit_parallel
 def _cache_batch(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                  cap2, assoc2, nsm, g15, cap15, assoc15, k_samples, max_waves,
-                 max_lookback, out_h15, out_h2, out_dram, fast, perm):
+                 max_lookback, out_h15, out_h2, out_dram, fast, weights, perm):
     n = g0.shape[0]
     for ii in prange(n):
         i = perm[ii]
         _cache_one(g0[i], g1[i], g2[i], order[i], group[i], conc[i], ksteps[i],
                    mask[i], per_step[i], tbytes[i], cap2[i], assoc2[i], nsm[i],
                    g15[i], cap15[i], assoc15[i], k_samples, max_waves,
-                   max_lookback, out_h15[i], out_h2[i], out_dram[i], fast)
+                   max_lookback, out_h15[i], out_h2[i], out_dram[i], fast, weights)
 
 
 def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                     cap2, assoc2, nsm, g15, cap15, assoc15, k_samples=4, max_waves=1 << 30,
-                    max_lookback=1 << 30, general=False):
+                    max_lookback=1 << 30, general=False, interior_weights=True):
     """Per-tensor hit rates for a batch of cache problems.
 
     Parameters are 1-D arrays of length ``n`` (one cache problem each) except
@@ -1143,6 +1165,13 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
     per L1.5 group (0: no L1.5 tier). ``general`` runs the straightforward
     per-access path instead of the fast one (same results; kept as the
     reference the fast path is tested against).
+
+    A launch of ``W > max_waves`` waves has ``max_waves`` of them analysed:
+    the first (cold), the last (partial) and evenly spaced interior ones.
+    With ``interior_weights`` (the default) the first and last count once
+    and each interior one for ``(W - 2) / (max_waves - 2)`` interior waves;
+    without, every analysed wave counts once, which over-counts the cold
+    first wave (kept to compare: bench/wave_sampling.py).
 
     Returns
     -------
@@ -1169,7 +1198,7 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
                  mask, i64(per_step).reshape(n, T), f64(tbytes).reshape(n, T),
                  f64(cap2), f64(assoc2), i64(nsm), i64(g15), f64(cap15), f64(assoc15),
                  int(k_samples), int(max(max_waves, 2)), int(max(max_lookback, 1)), h15, h2, dram,
-                 not general, perm)
+                 not general, bool(interior_weights), perm)
     return h15, h2, dram
 
 
