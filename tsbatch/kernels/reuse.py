@@ -254,6 +254,8 @@ def _memo_hits(d, n, finite_only, assoc, blocks, unit, keys, vals, out):
 #: slots of the per-problem table of L1.5 group patterns and their pooled labels
 PAT_SLOTS = 64
 PAT_POOL = 1 << 13
+#: slots of the per-problem table of L1.5 group run layouts (power of two)
+SIG_SLOTS = 64
 
 
 @jit_serial
@@ -262,7 +264,8 @@ def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups,
                oncecum, ids, wts, ten, dist, head, h15, tree, last_idx, sub_ids,
                sub_wts, sub_j, sub_d, memo15_k, memo15_v, memo2_k, memo2_v,
                acc, hit15, req2, hit2, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
-               xtag, xwp, xs, xval):
+               xtag, xwp, xs, xval, gsig, start, order, g0, g1, g2, group, gmb, sigbuf,
+               sig_tab, sig_hash):
     """The hit rates of wave ``w``'s accesses: the general path's arithmetic,
     cheaper (tests/test_cache_fast.py proves the two equal).
 
@@ -285,6 +288,81 @@ def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups,
             hi = lo + g15
             if hi > nsm:
                 hi = nsm
+            # the group's runs of consecutive programs, by their place in the
+            # launch order's panels: equal run signatures mean equal tile
+            # coordinates up to a translation, so equal first-touch labels
+            ns = 0
+            if gsig:
+                ok = True
+                ar = 0
+                ac = 0
+                az = 0
+                sh = np.int64(-3750763034362895579)
+                base = 0
+                while base + lo < nw:
+                    pe = base + hi
+                    if pe > nw:
+                        pe = nw
+                    ln = pe - (base + lo)
+                    r0, c0, z0 = tile_coords(order, g0, g1, g2, group, start + base + lo)
+                    r1, c1, z1 = tile_coords(order, g0, g1, g2, group, start + pe - 1)
+                    f0 = (r0 // gmb) * gmb
+                    if (r1 // gmb) * gmb != f0 or z1 != z0:
+                        ok = False  # the run crosses a panel
+                        break
+                    if ns == 0:
+                        ar = r0
+                        ac = c0
+                        az = z0
+                    sz = g0 - f0
+                    if sz > gmb:
+                        sz = gmb
+                    sigbuf[ns] = f0 - ar
+                    sigbuf[ns + 1] = r0 - f0
+                    sigbuf[ns + 2] = sz
+                    sigbuf[ns + 3] = c0 - ac
+                    sigbuf[ns + 4] = z0 - az
+                    sigbuf[ns + 5] = ln
+                    for e in range(ns, ns + 6):
+                        sh = (sh ^ sigbuf[e]) * np.int64(1099511628211)
+                    ns += 6
+                    base += nsm
+                if not ok:
+                    ns = 0
+            sslot = -1
+            if ns > 0:
+                smask = sig_tab.shape[0] - 1
+                ps = (sh ^ (sh >> np.int64(31))) & smask
+                for _ in range(sig_tab.shape[0]):
+                    sn = sig_tab[ps, 0]
+                    if sn < 0:
+                        sslot = ps
+                        break
+                    if sn == ns and sig_hash[ps] == sh:
+                        same = True
+                        for e in range(ns):
+                            if sig_tab[ps, 2 + e] != sigbuf[e]:
+                                same = False
+                                break
+                        if same:
+                            sslot = ps
+                            break
+                    ps = (ps + 1) & smask
+                if sslot >= 0 and sig_tab[sslot, 0] == ns:
+                    # a group laid out like this one before: its probabilities
+                    off = sig_tab[sslot, 1]
+                    base = 0
+                    while base + lo < nw:
+                        pe = base + hi
+                        if pe > nw:
+                            pe = nw
+                        a = (base + lo) * n_step
+                        b = pe * n_step
+                        for j in range(a, b):
+                            h15[j] = pool_h15[off + j - a]
+                        off += b - a
+                        base += nsm
+                    continue
             # the group's accesses, with canonical labels (rank of first touch)
             m = 0
             nl = 0
@@ -319,57 +397,71 @@ def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups,
                 continue
             for q in range(m):
                 last_idx[sub_ids[q]] = -1
+            # pool offset of this group's probabilities, if they get stored
+            poff = -1
             # the group's footprint surely hits: every re-touch distance is
             # below it, so its probability is exactly 1 too (non-increasing
             # SDCM), and a first touch misses (as set above)
             if hit_prob_gauss(foot / unit, assoc15, B15) == 1.0:
-                continue
-            # a group with the same pattern (this wave or an earlier one) has the
-            # same distances, so the same probabilities: reuse them
-            # the slot of the stored pattern equal to sub_lab[:m] (pat_m[slot] == m),
-            # else a free slot for it (pat_m[slot] == -1), else -1 (table full);
-            # patterns are compared element by element, the hash only picks the slot
-            pmask = pat_m.shape[0] - 1
-            ps = ((hsh ^ (hsh >> np.int64(29))) + m) & pmask
-            slot = -1
-            for _ in range(pat_m.shape[0]):
-                pm = pat_m[ps]
-                if pm < 0:
-                    slot = ps
-                    break
-                if pm == m and pat_hash[ps] == hsh:
-                    off = pat_off[ps]
-                    same = True
+                if sslot >= 0 and pat_off[PAT_SLOTS] + m <= PAT_POOL:
+                    poff = pat_off[PAT_SLOTS]
+                    pat_off[PAT_SLOTS] = poff + m
                     for q in range(m):
-                        if pool_lab[off + q] != sub_lab[q]:
-                            same = False
-                            break
-                    if same:
+                        pool_h15[poff + q] = h15[sub_j[q]]
+            else:
+                # a group with the same pattern (this wave or an earlier one) has
+                # the same distances, so the same probabilities: reuse them
+                # the slot of the stored pattern equal to sub_lab[:m] (pat_m[slot] == m),
+                # else a free slot for it (pat_m[slot] == -1), else -1 (table full);
+                # patterns are compared element by element, the hash only picks the slot
+                pmask = pat_m.shape[0] - 1
+                ps = ((hsh ^ (hsh >> np.int64(29))) + m) & pmask
+                slot = -1
+                for _ in range(pat_m.shape[0]):
+                    pm = pat_m[ps]
+                    if pm < 0:
                         slot = ps
                         break
-                ps = (ps + 1) & pmask
-            if slot >= 0 and pat_m[slot] == m:
-                off = pat_off[slot]
-                for q in range(m):
-                    h15[sub_j[q]] = pool_h15[off + q]
-                continue
-            for q in range(m):
-                sub_wts[q] = wts[sub_j[q]]
-            step_distances(sub_ids, sub_wts, m, last_idx, tree, sub_d)
-            fill = pat_off[PAT_SLOTS]
-            store = slot >= 0 and fill + m <= PAT_POOL
-            if store:
-                pat_m[slot] = m
-                pat_hash[slot] = hsh
-                pat_off[slot] = fill
-                pat_off[PAT_SLOTS] = fill + m
-            _memo_hits(sub_d, m, False, assoc15, B15, unit, memo15_k, memo15_v, sub_d)
-            for q in range(m):
-                v = sub_d[q]
-                h15[sub_j[q]] = v
-                if store:
-                    pool_lab[fill + q] = sub_lab[q]
-                    pool_h15[fill + q] = v
+                    if pm == m and pat_hash[ps] == hsh:
+                        off = pat_off[ps]
+                        same = True
+                        for q in range(m):
+                            if pool_lab[off + q] != sub_lab[q]:
+                                same = False
+                                break
+                        if same:
+                            slot = ps
+                            break
+                    ps = (ps + 1) & pmask
+                if slot >= 0 and pat_m[slot] == m:
+                    poff = pat_off[slot]
+                    for q in range(m):
+                        h15[sub_j[q]] = pool_h15[poff + q]
+                else:
+                    for q in range(m):
+                        sub_wts[q] = wts[sub_j[q]]
+                    step_distances(sub_ids, sub_wts, m, last_idx, tree, sub_d)
+                    fill = pat_off[PAT_SLOTS]
+                    store = slot >= 0 and fill + m <= PAT_POOL
+                    if store:
+                        pat_m[slot] = m
+                        pat_hash[slot] = hsh
+                        pat_off[slot] = fill
+                        pat_off[PAT_SLOTS] = fill + m
+                        poff = fill
+                    _memo_hits(sub_d, m, False, assoc15, B15, unit, memo15_k, memo15_v, sub_d)
+                    for q in range(m):
+                        v = sub_d[q]
+                        h15[sub_j[q]] = v
+                        if store:
+                            pool_lab[fill + q] = sub_lab[q]
+                            pool_h15[fill + q] = v
+            if sslot >= 0 and poff >= 0:
+                sig_tab[sslot, 0] = ns
+                sig_tab[sslot, 1] = poff
+                sig_hash[sslot] = sh
+                for e in range(ns):
+                    sig_tab[sslot, 2 + e] = sigbuf[e]
     T = loc.shape[1]
     for t in range(T):
         for r in range(4):
@@ -538,6 +630,12 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
         gmb = 1
     elif order == ORDER_COL:
         gmb = g0
+    # L1.5 groups keyed by the panel layout of their runs (panel orders)
+    gsig = fast and use15 and not zorder
+    sigw = 6 * ((conc + nsm - 1) // nsm) if gsig else 0
+    sigbuf = np.empty(sigw, dtype=np.int64)
+    sig_tab = np.full((SIG_SLOTS if gsig else 1, 2 + sigw), -1, dtype=np.int64)
+    sig_hash = np.zeros(sig_tab.shape[0], dtype=np.int64)
     cp = np.empty((T, conc if blockbook else 0), dtype=np.int64)
     ck = np.empty((T, conc if blockbook else 0), dtype=np.int64)
     clen = np.zeros(4 * T, dtype=np.int64)
@@ -606,7 +704,7 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                   ids, wts, ten, grp, dist, head, h15, tree, sub_ids, sub_wts, sub_j, sub_d,
                   goff, gfill, acc, hit15, req2, hit2, fast, n_step, memo15_k, memo15_v,
                   memo2_k, memo2_v, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
-                  xtag, xwp, xs, xval)
+                  xtag, xwp, xs, xval, gsig, gmb, sigbuf, sig_tab, sig_hash)
         if scale:
             for t in range(T):
                 acc[t] = saved[t] + wt_in * (acc[t] - saved[t])
@@ -630,7 +728,7 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
           ids, wts, ten, grp, dist, head, h15, tree, sub_ids, sub_wts, sub_j, sub_d,
           goff, gfill, acc, hit15, req2, hit2, fast, n_step, memo15_k, memo15_v,
           memo2_k, memo2_v, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
-          xtag, xwp, xs, xval):
+          xtag, xwp, xs, xval, gsig, gmb, sigbuf, sig_tab, sig_hash):
     """Book-keep wave ``w`` (and, if ``do_hits``, add its accesses' hit rates)."""
     if True:
         start = w * conc
@@ -722,7 +820,8 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
                        oncecum, ids, wts, ten, dist, head, h15, tree, last_idx, sub_ids,
                        sub_wts, sub_j, sub_d, memo15_k, memo15_v, memo2_k, memo2_v,
                        acc, hit15, req2, hit2, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
-                       xtag, xwp, xs, xval)
+                       xtag, xwp, xs, xval, gsig, start, order, g0, g1, g2, group, gmb, sigbuf,
+                       sig_tab, sig_hash)
         elif do_hits:
             # every within-step distance is below the step's footprint; when
             # even that footprint surely hits (monotone SDCM), skip the tree
