@@ -26,11 +26,16 @@ the same arithmetic, done once where the general path repeats it:
   sizes) are book-kept per distinct block: each tensor's candidate last
   touches, merged by access position, give ``tail_b`` in the per-access
   order; ``ustep``/``newcum`` sum the same integers in another order;
-* analysed waves without an L1.5 tier whose step footprint surely hits in
-  L2 (panel orders, integer block sizes) go per distinct block too: every
-  re-touch hits, so a tensor's sums need its access count, its first touches
-  (the mirror of the last touches above, heads from candidate counts) and
-  their cross-wave hits;
+* analysed waves whose step footprint surely hits in L2 (panel orders,
+  integer block sizes) go per distinct block too: every re-touch hits, so a
+  tensor's sums need its access count, its first touches (the mirror of the
+  last touches above, heads from candidate counts), their cross-wave hits
+  and, with an L1.5 tier, the sum of its L1.5 hit probabilities (a block's
+  first touch in the step misses L1.5);
+* an L1.5 group whose runs of programs sit in the launch order's panels as
+  an earlier group's did (same relative panel, row offset, panel rows,
+  relative column and plane, length per run) is a translation of it, so
+  takes its probabilities (and per-position sums) without labelling;
 * per-tensor sums are added once per wave, scaled by ``ksteps`` (the only
   change of rounding: sums reassociate, ~1e-16 relative).
 

@@ -38,8 +38,10 @@ The hit rates of an analysed wave are computed by :func:`_hits_fast`
 inputs, L1.5 groups with equal access patterns solved once and groups whose
 footprint surely hits skipped); the waves only book-kept for the lookback
 are book-kept per distinct block on the panel orders (:func:`_book_blocks`),
-and so are analysed waves without an L1.5 tier whose step footprint surely
-hits in L2 (:func:`_hits_blocks`).
+and so are analysed waves whose step footprint surely hits in L2
+(:func:`_hits_blocks`), which then need only per-group sums of L1.5 hit
+probabilities: a group whose runs of programs lie in the launch order's
+panels like an earlier group's (:func:`_group_sig`) reuses that group's.
 ``cache_hit_rates(..., general=True)`` runs the original per-access code,
 which tests/test_cache_fast.py holds the fast path equal to (bench/cache_speed.py
 times the two).
@@ -258,6 +260,189 @@ PAT_POOL = 1 << 13
 SIG_SLOTS = 64
 
 
+@jit_scalar
+def _group_sig(gsig, lo, hi, nw, nsm, start, order, g0, g1, g2, group, gmb, sigbuf, sig_tab,
+               sig_hash):
+    """The layout of an L1.5 group's runs of programs (slots ``lo + r nsm``
+    up to ``hi + r nsm`` of the wave starting at program ``start``) in the
+    panels of the launch order, into ``sigbuf``: per run, its panel's first
+    row and its own row, column and plane relative to the first run, its
+    row offset in the panel, the panel's rows and its length. Programs of a
+    run step down the panel's rows and then across its columns, so equal
+    layouts are equal tile coordinates up to a translation, so equal
+    first-touch labels. Returns ``(ns, hash, slot)``: ``ns`` values (0 when
+    a run crosses a panel or ``gsig`` is off) and the slot of ``sig_tab``
+    holding an equal layout (``sig_tab[slot, 0] == ns``), else a free slot
+    for it, else -1."""
+    ns = 0
+    sh = np.int64(-3750763034362895579)
+    if not gsig:
+        return 0, sh, -1
+    ar = 0
+    ac = 0
+    az = 0
+    base = 0
+    while base + lo < nw:
+        pe = base + hi
+        if pe > nw:
+            pe = nw
+        r0, c0, z0 = tile_coords(order, g0, g1, g2, group, start + base + lo)
+        r1, c1, z1 = tile_coords(order, g0, g1, g2, group, start + pe - 1)
+        f0 = (r0 // gmb) * gmb
+        if (r1 // gmb) * gmb != f0 or z1 != z0:
+            return 0, sh, -1  # the run crosses a panel
+        if ns == 0:
+            ar = r0
+            ac = c0
+            az = z0
+        sz = g0 - f0
+        if sz > gmb:
+            sz = gmb
+        sigbuf[ns] = f0 - ar
+        sigbuf[ns + 1] = r0 - f0
+        sigbuf[ns + 2] = sz
+        sigbuf[ns + 3] = c0 - ac
+        sigbuf[ns + 4] = z0 - az
+        sigbuf[ns + 5] = pe - (base + lo)
+        for e in range(ns, ns + 6):
+            sh = (sh ^ sigbuf[e]) * np.int64(1099511628211)
+        ns += 6
+        base += nsm
+    if ns == 0:
+        return 0, sh, -1
+    smask = sig_tab.shape[0] - 1
+    ps = (sh ^ (sh >> np.int64(31))) & smask
+    for _ in range(sig_tab.shape[0]):
+        sn = sig_tab[ps, 0]
+        if sn < 0:
+            return ns, sh, ps
+        if sn == ns and sig_hash[ps] == sh:
+            same = True
+            for e in range(ns):
+                if sig_tab[ps, 2 + e] != sigbuf[e]:
+                    same = False
+                    break
+            if same:
+                return ns, sh, ps
+        ps = (ps + 1) & smask
+    return ns, sh, -1
+
+
+@jit_serial
+def _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, ids, wts, h15, last_idx, tree,
+               sub_ids, sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v, assoc15, B15, unit,
+               pat_m, pat_hash, pat_off, pool_lab, pool_h15, sigbuf, sig_tab, sig_hash,
+               sig_s15):
+    """``h15[j]`` for the accesses ``j`` of an L1.5 group (wave slots
+    ``lo + r nsm`` up to ``hi + r nsm``; ``ids``/``wts`` read there only)
+    whose layout :func:`_group_sig` did not find: by the canonical labels of
+    its accesses (rank of first touch), looked up in the pattern table or
+    solved, then stored under the layout ``sigbuf[:ns]`` in slot ``sslot``
+    (if ``>= 0``) with the per-position sums of its probabilities."""
+    m = 0
+    nl = 0
+    foot = 0.0
+    hsh = np.int64(1469598103934665603)
+    base = 0
+    while base + lo < nw:
+        pe = base + hi
+        if pe > nw:
+            pe = nw
+        for p in range(base + lo, pe):
+            j = p * n_step
+            for q in range(n_step):
+                k = ids[j]
+                lb = last_idx[k]
+                if lb < 0:
+                    lb = nl
+                    last_idx[k] = nl
+                    nl += 1
+                    foot += wts[j]
+                    h15[j] = 0.0
+                else:
+                    h15[j] = 1.0
+                sub_ids[m] = k
+                sub_j[m] = j
+                sub_lab[m] = lb
+                hsh = (hsh ^ lb) * np.int64(1099511628211)
+                m += 1
+                j += 1
+        base += nsm
+    if m == 0:
+        return
+    for q in range(m):
+        last_idx[sub_ids[q]] = -1
+    # pool offset of this group's probabilities, if they get stored
+    poff = -1
+    # the group's footprint surely hits: every re-touch distance is below it,
+    # so its probability is exactly 1 too (non-increasing SDCM), and a first
+    # touch misses (as set above)
+    if hit_prob_gauss(foot / unit, assoc15, B15) == 1.0:
+        if sslot >= 0 and pat_off[PAT_SLOTS] + m <= PAT_POOL:
+            poff = pat_off[PAT_SLOTS]
+            pat_off[PAT_SLOTS] = poff + m
+            for q in range(m):
+                pool_h15[poff + q] = h15[sub_j[q]]
+    else:
+        # a group with the same pattern (this wave or an earlier one) has the
+        # same distances, so the same probabilities: reuse them. The slot of
+        # the stored pattern equal to sub_lab[:m] (pat_m[slot] == m), else a
+        # free slot for it (pat_m[slot] == -1), else -1 (table full); patterns
+        # are compared element by element, the hash only picks the slot
+        pmask = pat_m.shape[0] - 1
+        ps = ((hsh ^ (hsh >> np.int64(29))) + m) & pmask
+        slot = -1
+        for _ in range(pat_m.shape[0]):
+            pm = pat_m[ps]
+            if pm < 0:
+                slot = ps
+                break
+            if pm == m and pat_hash[ps] == hsh:
+                off = pat_off[ps]
+                same = True
+                for q in range(m):
+                    if pool_lab[off + q] != sub_lab[q]:
+                        same = False
+                        break
+                if same:
+                    slot = ps
+                    break
+            ps = (ps + 1) & pmask
+        if slot >= 0 and pat_m[slot] == m:
+            poff = pat_off[slot]
+            for q in range(m):
+                h15[sub_j[q]] = pool_h15[poff + q]
+        else:
+            for q in range(m):
+                sub_wts[q] = wts[sub_j[q]]
+            step_distances(sub_ids, sub_wts, m, last_idx, tree, sub_d)
+            fill = pat_off[PAT_SLOTS]
+            store = slot >= 0 and fill + m <= PAT_POOL
+            if store:
+                pat_m[slot] = m
+                pat_hash[slot] = hsh
+                pat_off[slot] = fill
+                pat_off[PAT_SLOTS] = fill + m
+                poff = fill
+            _memo_hits(sub_d, m, False, assoc15, B15, unit, memo15_k, memo15_v, sub_d)
+            for q in range(m):
+                v = sub_d[q]
+                h15[sub_j[q]] = v
+                if store:
+                    pool_lab[fill + q] = sub_lab[q]
+                    pool_h15[fill + q] = v
+    if sslot >= 0 and poff >= 0:
+        sig_tab[sslot, 0] = ns
+        sig_tab[sslot, 1] = poff
+        sig_hash[sslot] = sh
+        for e in range(ns):
+            sig_tab[sslot, 2 + e] = sigbuf[e]
+        for q in range(n_step):
+            sig_s15[sslot, q] = 0.0
+        for q in range(m):
+            sig_s15[sslot, q % n_step] += pool_h15[poff + q]
+
+
 @jit_serial
 def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups, unit, B2, B15,
                assoc2, assoc15, ks, svals, kf, run, lastwave, tail_b, ustep, newcum,
@@ -265,7 +450,7 @@ def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups,
                sub_wts, sub_j, sub_d, memo15_k, memo15_v, memo2_k, memo2_v,
                acc, hit15, req2, hit2, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
                xtag, xwp, xs, xval, gsig, start, order, g0, g1, g2, group, gmb, sigbuf,
-               sig_tab, sig_hash):
+               sig_tab, sig_hash, sig_s15):
     """The hit rates of wave ``w``'s accesses: the general path's arithmetic,
     cheaper (tests/test_cache_fast.py proves the two equal).
 
@@ -288,180 +473,27 @@ def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups,
             hi = lo + g15
             if hi > nsm:
                 hi = nsm
-            # the group's runs of consecutive programs, by their place in the
-            # launch order's panels: equal run signatures mean equal tile
-            # coordinates up to a translation, so equal first-touch labels
-            ns = 0
-            if gsig:
-                ok = True
-                ar = 0
-                ac = 0
-                az = 0
-                sh = np.int64(-3750763034362895579)
+            ns, sh, sslot = _group_sig(gsig, lo, hi, nw, nsm, start, order, g0, g1, g2, group,
+                                       gmb, sigbuf, sig_tab, sig_hash)
+            if sslot >= 0 and sig_tab[sslot, 0] == ns:
+                # a group laid out like this one before: its probabilities
+                off = sig_tab[sslot, 1]
                 base = 0
                 while base + lo < nw:
                     pe = base + hi
                     if pe > nw:
                         pe = nw
-                    ln = pe - (base + lo)
-                    r0, c0, z0 = tile_coords(order, g0, g1, g2, group, start + base + lo)
-                    r1, c1, z1 = tile_coords(order, g0, g1, g2, group, start + pe - 1)
-                    f0 = (r0 // gmb) * gmb
-                    if (r1 // gmb) * gmb != f0 or z1 != z0:
-                        ok = False  # the run crosses a panel
-                        break
-                    if ns == 0:
-                        ar = r0
-                        ac = c0
-                        az = z0
-                    sz = g0 - f0
-                    if sz > gmb:
-                        sz = gmb
-                    sigbuf[ns] = f0 - ar
-                    sigbuf[ns + 1] = r0 - f0
-                    sigbuf[ns + 2] = sz
-                    sigbuf[ns + 3] = c0 - ac
-                    sigbuf[ns + 4] = z0 - az
-                    sigbuf[ns + 5] = ln
-                    for e in range(ns, ns + 6):
-                        sh = (sh ^ sigbuf[e]) * np.int64(1099511628211)
-                    ns += 6
+                    a = (base + lo) * n_step
+                    b = pe * n_step
+                    for j in range(a, b):
+                        h15[j] = pool_h15[off + j - a]
+                    off += b - a
                     base += nsm
-                if not ok:
-                    ns = 0
-            sslot = -1
-            if ns > 0:
-                smask = sig_tab.shape[0] - 1
-                ps = (sh ^ (sh >> np.int64(31))) & smask
-                for _ in range(sig_tab.shape[0]):
-                    sn = sig_tab[ps, 0]
-                    if sn < 0:
-                        sslot = ps
-                        break
-                    if sn == ns and sig_hash[ps] == sh:
-                        same = True
-                        for e in range(ns):
-                            if sig_tab[ps, 2 + e] != sigbuf[e]:
-                                same = False
-                                break
-                        if same:
-                            sslot = ps
-                            break
-                    ps = (ps + 1) & smask
-                if sslot >= 0 and sig_tab[sslot, 0] == ns:
-                    # a group laid out like this one before: its probabilities
-                    off = sig_tab[sslot, 1]
-                    base = 0
-                    while base + lo < nw:
-                        pe = base + hi
-                        if pe > nw:
-                            pe = nw
-                        a = (base + lo) * n_step
-                        b = pe * n_step
-                        for j in range(a, b):
-                            h15[j] = pool_h15[off + j - a]
-                        off += b - a
-                        base += nsm
-                    continue
-            # the group's accesses, with canonical labels (rank of first touch)
-            m = 0
-            nl = 0
-            foot = 0.0
-            hsh = np.int64(1469598103934665603)
-            base = 0
-            while base + lo < nw:
-                pe = base + hi
-                if pe > nw:
-                    pe = nw
-                for p in range(base + lo, pe):
-                    j = p * n_step
-                    for q in range(n_step):
-                        k = ids[j]
-                        lb = last_idx[k]
-                        if lb < 0:
-                            lb = nl
-                            last_idx[k] = nl
-                            nl += 1
-                            foot += wts[j]
-                            h15[j] = 0.0
-                        else:
-                            h15[j] = 1.0
-                        sub_ids[m] = k
-                        sub_j[m] = j
-                        sub_lab[m] = lb
-                        hsh = (hsh ^ lb) * np.int64(1099511628211)
-                        m += 1
-                        j += 1
-                base += nsm
-            if m == 0:
                 continue
-            for q in range(m):
-                last_idx[sub_ids[q]] = -1
-            # pool offset of this group's probabilities, if they get stored
-            poff = -1
-            # the group's footprint surely hits: every re-touch distance is
-            # below it, so its probability is exactly 1 too (non-increasing
-            # SDCM), and a first touch misses (as set above)
-            if hit_prob_gauss(foot / unit, assoc15, B15) == 1.0:
-                if sslot >= 0 and pat_off[PAT_SLOTS] + m <= PAT_POOL:
-                    poff = pat_off[PAT_SLOTS]
-                    pat_off[PAT_SLOTS] = poff + m
-                    for q in range(m):
-                        pool_h15[poff + q] = h15[sub_j[q]]
-            else:
-                # a group with the same pattern (this wave or an earlier one) has
-                # the same distances, so the same probabilities: reuse them
-                # the slot of the stored pattern equal to sub_lab[:m] (pat_m[slot] == m),
-                # else a free slot for it (pat_m[slot] == -1), else -1 (table full);
-                # patterns are compared element by element, the hash only picks the slot
-                pmask = pat_m.shape[0] - 1
-                ps = ((hsh ^ (hsh >> np.int64(29))) + m) & pmask
-                slot = -1
-                for _ in range(pat_m.shape[0]):
-                    pm = pat_m[ps]
-                    if pm < 0:
-                        slot = ps
-                        break
-                    if pm == m and pat_hash[ps] == hsh:
-                        off = pat_off[ps]
-                        same = True
-                        for q in range(m):
-                            if pool_lab[off + q] != sub_lab[q]:
-                                same = False
-                                break
-                        if same:
-                            slot = ps
-                            break
-                    ps = (ps + 1) & pmask
-                if slot >= 0 and pat_m[slot] == m:
-                    poff = pat_off[slot]
-                    for q in range(m):
-                        h15[sub_j[q]] = pool_h15[poff + q]
-                else:
-                    for q in range(m):
-                        sub_wts[q] = wts[sub_j[q]]
-                    step_distances(sub_ids, sub_wts, m, last_idx, tree, sub_d)
-                    fill = pat_off[PAT_SLOTS]
-                    store = slot >= 0 and fill + m <= PAT_POOL
-                    if store:
-                        pat_m[slot] = m
-                        pat_hash[slot] = hsh
-                        pat_off[slot] = fill
-                        pat_off[PAT_SLOTS] = fill + m
-                        poff = fill
-                    _memo_hits(sub_d, m, False, assoc15, B15, unit, memo15_k, memo15_v, sub_d)
-                    for q in range(m):
-                        v = sub_d[q]
-                        h15[sub_j[q]] = v
-                        if store:
-                            pool_lab[fill + q] = sub_lab[q]
-                            pool_h15[fill + q] = v
-            if sslot >= 0 and poff >= 0:
-                sig_tab[sslot, 0] = ns
-                sig_tab[sslot, 1] = poff
-                sig_hash[sslot] = sh
-                for e in range(ns):
-                    sig_tab[sslot, 2 + e] = sigbuf[e]
+            _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, ids, wts, h15, last_idx, tree,
+                       sub_ids, sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v, assoc15,
+                       B15, unit, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sigbuf,
+                       sig_tab, sig_hash, sig_s15)
     T = loc.shape[1]
     for t in range(T):
         for r in range(4):
@@ -636,6 +668,10 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
     sigbuf = np.empty(sigw, dtype=np.int64)
     sig_tab = np.full((SIG_SLOTS if gsig else 1, 2 + sigw), -1, dtype=np.int64)
     sig_hash = np.zeros(sig_tab.shape[0], dtype=np.int64)
+    sig_s15 = np.zeros((sig_tab.shape[0], n_step), dtype=np.float64)
+    s15w = np.zeros(n_step, dtype=np.float64)
+    gids = np.empty(L if blockbook and gsig else 0, dtype=np.int64)
+    gwts = np.empty(L if blockbook and gsig else 0, dtype=np.float64)
     cp = np.empty((T, conc if blockbook else 0), dtype=np.int64)
     ck = np.empty((T, conc if blockbook else 0), dtype=np.int64)
     clen = np.zeros(4 * T, dtype=np.int64)
@@ -686,11 +722,14 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
         else:
             valid_from = ws
         for wv in range(ws, w + 1):
-            if blockbook and wv == w and not use15 and _hits_blocks(
+            if blockbook and wv == w and (not use15 or gsig) and _hits_blocks(
                     w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gmb, n_step,
                     once_bytes, lastwave, fstamp, bstamp, tail_b, ustep, newcum, oncecum, cp, ck,
                     clen, ids, head, grp, dist, unit, assoc2, B2, svals, ks, kf, xtag, xwp, xs,
-                    xval, acc, hit15, req2, hit2):
+                    xval, acc, hit15, req2, hit2, use15, nsm, g15, ngroups, order, g2, group,
+                    sigbuf, sig_tab, sig_hash, sig_s15, s15w, gids, gwts, h15, last_idx, tree,
+                    sub_ids, sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v, assoc15, B15,
+                    pat_m, pat_hash, pat_off, pool_lab, pool_h15):
                 continue
             if blockbook and wv != w:
                 _book_blocks(wv, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1,
@@ -704,7 +743,7 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                   ids, wts, ten, grp, dist, head, h15, tree, sub_ids, sub_wts, sub_j, sub_d,
                   goff, gfill, acc, hit15, req2, hit2, fast, n_step, memo15_k, memo15_v,
                   memo2_k, memo2_v, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
-                  xtag, xwp, xs, xval, gsig, gmb, sigbuf, sig_tab, sig_hash)
+                  xtag, xwp, xs, xval, gsig, gmb, sigbuf, sig_tab, sig_hash, sig_s15)
         if scale:
             for t in range(T):
                 acc[t] = saved[t] + wt_in * (acc[t] - saved[t])
@@ -728,7 +767,7 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
           ids, wts, ten, grp, dist, head, h15, tree, sub_ids, sub_wts, sub_j, sub_d,
           goff, gfill, acc, hit15, req2, hit2, fast, n_step, memo15_k, memo15_v,
           memo2_k, memo2_v, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
-          xtag, xwp, xs, xval, gsig, gmb, sigbuf, sig_tab, sig_hash):
+          xtag, xwp, xs, xval, gsig, gmb, sigbuf, sig_tab, sig_hash, sig_s15):
     """Book-keep wave ``w`` (and, if ``do_hits``, add its accesses' hit rates)."""
     if True:
         start = w * conc
@@ -821,7 +860,7 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
                        sub_wts, sub_j, sub_d, memo15_k, memo15_v, memo2_k, memo2_v,
                        acc, hit15, req2, hit2, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
                        xtag, xwp, xs, xval, gsig, start, order, g0, g1, g2, group, gmb, sigbuf,
-                       sig_tab, sig_hash)
+                       sig_tab, sig_hash, sig_s15)
         elif do_hits:
             # every within-step distance is below the step's footprint; when
             # even that footprint surely hits (monotone SDCM), skip the tree
@@ -1062,9 +1101,12 @@ def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
 def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gm, n_step,
                  once_bytes, lastwave, fstamp, bstamp, tail_b, ustep, newcum, oncecum, cp, ck,
                  clen, ids, head, fts, hx, unit, assoc2, B2, svals, ks, kf, xtag, xwp, xs, xval,
-                 acc, hit15, req2, hit2):
-    """Analyse wave ``w`` per distinct block, without an L1.5 tier, on the
-    panel orders with integer block sizes (as :func:`_book_blocks`); returns
+                 acc, hit15, req2, hit2, use15, nsm, g15, ngroups, order, g2, group, sigbuf,
+                 sig_tab, sig_hash, sig_s15, s15w, gids, gwts, h15, last_idx, tree, sub_ids,
+                 sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v, assoc15, B15, pat_m,
+                 pat_hash, pat_off, pool_lab, pool_h15):
+    """Analyse wave ``w`` per distinct block on the panel orders with integer
+    block sizes (as :func:`_book_blocks`); returns
     ``False``, having changed nothing but ``fstamp`` and this wave's
     ``ustep``/``newcum``/``oncecum`` (which the per-access path recomputes
     equal), when the step footprint does not surely hit in L2.
@@ -1080,6 +1122,14 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
     bytes times the count of earlier candidates. The per-tensor sums add the
     same terms in another order (the only change: rounding, ~1e-16 relative);
     then :func:`_book_blocks` book-keeps the wave.
+
+    With an L1.5 tier a tensor also needs the sum of its accesses' L1.5 hit
+    probabilities, per SM group: a group laid out like an earlier one
+    (:func:`_group_sig`) takes that one's sums; another has its accesses'
+    keys written out and solved (:func:`_group_l15`). A block's first touch
+    in the step is its first touch in its group too, so misses L1.5 (``h15
+    = 0``): every L2 request of a re-touch hits (``1 - h15`` each) and a
+    first touch's L2 hit is its cross-wave hit.
     """
     start = w * conc
     end = start + conc
@@ -1221,7 +1271,55 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
         return False
     _cross_wave_hits(fts, nft, ids, head, w, valid_from, lastwave, ustep, newcum, oncecum,
                      tail_b, svals, ks, kf, unit, assoc2, B2, xtag, xwp, xs, xval, hx)
+    # ---- L1.5 hit sums per access position q of a tile, group by group
+    for q in range(n_step):
+        s15w[q] = 0.0
+    if use15:
+        for gi in range(ngroups):
+            lo = gi * g15
+            hi = lo + g15
+            if hi > nsm:
+                hi = nsm
+            if lo >= nw:
+                continue
+            ns, sh, sslot = _group_sig(True, lo, hi, nw, nsm, start, order, g0, g1, g2, group,
+                                       gm, sigbuf, sig_tab, sig_hash)
+            if not (sslot >= 0 and sig_tab[sslot, 0] == ns):
+                # the group's access keys, as the per-access pass writes them
+                base = 0
+                while base + lo < nw:
+                    pe = base + hi
+                    if pe > nw:
+                        pe = nw
+                    for p in range(base + lo, pe):
+                        cr, cc, cz = tile_coords(order, g0, g1, g2, group, start + p)
+                        j = p * n_step
+                        for t in range(T):
+                            if per_step[t] == 0:
+                                continue
+                            gids[j] = koff[t] + cr * kstr[t, 0] + cc * kstr[t, 1] + cz * kstr[t, 2]
+                            gwts[j] = tbytes[t]
+                            j += 1
+                    base += nsm
+                _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, gids, gwts, h15, last_idx,
+                           tree, sub_ids, sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v,
+                           assoc15, B15, unit, pat_m, pat_hash, pat_off, pool_lab, pool_h15,
+                           sigbuf, sig_tab, sig_hash, sig_s15)
+                if not (sslot >= 0 and sig_tab[sslot, 0] == ns):
+                    # not stored: sum this group's own probabilities
+                    base = 0
+                    while base + lo < nw:
+                        pe = base + hi
+                        if pe > nw:
+                            pe = nw
+                        for j in range((base + lo) * n_step, pe * n_step):
+                            s15w[j % n_step] += h15[j]
+                        base += nsm
+                    continue
+            for q in range(n_step):
+                s15w[q] += sig_s15[sslot, q]
     i = 0
+    q = 0
     for t in range(T):
         if per_step[t] == 0:
             continue
@@ -1230,9 +1328,12 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
         for _ in range(nt):
             cw += hx[i]
             i += 1
+        s15 = s15w[q]
+        q += 1
         acc[t] += kf * nw
-        req2[t] += kf * nw
-        hit2[t] += kf * ((nw - nt) + cw)
+        hit15[t] += kf * s15
+        req2[t] += kf * (nw - s15)
+        hit2[t] += kf * ((nw - nt - s15) + cw)
     _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gm, n_step,
                  once_bytes, lastwave, bstamp, tail_b, ustep, newcum, oncecum, cp, ck, clen)
     return True
