@@ -287,17 +287,18 @@ def _group_sig(gsig, lo, hi, nw, nsm, start, order, g0, g1, g2, group, gmb, sigb
         if pe > nw:
             pe = nw
         r0, c0, z0 = tile_coords(order, g0, g1, g2, group, start + base + lo)
-        r1, c1, z1 = tile_coords(order, g0, g1, g2, group, start + pe - 1)
         f0 = (r0 // gmb) * gmb
-        if (r1 // gmb) * gmb != f0 or z1 != z0:
+        sz = g0 - f0
+        if sz > gmb:
+            sz = gmb
+        # programs fill a panel's sz x g1 tiles column by column (the last
+        # panel of a plane ends with the plane)
+        if c0 * sz + (r0 - f0) + (pe - (base + lo)) > sz * g1:
             return 0, sh, -1  # the run crosses a panel
         if ns == 0:
             ar = r0
             ac = c0
             az = z0
-        sz = g0 - f0
-        if sz > gmb:
-            sz = gmb
         sigbuf[ns] = f0 - ar
         sigbuf[ns + 1] = r0 - f0
         sigbuf[ns + 2] = sz
