@@ -261,6 +261,45 @@ SIG_SLOTS = 64
 
 
 @jit_scalar
+def _next_tile(order, g0, g1, gm, cr, cc, cz, first, size):
+    """The coordinates of the program after ``(cr, cc, cz)`` in a panel order
+    (``gm``: panel rows, 1 for row order and ``g0`` for column order; the
+    current panel starts at row ``first`` and has ``size`` rows)."""
+    if order == ORDER_ROW:
+        cc += 1
+        if cc == g1:
+            cc = 0
+            cr += 1
+            if cr == g0:
+                cr = 0
+                cz += 1
+    elif order == ORDER_COL:
+        cr += 1
+        if cr == g0:
+            cr = 0
+            cc += 1
+            if cc == g1:
+                cc = 0
+                cz += 1
+    else:  # grouped / persistent: column-major inside a panel of `size` rows
+        cr += 1
+        if cr == first + size:
+            cr = first
+            cc += 1
+            if cc == g1:
+                cc = 0
+                first += gm
+                if first >= g0:
+                    first = 0
+                    cz += 1
+                size = g0 - first
+                if size > gm:
+                    size = gm
+                cr = first
+    return cr, cc, cz, first, size
+
+
+@jit_scalar
 def _group_sig(gsig, lo, hi, nw, nsm, start, order, g0, g1, g2, group, gmb, sigbuf, sig_tab,
                sig_hash):
     """The layout of an L1.5 group's runs of programs (slots ``lo + r nsm``
@@ -1292,8 +1331,12 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
                     pe = base + hi
                     if pe > nw:
                         pe = nw
+                    cr, cc, cz = tile_coords(order, g0, g1, g2, group, start + base + lo)
+                    first = (cr // gm) * gm
+                    size = g0 - first
+                    if size > gm:
+                        size = gm
                     for p in range(base + lo, pe):
-                        cr, cc, cz = tile_coords(order, g0, g1, g2, group, start + p)
                         j = p * n_step
                         for t in range(T):
                             if per_step[t] == 0:
@@ -1301,6 +1344,8 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
                             gids[j] = koff[t] + cr * kstr[t, 0] + cc * kstr[t, 1] + cz * kstr[t, 2]
                             gwts[j] = tbytes[t]
                             j += 1
+                        cr, cc, cz, first, size = _next_tile(order, g0, g1, gm, cr, cc, cz,
+                                                             first, size)
                     base += nsm
                 _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, gids, gwts, h15, last_idx,
                            tree, sub_ids, sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v,
