@@ -304,15 +304,15 @@ def _group_sig(gsig, lo, hi, nw, nsm, start, order, g0, g1, g2, group, gmb, sigb
                sig_hash):
     """The layout of an L1.5 group's runs of programs (slots ``lo + r nsm``
     up to ``hi + r nsm`` of the wave starting at program ``start``) in the
-    panels of the launch order, into ``sigbuf``: per run, its panel's first
-    row and its own row, column and plane relative to the first run, its
-    row offset in the panel, the panel's rows and its length. Programs of a
-    run step down the panel's rows and then across its columns, so equal
-    layouts are equal tile coordinates up to a translation, so equal
-    first-touch labels. Returns ``(ns, hash, slot)``: ``ns`` values (0 when
-    a run crosses a panel or ``gsig`` is off) and the slot of ``sig_tab``
-    holding an equal layout (``sig_tab[slot, 0] == ns``), else a free slot
-    for it, else -1."""
+    panels of the launch order, into ``sigbuf``: per run (per piece of a
+    run, one per panel it crosses), its panel's first row and its own row,
+    column and plane relative to the first run, its row offset in the
+    panel, the panel's rows and its length. Programs of a piece step down
+    the panel's rows and then across its columns, so equal layouts are equal
+    tile coordinates up to a translation, so equal first-touch labels.
+    Returns ``(ns, hash, slot)``: ``ns`` values (0 when ``gsig`` is off or
+    ``sigbuf`` is too short) and the slot of ``sig_tab`` holding an equal
+    layout (``sig_tab[slot, 0] == ns``), else a free slot for it, else -1."""
     ns = 0
     sh = np.int64(-3750763034362895579)
     if not gsig:
@@ -326,27 +326,36 @@ def _group_sig(gsig, lo, hi, nw, nsm, start, order, g0, g1, g2, group, gmb, sigb
         if pe > nw:
             pe = nw
         r0, c0, z0 = tile_coords(order, g0, g1, g2, group, start + base + lo)
-        f0 = (r0 // gmb) * gmb
-        sz = g0 - f0
-        if sz > gmb:
-            sz = gmb
-        # programs fill a panel's sz x g1 tiles column by column (the last
-        # panel of a plane ends with the plane)
-        if c0 * sz + (r0 - f0) + (pe - (base + lo)) > sz * g1:
-            return 0, sh, -1  # the run crosses a panel
-        if ns == 0:
-            ar = r0
-            ac = c0
-            az = z0
-        sigbuf[ns] = f0 - ar
-        sigbuf[ns + 1] = r0 - f0
-        sigbuf[ns + 2] = sz
-        sigbuf[ns + 3] = c0 - ac
-        sigbuf[ns + 4] = z0 - az
-        sigbuf[ns + 5] = pe - (base + lo)
-        for e in range(ns, ns + 6):
-            sh = (sh ^ sigbuf[e]) * np.int64(1099511628211)
-        ns += 6
+        ln = pe - (base + lo)
+        while ln > 0:
+            f0 = (r0 // gmb) * gmb
+            sz = g0 - f0
+            if sz > gmb:
+                sz = gmb
+            # programs fill a panel's sz x g1 tiles column by column (the last
+            # panel of a plane ends with the plane); a run crossing a panel
+            # goes in as one piece per panel
+            seg = sz * g1 - (c0 * sz + (r0 - f0))
+            if seg > ln:
+                seg = ln
+            if ns + 6 > sigbuf.shape[0]:
+                return 0, sh, -1
+            if ns == 0:
+                ar = r0
+                ac = c0
+                az = z0
+            sigbuf[ns] = f0 - ar
+            sigbuf[ns + 1] = r0 - f0
+            sigbuf[ns + 2] = sz
+            sigbuf[ns + 3] = c0 - ac
+            sigbuf[ns + 4] = z0 - az
+            sigbuf[ns + 5] = seg
+            for e in range(ns, ns + 6):
+                sh = (sh ^ sigbuf[e]) * np.int64(1099511628211)
+            ns += 6
+            ln -= seg
+            if ln > 0:
+                r0, c0, z0 = tile_coords(order, g0, g1, g2, group, start + pe - ln)
         base += nsm
     if ns == 0:
         return 0, sh, -1
@@ -704,9 +713,11 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
         gmb = g0
     # L1.5 groups keyed by the panel layout of their runs (panel orders)
     gsig = fast and use15 and not zorder
-    sigw = 6 * ((conc + nsm - 1) // nsm) if gsig else 0
+    # (a run crossing panels takes one entry per panel: room for two each)
+    sigw = 12 * ((conc + nsm - 1) // nsm) if gsig else 0
     sigbuf = np.empty(sigw, dtype=np.int64)
-    sig_tab = np.full((SIG_SLOTS if gsig else 1, 2 + sigw), -1, dtype=np.int64)
+    sig_tab = np.empty((SIG_SLOTS if gsig else 1, 2 + sigw), dtype=np.int64)
+    sig_tab[:, 0] = -1
     sig_hash = np.zeros(sig_tab.shape[0], dtype=np.int64)
     sig_s15 = np.zeros((sig_tab.shape[0], n_step), dtype=np.float64)
     s15w = np.zeros(n_step, dtype=np.float64)
