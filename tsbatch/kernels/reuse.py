@@ -849,39 +849,8 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
                 if not fast:
                     grp[j] = ((p % nsm) // g15) if use15 else 0
                 j += 1
-            if zorder:
-                continue
-            if order == ORDER_ROW:
-                cc += 1
-                if cc == g1:
-                    cc = 0
-                    cr += 1
-                    if cr == g0:
-                        cr = 0
-                        cz += 1
-            elif order == ORDER_COL:
-                cr += 1
-                if cr == g0:
-                    cr = 0
-                    cc += 1
-                    if cc == g1:
-                        cc = 0
-                        cz += 1
-            else:  # grouped / persistent: column-major inside a panel of `size` rows
-                cr += 1
-                if cr == first + size:
-                    cr = first
-                    cc += 1
-                    if cc == g1:
-                        cc = 0
-                        first += gm
-                        if first >= g0:
-                            first = 0
-                            cz += 1
-                        size = g0 - first
-                        if size > gm:
-                            size = gm
-                        cr = first
+            if not zorder:
+                cr, cc, cz, first, size = _next_tile(order, g0, g1, gm, cr, cc, cz, first, size)
         n = j
         # ---- first touches in the step: bytes before them, new bytes vs previous wave
         run = 0.0
