@@ -11,7 +11,6 @@ samples (the estimator before) over-counts the cold wave and does not.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 from strategies import ROW, cache_args
