@@ -6,6 +6,7 @@ output file.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -69,6 +70,26 @@ def test_evaluate_streamed_batches_equal_one_batch(tmp_path, capsys):
     assert a.height == 18 and a.equals(b, null_equal=True) and a.schema == b.schema
     assert read_metadata(one) == read_metadata(many)
     assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_evaluate_top_streamed_equals_one_batch(tmp_path, capsys):
+    """--top over a file of several batches (bounds surveyed first, then read
+    twice more) keeps the same rows, ranks and values as one batch."""
+    rng = np.random.default_rng(3)
+    n = 60
+    data = {"m": rng.choice([256, 1024, 4096], n), "n": rng.choice([512, 2048], n),
+            "k": np.full(n, 1024), "dtype": ["bfloat16"] * n,
+            "block_m": rng.choice([16, 64, 128, 256], n), "block_n": rng.choice([32, 128], n),
+            "block_k": rng.choice([32, 64], n), "num_stages": rng.choice([2, 3, 4, 6], n),
+            "num_warps": rng.choice([2, 4, 8], n)}
+    cand = _write(tmp_path, data)
+    one, many = tmp_path / "one.parquet", tmp_path / "many.parquet"
+    for out, extra in ((one, []), (many, ["--batch-rows", "7"])):
+        assert main(["evaluate", str(cand), "--hw", "h100", "-o", str(out), "--top", "20%",
+                     "-q", *extra]) == 0
+    a, b = pl.read_parquet(one), pl.read_parquet(many)
+    assert 0 < a.height < n and a.equals(b, null_equal=True)
+    assert "predicted in full" in capsys.readouterr().out
 
 
 def test_evaluate_top_keeps_one_per_workload_issue2(tmp_path, capsys):

@@ -90,22 +90,26 @@ def test_bound_below_prediction_and_feasibility_exact(df, hw):
        hw=st.sampled_from(["h100", "a100"]))
 def test_screened_streamed_rank_equals_rank_of_all(df, top, batch, hw):
     ref = rank(evaluate(df, hw), WL, top)
-    stats: dict = {}
-    got = screened_rank(df, hw, WL, top, batch_rows=batch, stats=stats)
-    _same(got, ref)
-    assert stats["rows"] == df.height
-    assert stats["infeasible"] == int((~evaluate(df, hw)["feasible"]).sum())
+    n_inf = int((~evaluate(df, hw)["feasible"]).sum())
+    for survey in (True, False):  # three passes (bounds surveyed first) or one
+        stats: dict = {}
+        got = screened_rank(df, hw, WL, top, batch_rows=batch, survey=survey, stats=stats)
+        _same(got, ref)
+        assert stats["rows"] == df.height
+        assert stats["infeasible"] == n_inf
     _same(screened_rank(df, hw, WL, top), ref)  # one batch
 
 
-@given(df=ranked_inputs(max_workloads=2), top=st.sampled_from(TOPS), batch=st.integers(1, 9))
-def test_unscreened_stream_equals_rank(df, top, batch):
+@given(df=ranked_inputs(max_workloads=2), top=st.sampled_from(TOPS), batch=st.integers(1, 9),
+       survey=st.booleans())
+def test_unscreened_stream_equals_rank(df, top, batch, survey):
     """The streamed running set alone (every feasible row predicted) is exact too."""
-    _same(screened_rank(df, "h100", WL, top, batch_rows=batch, screen=False),
+    _same(screened_rank(df, "h100", WL, top, batch_rows=batch, screen=False, survey=survey),
           rank(evaluate(df, "h100"), WL, top))
 
 
-def _check_with_bounds(df: pl.DataFrame, frac, top: float, batch: int | None) -> None:
+def _check_with_bounds(df: pl.DataFrame, frac, top: float, batch: int | None,
+                       survey: bool = True) -> None:
     """Screen with the bound ``frac * prediction`` per row (0: nothing known; 1:
     tight), any valid lower bound, and compare with ranking every prediction."""
     import tsbatch.screen as screen
@@ -126,22 +130,24 @@ def _check_with_bounds(df: pl.DataFrame, frac, top: float, batch: int | None) ->
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(screen, "bound_rows", bound)
-        _same(screened_rank(df, "h100", WL, top, batch_rows=batch), rank(res, WL, top))
+        _same(screened_rank(df, "h100", WL, top, batch_rows=batch, survey=survey),
+              rank(res, WL, top))
 
 
 @given(df=ranked_inputs(max_workloads=2), top=st.sampled_from(TOPS), batch=st.integers(1, 12),
-       data=st.data())
-def test_exact_for_any_valid_bound(df, top, batch, data):
+       survey=st.booleans(), data=st.data())
+def test_exact_for_any_valid_bound(df, top, batch, survey, data):
     """Exact for any lower bound, not only a tight one: bounds equal to the
     prediction (a tie with the threshold must still be predicted), a half of
     it, or nothing known (0), mixed at random over duplicated rows."""
     frac = data.draw(st.lists(st.sampled_from([1.0, 1.0, 0.5, 0.0]), min_size=df.height,
                               max_size=df.height))
-    _check_with_bounds(df, frac, top, batch)
+    _check_with_bounds(df, frac, top, batch, survey)
 
 
-@pytest.mark.parametrize("batch", [None, 3])
-def test_bound_equal_to_threshold_is_still_predicted(batch):
+@pytest.mark.parametrize("survey", [True, False])
+@pytest.mark.parametrize("batch", [None, 3, 1])
+def test_bound_equal_to_threshold_is_still_predicted(batch, survey):
     """Two identical rows, K = 1: the later one has a loose bound and is predicted
     first, setting the threshold; the earlier one's bound equals it exactly and
     it wins the tie on position, so it must be predicted, not screened out."""
@@ -151,7 +157,7 @@ def test_bound_equal_to_threshold_is_still_predicted(batch):
     df = pl.DataFrame([other, row, row])
     lat = evaluate(df, "h100")["latency_us"].to_list()
     assert lat[0] > lat[1] == lat[2]
-    _check_with_bounds(df, [1.0, 1.0, 0.5], 0.05, batch)
+    _check_with_bounds(df, [1.0, 1.0, 0.5], 0.05, batch, survey)
 
 
 def _many(n_cfg: int = 300, seed: int = 0) -> pl.DataFrame:
@@ -183,6 +189,37 @@ def test_screen_predicts_few_rows_and_holds_k_per_workload(top):
         assert scr._R.height <= 2 * k  # the running set: at most K rows per workload
     _same(scr.result(), ref)
     assert scr.n_predicted < 0.5 * df.height  # the bound screens most rows out
+
+
+@pytest.mark.parametrize("top", [0.05, 0.01])
+def test_surveyed_stream_predicts_fewer_rows(top):
+    """Workloads spread over many batches: one pass must screen the first
+    batches against the few rows of each workload seen so far; surveying the
+    bounds first predicts the globally most promising rows first and then
+    screens everything against a threshold near the final one."""
+    df = _many(1200, seed=2)
+    ref = rank(evaluate(df, "h100"), WL, top)
+    n = {}
+    for survey in (False, True):
+        stats: dict = {}
+        _same(screened_rank(df, "h100", WL, top, batch_rows=150, survey=survey, stats=stats), ref)
+        n[survey] = stats["predicted"]
+    assert n[True] < 0.7 * n[False], n
+
+
+def test_rank_stream_rejects_changed_batches():
+    df = _many(40)
+    wl = [c for c in WL if c in df.columns]
+    scr = TopKScreen("h100", "gemm", wl, 0.05, workload_counts(df, wl))
+    calls = []
+
+    def batches():
+        calls.append(1)
+        step = 30 if len(calls) == 1 else 31  # the second read is cut differently
+        return (df.slice(a, step) for a in range(0, df.height, step))
+
+    with pytest.raises(RuntimeError, match="changed between passes"):
+        scr.rank_stream(batches)
 
 
 def test_rank_count_col_uses_given_workload_size():

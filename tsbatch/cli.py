@@ -60,9 +60,12 @@ def cmd_evaluate(args) -> int:
     # (a slice of the scan): collect_batches reads ahead of a slow consumer and
     # would end up holding the whole file
     one = total <= args.batch_rows
-    batches = ([read_candidates(args.candidates)] if one else
-               (pl.scan_parquet(args.candidates).slice(a, args.batch_rows).collect()
-                for a in range(0, total, args.batch_rows)))
+
+    def stream():
+        return (pl.scan_parquet(args.candidates).slice(a, args.batch_rows).collect()
+                for a in range(0, total, args.batch_rows))
+
+    batches = [read_candidates(args.candidates)] if one else stream()
     meta = provenance(hw, args.family, {"candidates": sha256_file(args.candidates)},
                       extra={"top_fraction": str(top)})
     ranked = bool(args.rank or args.top)
@@ -96,22 +99,24 @@ def cmd_evaluate(args) -> int:
             sink.commit(empty_schema=rank(br.template, wl) if br.template is not None else None)
         full = f" (ranked in buckets of at most {args.rank_bucket_rows:,} rows)"
     elif ranked:
-        # screened ranking (tsbatch.screen): per record batch only the rows that can
-        # still be among their workload's top K (K from the workload's count over
-        # the whole file, one streamed scan of the workload columns) are predicted
-        # in full, and only the running top K per workload is held
+        # screened ranking (tsbatch.screen): only the rows that can still be among
+        # their workload's top K (K from the workload's count over the whole file,
+        # one streamed scan of the workload columns) are predicted in full, and only
+        # the running top K per workload is held. A file of several batches is read
+        # three times: bounds first, so the most promising rows of every workload
+        # are predicted first, wherever they are in the file
         from tsbatch.screen import TopKScreen, workload_counts
 
         wl = [c for c in fam.workload_columns if c in names]
-        if one:
-            batches = list(batches)
         counts = workload_counts(batches[0] if one else args.candidates, wl)
         # a bounded cache memo: the running set is the only state growing with the input
         screen = TopKScreen(hw, args.family, wl, top, counts,
                             memo=CacheMemo(max_problems=RANKED_MEMO_PROBLEMS))
-        for df in batches:
-            screen.add(df)
-        res = screen.result()
+        if one:
+            screen.add(batches[0])
+            res = screen.result()
+        else:
+            res = screen.rank_stream(stream)
         write_parquet(res, out, meta)
         n_rows, n_inf, kept = screen.n_rows, screen.n_infeasible, res.height
         full = f" ({screen.n_predicted:,} predicted in full, the rest bounded out)"

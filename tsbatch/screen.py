@@ -291,11 +291,96 @@ class TopKScreen:
         pos = np.arange(self.n_rows, self.n_rows + n, dtype=np.int64)
         wid = self._wid(df)
         lb, infeas = bound_rows(df, self.hw, self.family)
-        if not self.screen:
-            lb = np.where(infeas, np.inf, -np.inf)
         self._tick("bound_s", t0)
+        self._screen_rows(df, pos, wid, lb, infeas, np.ones(n, dtype=bool), rounds=self.screen)
+        self.n_rows += n
+
+    def rank_stream(self, batches) -> pl.DataFrame:
+        """``rank(evaluate(all rows), ...)`` of a stream that can be read three times.
+
+        ``batches()`` returns a fresh iterator over the same batches, in input
+        order, each time it is called. One pass of :meth:`add` must screen
+        the first batches of a workload spread over many batches against the
+        few of its rows seen so far, so it predicts far more rows than can be
+        kept. Here:
+
+        1. *Survey* (bounds only): every row's bound is computed and kept
+           (float32, rounded down, so still a lower bound: 4 bytes a row),
+           and per workload the first ``K + K // 4`` feasible rows by
+           ``(bound, position)`` over the *whole* input, the set ``P``.
+        2. The rows of ``P`` are predicted and merged into the running set,
+           whose ``K``-th key per workload is then at most a few rows from
+           the final one (the ``K``-th key of a subset is never below the
+           ``K``-th key of all rows, so it is still a valid threshold).
+        3. The other rows are screened against it as :meth:`add` does.
+
+        The running set is the first ``K`` rows of the rows merged so far at
+        every step, and every row never predicted has a bound strictly above
+        a threshold that is at least the global ``K``-th key, so the result
+        is the same as :meth:`add`'s (the argument in the module docstring).
+        """
+        lbs: list[np.ndarray] = []
+        p_wid = np.zeros(0, dtype=np.int64)
+        p_lb = np.zeros(0)
+        p_pos = np.zeros(0, dtype=np.int64)
+        step_w = self.k_w + self.k_w // 4
+        at = 0
+        for batch in batches():  # ---- 1: survey
+            df = to_polars(batch)
+            if self._template is None:
+                self._template = df.head(0)
+            t0 = time.perf_counter()
+            wid = self._wid(df)
+            lb, infeas = bound_rows(df, self.hw, self.family)
+            lb32 = lb.astype(np.float32)
+            lb32 = np.where(lb32.astype(np.float64) > lb,
+                            np.nextafter(lb32, np.float32(-np.inf)), lb32)
+            lbs.append(np.where(infeas, np.float32(np.inf), lb32))
+            ok = np.flatnonzero(~infeas)
+            p_wid = np.concatenate([p_wid, wid[ok]])
+            p_lb = np.concatenate([p_lb, lb[ok]])
+            p_pos = np.concatenate([p_pos, at + ok])
+            keep = _first_k(p_wid, p_lb, p_pos, step_w)
+            p_wid, p_lb, p_pos = p_wid[keep], p_lb[keep], p_pos[keep]
+            at += df.height
+            self._tick("bound_s", t0)
+        p_pos = np.sort(p_pos)
+        for phase in (0, 1):  # ---- 2: the rows of P; 3: the others, screened
+            at = 0
+            for i, batch in enumerate(batches()):
+                df = to_polars(batch)
+                n = df.height
+                if i >= len(lbs) or lbs[i].shape[0] != n:
+                    raise RuntimeError("rank_stream: the batches changed between passes")
+                if n == 0:
+                    continue
+                pos = np.arange(at, at + n, dtype=np.int64)
+                j = np.searchsorted(p_pos, pos)
+                in_p = (j < p_pos.shape[0]) & (p_pos[np.minimum(j, p_pos.shape[0] - 1)] == pos)
+                lb = lbs[i].astype(np.float64)
+                infeas = lb == np.inf
+                t0 = time.perf_counter()
+                wid = self._wid(df)
+                self._tick("screen_s", t0)
+                self._screen_rows(df, pos, wid, lb, infeas, in_p if phase == 0 else ~in_p,
+                                  rounds=self.screen)
+                at += n
+            if at != sum(x.shape[0] for x in lbs):
+                raise RuntimeError("rank_stream: the batches changed between passes")
+        self.n_rows += at
+        return self.result()
+
+    def _screen_rows(self, df: pl.DataFrame, pos: np.ndarray, wid: np.ndarray, lb: np.ndarray,
+                     infeas: np.ndarray, cand: np.ndarray, rounds: bool) -> None:
+        """Screen the rows ``cand`` of a batch into the running set (the others are
+        left out, as if not in the batch); ``rounds=False`` predicts every
+        feasible one of them."""
+        n = df.height
+        infeas = infeas & cand
+        if not rounds:
+            lb = np.where(infeas, np.inf, -np.inf)
         k = self.k_w[wid]
-        step = np.full(n, n, dtype=np.int64) if not self.screen else k + k // 4
+        step = np.full(n, n, dtype=np.int64) if not rounds else k + k // 4
         key = np.full(n, np.inf)
         done = np.zeros(n, dtype=bool)
         parts: list[pl.DataFrame] = []
@@ -307,7 +392,7 @@ class TopKScreen:
             # R's and the batch's own (the K-th of a union is at most either's)
             ev = np.flatnonzero(done)
             thr = np.minimum(self._thr, _kth_key(wid[ev], key[ev], self.k_w))
-            need = np.flatnonzero(~infeas & ~done & (lb <= thr[wid]))
+            need = np.flatnonzero(cand & ~infeas & ~done & (lb <= thr[wid]))
             if need.size == 0:
                 self._tick("screen_s", t0)
                 break
@@ -360,7 +445,6 @@ class TopKScreen:
             self._r_key = np.concatenate([self._r_key[keep[:nr]], key[rows]])
             self._r_pos = np.concatenate([self._r_pos[keep[:nr]], pos[rows]])
             self._thr = _kth_key(self._r_wid, self._r_key, self.k_w)
-        self.n_rows += n
         self._tick("screen_s", t0)
 
     def _check(self, res: pl.DataFrame, rows: np.ndarray, lb: np.ndarray, key: np.ndarray) -> None:
@@ -391,20 +475,30 @@ class TopKScreen:
 def screened_rank(candidates, hw: str | HwSpec, workload: list[str] | tuple[str, ...],
                   top: float = 1.0, family: str = "gemm", *, batch_rows: int | None = None,
                   memo: CacheMemo | None = None, timings: dict | None = None,
-                  screen: bool = True, stats: dict | None = None) -> pl.DataFrame:
+                  screen: bool = True, survey: bool = True,
+                  stats: dict | None = None) -> pl.DataFrame:
     """``rank(evaluate(candidates, hw, family), workload, top)`` computed by screening.
 
-    ``batch_rows`` feeds the rows in batches of that size (as a stream would);
-    ``stats``, if given, is filled with the screen's counters.
+    ``batch_rows`` feeds the rows in batches of that size (as a stream would),
+    surveyed first (:meth:`TopKScreen.rank_stream`) or, with ``survey=False``,
+    in one pass of :meth:`TopKScreen.add`; ``stats``, if given, is filled
+    with the screen's counters.
     """
     df = to_polars(candidates)
     wl = [c for c in workload if c in df.columns]
     scr = TopKScreen(hw, family, wl, top, workload_counts(df, wl), memo=memo, timings=timings,
                      screen=screen)
     step = batch_rows if batch_rows and batch_rows > 0 else max(df.height, 1)
-    for a in range(0, max(df.height, 1), step):
-        scr.add(df.slice(a, step))
-    out = scr.result()
+
+    def batches():
+        return (df.slice(a, step) for a in range(0, max(df.height, 1), step))
+
+    if survey and step < df.height:
+        out = scr.rank_stream(batches)
+    else:
+        for b in batches():
+            scr.add(b)
+        out = scr.result()
     if stats is not None:
         stats.update(rows=scr.n_rows, predicted=scr.n_predicted, infeasible=scr.n_infeasible,
                      rounds=scr.rounds)
