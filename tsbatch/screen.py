@@ -131,10 +131,11 @@ def bound_rows(df: pl.DataFrame, hw: HwSpec, family: str = "gemm") -> tuple[np.n
     plan = fam.lower(cols, hw)
     p, _ = resident_tiles(plan.smem_block, plan.regs_thread, plan.threads, hw)
     ok = np.flatnonzero(p > 0)
-    lb_x = np.full(parent.shape[0], np.inf)
-    if ok.size:
-        b = lower_bound(take_plan(plan, ok), p[ok], hw)
-        lb_x[ok] = np.where(np.isnan(b), -np.inf, b)  # no usable bound: always predict
+    # every row is bounded as if one tile were resident (no copy of the plan), and
+    # the infeasible rows' values are then dropped
+    b = lower_bound(plan, np.maximum(p, 1), hw) if ok.size else np.zeros(p.shape[0])
+    b = np.where(np.isnan(b), -np.inf, b)  # no usable bound: always predict
+    lb_x = np.where(p > 0, b, np.inf)
     # a row (library row: its catalog tiles) is infeasible when no tile is feasible;
     # otherwise bounded by its least feasible tile's bound
     any_feas = np.zeros(n, dtype=bool)
@@ -305,8 +306,9 @@ class TopKScreen:
         kept. Here:
 
         1. *Survey* (bounds only): every row's bound is computed and kept
-           (float32, rounded down, so still a lower bound: 4 bytes a row),
-           and per workload the first ``K + K // 4`` feasible rows by
+           (float32, rounded down, so still a lower bound), with its
+           workload's id (at most 4 bytes; 2 below 65,536 workloads), and per
+           workload the first ``K + K // 4`` feasible rows by
            ``(bound, position)`` over the *whole* input, the set ``P``.
         2. The rows of ``P`` are predicted and merged into the running set,
            whose ``K``-th key per workload is then at most a few rows from
@@ -320,10 +322,13 @@ class TopKScreen:
         is the same as :meth:`add`'s (the argument in the module docstring).
         """
         lbs: list[np.ndarray] = []
+        wids: list[np.ndarray] = []  # workload ids, kept in the least integer type
+        wdt = np.min_scalar_type(max(self.k_w.shape[0] - 1, 0))
         p_wid = np.zeros(0, dtype=np.int64)
         p_lb = np.zeros(0)
         p_pos = np.zeros(0, dtype=np.int64)
         step_w = self.k_w + self.k_w // 4
+        cut = np.full(step_w.shape[0], np.inf)  # per workload: P's last bound once full
         at = 0
         for batch in batches():  # ---- 1: survey
             df = to_polars(batch)
@@ -336,12 +341,16 @@ class TopKScreen:
             lb32 = np.where(lb32.astype(np.float64) > lb,
                             np.nextafter(lb32, np.float32(-np.inf)), lb32)
             lbs.append(np.where(infeas, np.float32(np.inf), lb32))
-            ok = np.flatnonzero(~infeas)
+            wids.append(wid.astype(wdt))
+            # a row enters P only below its workload's current cut (a later row
+            # loses a tie on position)
+            ok = np.flatnonzero(~infeas & (lb < cut[wid]))
             p_wid = np.concatenate([p_wid, wid[ok]])
             p_lb = np.concatenate([p_lb, lb[ok]])
             p_pos = np.concatenate([p_pos, at + ok])
             keep = _first_k(p_wid, p_lb, p_pos, step_w)
             p_wid, p_lb, p_pos = p_wid[keep], p_lb[keep], p_pos[keep]
+            cut = _kth_key(p_wid, p_lb, step_w)
             at += df.height
             self._tick("bound_s", t0)
         p_pos = np.sort(p_pos)
@@ -359,9 +368,7 @@ class TopKScreen:
                 in_p = (j < p_pos.shape[0]) & (p_pos[np.minimum(j, p_pos.shape[0] - 1)] == pos)
                 lb = lbs[i].astype(np.float64)
                 infeas = lb == np.inf
-                t0 = time.perf_counter()
-                wid = self._wid(df)
-                self._tick("screen_s", t0)
+                wid = wids[i].astype(np.int64)
                 self._screen_rows(df, pos, wid, lb, infeas, in_p if phase == 0 else ~in_p,
                                   rounds=self.screen)
                 at += n
