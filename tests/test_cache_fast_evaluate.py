@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
@@ -48,3 +49,8 @@ def test_memo_reuses_problems_across_calls():
     assert t1["cache_problems"] > 0 and t1["cache_problems_reused"] == 0
     assert t2["cache_problems"] == 0 and t2["cache_problems_reused"] == t1["cache_problems"]
     assert_frame_equal(a, evaluate(df, "h100"))
+    # the memo is bound to its GPU and sampling: other sampling is refused, not mixed
+    with pytest.raises(ValueError, match="wave_samples"):
+        evaluate(df, "h100", cache_memo=memo, wave_samples=3)
+    with pytest.raises(ValueError, match="one memo per GPU"):
+        evaluate(df, "a100", cache_memo=memo)

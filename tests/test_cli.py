@@ -6,6 +6,8 @@ output file.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import polars as pl
 import pytest
@@ -90,6 +92,29 @@ def test_evaluate_top_streamed_equals_one_batch(tmp_path, capsys):
     a, b = pl.read_parquet(one), pl.read_parquet(many)
     assert 0 < a.height < n and a.equals(b, null_equal=True)
     assert "predicted in full" in capsys.readouterr().out
+
+
+def test_evaluate_sampling_options(tmp_path, capsys):
+    """--wave-samples / --k-samples reach the cache model (a launch of many waves
+    predicts differently with 2 analysed waves than with all of them), are
+    recorded in the metadata, and bad values are one clear error."""
+    data = {"m": [16384, 16384], "n": [16384, 8192], "k": [4096, 4096],
+            "dtype": ["bfloat16"] * 2, "block_m": [64, 128], "block_n": [64, 64],
+            "block_k": [64, 64], "num_stages": [3, 3], "num_warps": [4, 4]}
+    cand = _write(tmp_path, data)
+    outs = {}
+    for w in (2, 10_000):
+        outs[w] = tmp_path / f"w{w}.parquet"
+        assert main(["evaluate", str(cand), "--hw", "h100", "-o", str(outs[w]), "-q",
+                     "--wave-samples", str(w), "--k-samples", "2"]) == 0
+        assert json.loads(read_metadata(outs[w])["tsbatch.sampling"]) == {
+            "k_samples": 2, "wave_samples": w, "max_lookback": 4}
+    a, b = pl.read_parquet(outs[2]), pl.read_parquet(outs[10_000])
+    assert (a["l2_hit"] != b["l2_hit"]).any()
+    for flag, bad in (("--wave-samples", "1"), ("--k-samples", "0")):
+        err = _run_err(capsys, ["evaluate", str(cand), "--hw", "h100", "-o",
+                                str(tmp_path / "x.parquet"), flag, bad], tmp_path / "x.parquet")
+        assert flag.lstrip("-").replace("-", "_") in err
 
 
 def test_evaluate_top_keeps_one_per_workload_issue2(tmp_path, capsys):

@@ -9,6 +9,7 @@ per-shard top-k would go wrong.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -109,12 +110,13 @@ def span_sweep(tmp_path_factory):
     return load_sweep(path)
 
 
-def _both(spec, tmp_path, top, cluster, **kw):
+def _both(spec, tmp_path, top, cluster, sampling=None, **kw):
     from tsbatch.distributed import run_sweep_ray
 
-    loc = run_sweep(spec, "h100", tmp_path / "local.parquet", top, progress=False)
+    loc = run_sweep(spec, "h100", tmp_path / "local.parquet", top, progress=False,
+                    sampling=sampling)
     dis = run_sweep_ray(spec, "h100", tmp_path / "ray.parquet", top,
-                        address=cluster.address, **kw)
+                        address=cluster.address, sampling=sampling, **kw)
     assert _summary_core(dis) == _summary_core(loc)
     assert dis["out"] == str(tmp_path / "ray.parquet")
     _assert_same(tmp_path / "local.parquet", tmp_path / "ray.parquet")
@@ -127,6 +129,15 @@ def test_tiny_matches_local(ray_cluster, tmp_path, top):
     # workload is split across shards and batches
     s = _both(load_sweep("tiny"), tmp_path, top, ray_cluster, shard_rows=50, batch_rows=37)
     assert s["kept"] > 0
+
+
+def test_sampling_reaches_both_engines(ray_cluster, tmp_path):
+    """Non-default cache-model sampling gives the same rows and metadata on both
+    engines, and the metadata records it."""
+    _both(load_sweep("tiny"), tmp_path, 0.05, ray_cluster,
+          sampling={"wave_samples": 2, "k_samples": 1}, shard_rows=50, batch_rows=37)
+    md = read_metadata(tmp_path / "ray.parquet")
+    assert json.loads(md["tsbatch.sampling"])["wave_samples"] == 2
 
 
 @pytest.mark.parametrize("top", [0.03, 0.3])

@@ -30,11 +30,31 @@ def _out_path(p: str) -> Path:
     return path
 
 
+def _add_sampling_args(p) -> None:
+    g = p.add_argument_group(
+        "cache-model sampling",
+        "fewer samples run faster with a larger sampling error (bench/wave_sampling.py "
+        "measures it against analysing every wave); recorded in the output's metadata")
+    g.add_argument("--wave-samples", type=int, default=8, metavar="N",
+                   help="waves analysed per launch: the first, the last and evenly spaced "
+                        "interior ones, each weighted for the waves it stands for (all when "
+                        "fewer; at least 2; default 8)")
+    g.add_argument("--k-samples", type=int, default=4, metavar="N",
+                   help="reduction steps sampled for the cross-wave reuse distance "
+                        "(at least 1; default 4)")
+
+
+def _sampling(args) -> dict:
+    from tsbatch.evaluate import check_sampling
+
+    return check_sampling({"k_samples": args.k_samples, "wave_samples": args.wave_samples})
+
+
 # ----------------------------------------------------------------------------- evaluate
 def cmd_evaluate(args) -> int:
     import polars as pl
 
-    from tsbatch.evaluate import CacheMemo, evaluate, get_family, resolve_hw
+    from tsbatch.evaluate import CacheMemo, evaluate, get_family, resolve_hw, sampling_metadata
     from tsbatch.io import ParquetSink, provenance, sha256_file, write_parquet
     from tsbatch.rank import parse_top
     from tsbatch.schema import read_candidates
@@ -46,6 +66,7 @@ def cmd_evaluate(args) -> int:
     out = _out_path(args.output)
     top = parse_top(args.top)
     fam = get_family(args.family)
+    sampling = _sampling(args)
     try:
         scan = pl.scan_parquet(args.candidates)
         total = scan.select(pl.len()).collect().item()
@@ -67,7 +88,7 @@ def cmd_evaluate(args) -> int:
 
     batches = [read_candidates(args.candidates)] if one else stream()
     meta = provenance(hw, args.family, {"candidates": sha256_file(args.candidates)},
-                      extra={"top_fraction": str(top)})
+                      extra={"top_fraction": str(top), **sampling_metadata(sampling)})
     ranked = bool(args.rank or args.top)
     t0 = time.perf_counter()
     # cache problems solved in one batch are reused by the next (none to share
@@ -89,7 +110,7 @@ def cmd_evaluate(args) -> int:
         with BucketRanker(wl, workload_counts(args.candidates, wl), args.rank_bucket_rows,
                           spill_dir=spill) as br, ParquetSink(out, meta) as sink:
             for df in batches:
-                res = evaluate(df, hw, args.family, cache_memo=memo)
+                res = evaluate(df, hw, args.family, cache_memo=memo, **sampling)
                 n_rows += df.height
                 n_inf += int((~res.get_column("feasible")).sum())
                 br.add(res)
@@ -111,7 +132,7 @@ def cmd_evaluate(args) -> int:
         counts = workload_counts(batches[0] if one else args.candidates, wl)
         # a bounded cache memo: the running set is the only state growing with the input
         screen = TopKScreen(hw, args.family, wl, top, counts,
-                            memo=CacheMemo(max_problems=RANKED_MEMO_PROBLEMS))
+                            memo=CacheMemo(max_problems=RANKED_MEMO_PROBLEMS), sampling=sampling)
         if one:
             screen.add(batches[0])
             res = screen.result()
@@ -125,7 +146,7 @@ def cmd_evaluate(args) -> int:
         n_inf = 0
         with ParquetSink(out, meta) as sink:
             for df in batches:
-                res = evaluate(df, hw, args.family, cache_memo=memo)
+                res = evaluate(df, hw, args.family, cache_memo=memo, **sampling)
                 n_rows += df.height
                 n_inf += int((~res.get_column("feasible")).sum())
                 sink.write(res)
@@ -176,12 +197,13 @@ def cmd_sweep(args) -> int:
 
         summary = distributed.run_sweep_ray(spec, args.hw, out, top, address=args.address,
                                             shard_dir=args.shard_dir, shard_rows=args.shard_rows,
-                                            chunk_rows=args.chunk_rows, progress=args.progress)
+                                            chunk_rows=args.chunk_rows, progress=args.progress,
+                                            sampling=_sampling(args))
     else:
         tm: dict = {}
         summary = run_sweep(spec, args.hw, out, top, chunk_rows=args.chunk_rows,
                             progress=not args.quiet and sys.stderr.isatty() or args.progress,
-                            timings=tm)
+                            timings=tm, sampling=_sampling(args))
         summary = {**summary, "predicted": tm.get("rows_predicted", 0)}
     rate = summary["candidates"] / max(summary["seconds"], 1e-9)
     print(f"sweep '{summary['sweep']}' on {summary['hw']}: {summary['candidates']:,} candidates "
@@ -312,6 +334,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     e.add_argument("--rank-bucket-rows", type=int, default=500_000,
                    help="with --rank and no --top (every row kept): rows ranked in memory at "
                         "once; the rest wait in workload buckets on disk next to the output")
+    _add_sampling_args(e)
     e.add_argument("-q", "--quiet", action="store_true")
     e.set_defaults(func=cmd_evaluate)
 
@@ -330,6 +353,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--shard-rows", type=int, default=250_000)
     s.add_argument("--chunk-rows", type=int, default=1_000_000)
     s.add_argument("--progress", action="store_true", help="force the progress bar")
+    _add_sampling_args(s)
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_sweep)
 

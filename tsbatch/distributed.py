@@ -98,7 +98,8 @@ def _limit_threads() -> None:
         pass
 
 
-def _evaluate_block(table, hw, family: str, top: float, model_version: str):
+def _evaluate_block(table, hw, family: str, top: float, model_version: str,
+                    sampling: dict | None = None):
     """Phase 1 (one Arrow block): evaluate, then keep each workload's block-local top K.
 
     Every kept row of a (workload, block) piece carries 0 in ``_pinf`` except
@@ -114,7 +115,7 @@ def _evaluate_block(table, hw, family: str, top: float, model_version: str):
                            f"tsbatch on every node")
     _limit_threads()
     df = pl.from_arrow(table)
-    res = evaluate(df, hw, family)
+    res = evaluate(df, hw, family, **(sampling or {}))
     res = res.with_columns(_key=_key_expr())
     res = res.with_columns(
         _r=pl.struct("_key", _CID).rank("ordinal").over("workload_id"),
@@ -222,7 +223,7 @@ def run_sweep_ray(spec, hw: str, out: str | Path, top: float = 1.0, *,
                   chunk_rows: int = 1_000_000, keep_shards: bool = False,
                   task_cpus: float = 1.0, runtime_env: dict | None = None,
                   progress: bool = False,
-                  timings: dict | None = None) -> dict:
+                  timings: dict | None = None, sampling: dict | None = None) -> dict:
     """Evaluate and rank a sweep on a Ray cluster; same output and summary as ``run_sweep``.
 
     Parameters
@@ -247,8 +248,11 @@ def run_sweep_ray(spec, hw: str, out: str | Path, top: float = 1.0, *,
         CPUs reserved per evaluation task (numba's threads are capped to it).
     runtime_env : dict, optional
         Ray runtime environment for this job (e.g. ``{"pip": [...]}``).
+    sampling : dict, optional
+        The cache model's sampling (``k_samples``, ``wave_samples``,
+        ``max_lookback``), as for ``run_sweep``.
     """
-    from tsbatch.evaluate import get_family, resolve_hw
+    from tsbatch.evaluate import check_sampling, get_family, resolve_hw, sampling_metadata
     from tsbatch.io import provenance
     from tsbatch.rank import rank
     from tsbatch.sweep import SweepSpec, load_sweep
@@ -261,8 +265,10 @@ def run_sweep_ray(spec, hw: str, out: str | Path, top: float = 1.0, *,
     fam = get_family(sp.family)
     if batch_rows < 1:
         raise InputError(f"batch_rows must be positive, got {batch_rows}")
+    sampling = check_sampling(sampling)
     meta = provenance(hwspec, sp.family, {"sweep": sp.sha256},
-                      extra={"sweep": sp.name, "top_fraction": str(top)})
+                      extra={"sweep": sp.name, "top_fraction": str(top),
+                             **sampling_metadata(sampling)})
     workload_cols = ["workload_id", *[c for c in fam.workload_columns]]
     out = Path(out)
     out_parent = out.parent if str(out.parent) else Path(".")
@@ -308,12 +314,12 @@ def run_sweep_ray(spec, hw: str, out: str | Path, top: float = 1.0, *,
         if n_cand == 0:
             raise InputError(f"{sp.path}: the sweep's rules reject every candidate")
         # the exact output schema of the local engine (column order and dtypes)
-        template = rank(_evaluate_local(shards["first"], hwspec, sp.family),
+        template = rank(_evaluate_local(shards["first"], hwspec, sp.family, sampling),
                         workload_cols, top).head(0)
         # ---- 3. evaluate, rank, write
         n_kept, n_infeasible = _run_pipeline(
             ray, base, fs, hwspec, sp.family, top, batch_rows, task_cpus, template,
-            out, meta, progress, tm)
+            out, meta, progress, tm, sampling)
     finally:
         if base is not None and not keep_shards:
             _remove_dir(fs, base)
@@ -324,14 +330,14 @@ def run_sweep_ray(spec, hw: str, out: str | Path, top: float = 1.0, *,
             "seconds": time.perf_counter() - t0, "out": str(out)}
 
 
-def _evaluate_local(first: pl.DataFrame, hwspec, family: str) -> pl.DataFrame:
+def _evaluate_local(first: pl.DataFrame, hwspec, family: str, sampling: dict) -> pl.DataFrame:
     from tsbatch.evaluate import evaluate
 
-    return evaluate(first, hwspec, family)
+    return evaluate(first, hwspec, family, **sampling)
 
 
 def _run_pipeline(ray, base, fs, hwspec, family, top, batch_rows, task_cpus, template, out,
-                  meta, progress, tm) -> tuple[int, int]:
+                  meta, progress, tm, sampling) -> tuple[int, int]:
     import tsbatch
     from ray.data import DataContext
 
@@ -371,7 +377,7 @@ def _run_pipeline(ray, base, fs, hwspec, family, top, batch_rows, task_cpus, tem
         survivors = ds.map_batches(
             _evaluate_block, batch_format="pyarrow", batch_size=batch_rows, num_cpus=task_cpus,
             fn_kwargs={"hw": hwspec, "family": family, "top": top,
-                       "model_version": tsbatch.MODEL_VERSION},
+                       "model_version": tsbatch.MODEL_VERSION, "sampling": sampling},
         ).materialize()
         n_infeasible = int(survivors.sum(_PINF) or 0) if survivors.count() else 0
         tm["evaluate_s"] = tm.get("evaluate_s", 0.0) + (time.perf_counter() - t_e)

@@ -65,6 +65,30 @@ RESULT_COLUMNS = {
 _BOTTLENECK_MIN_UTIL = 0.6
 
 
+#: the cache model's sampling defaults (keyword arguments of :func:`evaluate`)
+DEFAULT_SAMPLING = {"k_samples": 4, "wave_samples": 8, "max_lookback": 4}
+
+
+def check_sampling(sampling: dict | None) -> dict:
+    """``sampling`` with defaults filled; raises :class:`InputError` on a bad value."""
+    out = dict(DEFAULT_SAMPLING)
+    for k, v in (sampling or {}).items():
+        if k not in out:
+            raise InputError(f"unknown sampling option {k!r}; known: {', '.join(out)}")
+        if v is None:
+            continue
+        least = 2 if k == "wave_samples" else 1
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
+            raise InputError(f"{k} must be an integer of at least {least}, got {v!r}")
+        out[k] = int(v)
+    return out
+
+
+def sampling_metadata(sampling: dict | None) -> dict:
+    """The provenance entry recording the sampling a result was computed with."""
+    return {"sampling": check_sampling(sampling)}
+
+
 def resolve_hw(hw: str | HwSpec) -> HwSpec:
     try:
         return get_hw(hw)
@@ -114,6 +138,8 @@ class CacheMemo:
     are fixed per memo; so a problem met again in a later chunk takes the
     stored results, bit for bit. Lookups are one vectorized join per chunk.
     At most ``max_problems`` are kept (later ones are solved, not stored).
+    The first call binds the memo to its GPU and sampling; a call with
+    another raises ``ValueError`` instead of mixing results.
     """
 
     def __init__(self, max_problems: int = 2_000_000):
@@ -121,6 +147,19 @@ class CacheMemo:
         self._frames: list[pl.DataFrame] = []
         self._n = 0
         self._known: pl.DataFrame | None = None
+        self.bound_to: tuple | None = None
+
+    def bind(self, hw: HwSpec, k_samples: int, wave_samples: int, max_lookback: int) -> None:
+        """Bind to (or check against) the GPU and sampling of the results held."""
+        caches = (hw.l2_bytes * hw.cal("l2_capacity_fraction"), hw.l2_assoc, hw.sm_count,
+                  hw.l15_group_sms if hw.has_l15 else 0, hw.l15_bytes, hw.l15_assoc)
+        sig = (hw.key, int(k_samples), int(wave_samples), int(max_lookback), caches)
+        if self.bound_to is None:
+            self.bound_to = sig
+        elif self.bound_to != sig:
+            raise ValueError(f"this CacheMemo holds results for (hw, k_samples, wave_samples, "
+                             f"max_lookback) = {self.bound_to[:4]}, not {sig[:4]} (or the "
+                             f"same GPU with other cache sizes); use one memo per GPU and sampling")
 
     @staticmethod
     def _key_frame(keys: np.ndarray) -> pl.DataFrame:
@@ -187,6 +226,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
     dramu = np.empty((u, T))
     todo = np.arange(u, dtype=np.int64)
     if memo is not None:
+        memo.bind(hw, k_samples, wave_samples, max_lookback)
         todo = memo.lookup(keys[rep], (h15u, h2u, dramu))
     sub = rep[todo]
     v = sub.shape[0]

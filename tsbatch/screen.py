@@ -224,14 +224,18 @@ class TopKScreen:
     ``rank(evaluate(all rows), workload, top)``.
 
     ``screen=False`` predicts every feasible row (same result; for checking).
+    ``sampling`` (``k_samples``, ``wave_samples``, ``max_lookback``) goes to
+    every :func:`evaluate` call.
     Counters: ``n_rows``, ``n_predicted`` (rows given to :func:`evaluate`),
     ``n_infeasible`` (rows :func:`evaluate` would mark infeasible).
     """
 
     def __init__(self, hw: str | HwSpec, family: str, workload: list[str] | tuple[str, ...],
                  top: float, counts: pl.DataFrame, *, memo: CacheMemo | None = None,
-                 timings: dict | None = None, screen: bool = True, check: bool = True):
+                 timings: dict | None = None, screen: bool = True, check: bool = True,
+                 sampling: dict | None = None):
         self.hw = resolve_hw(hw)
+        self.sampling = dict(sampling or {})
         self.family = family
         get_family(family)
         self.workload = list(workload)
@@ -274,7 +278,8 @@ class TopKScreen:
     def _evaluate(self, df: pl.DataFrame, rows: np.ndarray, pos: np.ndarray,
                   wid: np.ndarray) -> pl.DataFrame:
         sub = df[rows] if rows.shape[0] != df.height else df
-        res = evaluate(sub, self.hw, self.family, timings=self.timings, cache_memo=self.memo)
+        res = evaluate(sub, self.hw, self.family, timings=self.timings, cache_memo=self.memo,
+                       **self.sampling)
         self.n_predicted += rows.shape[0]
         return res.with_columns(pl.Series(_POS, pos[rows], dtype=pl.Int64),
                                 pl.Series(_WID, wid[rows], dtype=pl.Int64))
@@ -470,7 +475,8 @@ class TopKScreen:
         if self._R is None:  # nothing predicted: no rows at all
             if self._template is None:
                 raise ValueError("no batch was added")
-            out = rank(evaluate(self._template, self.hw, self.family), self.workload, self.top)
+            out = rank(evaluate(self._template, self.hw, self.family, **self.sampling),
+                       self.workload, self.top)
         else:
             df = self._R.with_columns(pl.Series(COUNT_COL, self.n_w[self._r_wid],
                                                 dtype=pl.Int64)).drop(_WID)
@@ -482,7 +488,7 @@ class TopKScreen:
 def screened_rank(candidates, hw: str | HwSpec, workload: list[str] | tuple[str, ...],
                   top: float = 1.0, family: str = "gemm", *, batch_rows: int | None = None,
                   memo: CacheMemo | None = None, timings: dict | None = None,
-                  screen: bool = True, survey: bool = True,
+                  screen: bool = True, survey: bool = True, sampling: dict | None = None,
                   stats: dict | None = None) -> pl.DataFrame:
     """``rank(evaluate(candidates, hw, family), workload, top)`` computed by screening.
 
@@ -494,7 +500,7 @@ def screened_rank(candidates, hw: str | HwSpec, workload: list[str] | tuple[str,
     df = to_polars(candidates)
     wl = [c for c in workload if c in df.columns]
     scr = TopKScreen(hw, family, wl, top, workload_counts(df, wl), memo=memo, timings=timings,
-                     screen=screen)
+                     screen=screen, sampling=sampling)
     step = batch_rows if batch_rows and batch_rows > 0 else max(df.height, 1)
 
     def batches():

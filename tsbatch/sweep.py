@@ -31,7 +31,7 @@ from typing import Iterator
 import polars as pl
 
 from tsbatch.errors import InputError
-from tsbatch.evaluate import get_family, resolve_hw
+from tsbatch.evaluate import check_sampling, get_family, resolve_hw, sampling_metadata
 from tsbatch.io import ParquetSink, provenance, sha256_file
 from tsbatch.screen import TopKScreen, workload_counts
 
@@ -171,20 +171,24 @@ def candidate_chunks(spec: SweepSpec, chunk_rows: int = 1_000_000) -> Iterator[p
 
 def run_sweep(spec: str | Path | SweepSpec, hw: str, out: str | Path, top: float = 1.0,
               chunk_rows: int = 1_000_000, progress: bool = True,
-              timings: dict | None = None) -> dict:
+              timings: dict | None = None, sampling: dict | None = None) -> dict:
     """Generate, evaluate and rank a sweep; write the ranked rows to ``out``.
 
     Returns a summary: candidate and kept row counts, workloads, seconds.
     ``timings`` (if given) is filled with the seconds of each stage and
     ``rows_predicted``, the candidates predicted in full (the others were
-    screened out by their latency bound).
+    screened out by their latency bound). ``sampling`` (``k_samples``,
+    ``wave_samples``, ``max_lookback``) goes to :func:`tsbatch.evaluate.evaluate`
+    and is recorded in the output's provenance.
     """
     t0 = time.perf_counter()
+    sampling = check_sampling(sampling)
     sp = spec if isinstance(spec, SweepSpec) else load_sweep(spec)
     hwspec = resolve_hw(hw)
     fam = get_family(sp.family)
     meta = provenance(hwspec, sp.family, {"sweep": sp.sha256},
-                      extra={"sweep": sp.name, "top_fraction": str(top)})
+                      extra={"sweep": sp.name, "top_fraction": str(top),
+                             **sampling_metadata(sampling)})
     workload_cols = ["workload_id", *[c for c in fam.workload_columns]]
     bar = None
     if progress:
@@ -204,7 +208,7 @@ def run_sweep(spec: str | Path | SweepSpec, hw: str, out: str | Path, top: float
             # and the screen predicts in full only rows that can still be kept
             wl = [c for c in workload_cols if c in chunk.columns]
             screen = TopKScreen(hwspec, sp.family, wl, top, workload_counts(chunk, wl),
-                                timings=tm)
+                                timings=tm, sampling=sampling)
             screen.add(chunk)
             ranked = screen.result()
             n_infeasible += screen.n_infeasible
