@@ -86,12 +86,14 @@ def test_evaluate_top_streamed_equals_one_batch(tmp_path, capsys):
             "num_warps": rng.choice([2, 4, 8], n)}
     cand = _write(tmp_path, data)
     one, many = tmp_path / "one.parquet", tmp_path / "many.parquet"
-    for out, extra in ((one, []), (many, ["--batch-rows", "7"])):
+    for out, extra in ((one, []), (many, ["--batch-rows", "7", "--progress"])):
         assert main(["evaluate", str(cand), "--hw", "h100", "-o", str(out), "--top", "20%",
                      "-q", *extra]) == 0
     a, b = pl.read_parquet(one), pl.read_parquet(many)
     assert 0 < a.height < n and a.equals(b, null_equal=True)
-    assert "predicted in full" in capsys.readouterr().out
+    cap = capsys.readouterr()
+    assert "predicted in full" in cap.out
+    assert "evaluate" in cap.err and "/180" in cap.err  # the bar: 3 passes of 60 rows
 
 
 def test_evaluate_sampling_options(tmp_path, capsys):

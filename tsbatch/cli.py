@@ -44,6 +44,16 @@ def _add_sampling_args(p) -> None:
                         "(at least 1; default 4)")
 
 
+def _bar(args, total: int, desc: str):
+    """A tqdm bar over ``total`` rows when asked for or on a terminal, else None."""
+    if not (getattr(args, "progress", False) or (not args.quiet and sys.stderr.isatty())):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="row", unit_scale=True, leave=False, desc=desc,
+                dynamic_ncols=True)
+
+
 def _sampling(args) -> dict:
     from tsbatch.evaluate import check_sampling
 
@@ -109,11 +119,16 @@ def cmd_evaluate(args) -> int:
         spill = out.parent if str(out.parent) else Path(".")
         with BucketRanker(wl, workload_counts(args.candidates, wl), args.rank_bucket_rows,
                           spill_dir=spill) as br, ParquetSink(out, meta) as sink:
+            bar = None if one else _bar(args, total, "evaluate")
             for df in batches:
                 res = evaluate(df, hw, args.family, cache_memo=memo, **sampling)
                 n_rows += df.height
                 n_inf += int((~res.get_column("feasible")).sum())
                 br.add(res)
+                if bar is not None:
+                    bar.update(df.height)
+            if bar is not None:
+                bar.close()
             for part in br.ranked(top):
                 sink.write(part)
                 kept += part.height
@@ -137,7 +152,17 @@ def cmd_evaluate(args) -> int:
             screen.add(batches[0])
             res = screen.result()
         else:
-            res = screen.rank_stream(stream)
+            bar = _bar(args, 3 * total, "evaluate (3 passes)")
+
+            def tick(name: str, rows: int) -> None:
+                bar.set_description(f"evaluate: {name}", refresh=False)
+                bar.update(rows)
+
+            try:
+                res = screen.rank_stream(stream, progress=tick if bar is not None else None)
+            finally:
+                if bar is not None:
+                    bar.close()
         write_parquet(res, out, meta)
         n_rows, n_inf, kept = screen.n_rows, screen.n_infeasible, res.height
         full = f" ({screen.n_predicted:,} predicted in full, the rest bounded out)"
@@ -145,11 +170,16 @@ def cmd_evaluate(args) -> int:
         n_rows = 0
         n_inf = 0
         with ParquetSink(out, meta) as sink:
+            bar = None if one else _bar(args, total, "evaluate")
             for df in batches:
                 res = evaluate(df, hw, args.family, cache_memo=memo, **sampling)
                 n_rows += df.height
                 n_inf += int((~res.get_column("feasible")).sum())
                 sink.write(res)
+                if bar is not None:
+                    bar.update(df.height)
+            if bar is not None:
+                bar.close()
             sink.commit()
         kept = n_rows
         full = ""
@@ -335,6 +365,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="with --rank and no --top (every row kept): rows ranked in memory at "
                         "once; the rest wait in workload buckets on disk next to the output")
     _add_sampling_args(e)
+    e.add_argument("--progress", action="store_true",
+                   help="force the progress bar of a ranked multi-batch run (shown on a terminal)")
     e.add_argument("-q", "--quiet", action="store_true")
     e.set_defaults(func=cmd_evaluate)
 

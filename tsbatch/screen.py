@@ -309,7 +309,7 @@ class TopKScreen:
         self._screen_rows(df, pos, wid, lb, infeas, np.ones(n, dtype=bool), rounds=self.screen)
         self.n_rows += n
 
-    def rank_stream(self, batches) -> pl.DataFrame:
+    def rank_stream(self, batches, progress=None) -> pl.DataFrame:
         """``rank(evaluate(all rows), ...)`` of a stream that can be read three times.
 
         ``batches()`` returns a fresh iterator over the same batches, in input
@@ -333,6 +333,8 @@ class TopKScreen:
         every step, and every row never predicted has a bound strictly above
         a threshold that is at least the global ``K``-th key, so the result
         is the same as :meth:`add`'s (the argument in the module docstring).
+        ``progress(pass_name, rows)``, if given, is called after each batch of
+        each pass.
         """
         lbs: list[np.ndarray] = []
         wids: list[np.ndarray] = []  # workload ids, kept in the least integer type
@@ -366,6 +368,8 @@ class TopKScreen:
             cut = _kth_key(p_wid, p_lb, step_w)
             at += df.height
             self._tick("bound_s", t0)
+            if progress is not None:
+                progress("bounds", df.height)
         p_pos = np.sort(p_pos)
         for phase in (0, 1):  # ---- 2: the rows of P; 3: the others, screened
             at = 0
@@ -385,6 +389,8 @@ class TopKScreen:
                 self._screen_rows(df, pos, wid, lb, infeas, in_p if phase == 0 else ~in_p,
                                   rounds=self.screen)
                 at += n
+                if progress is not None:
+                    progress("best rows" if phase == 0 else "screen", n)
             if at != sum(x.shape[0] for x in lbs):
                 raise RuntimeError("rank_stream: the batches changed between passes")
         self.n_rows += at
