@@ -100,6 +100,17 @@ def test_screened_streamed_rank_equals_rank_of_all(df, top, batch, hw):
     _same(screened_rank(df, hw, WL, top), ref)  # one batch
 
 
+@given(df=ranked_inputs(), top=st.sampled_from(TOPS), batch=st.integers(1, 12),
+       survey=st.booleans())
+def test_running_set_compacted_at_every_merge_is_exact(df, top, batch, survey):
+    """Rows pushed out of the running set are marked dead and dropped later; dropping
+    them at every merge gives the same result."""
+    ref = rank(evaluate(df, "h100"), WL, top)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(TopKScreen, "COMPACT_MIN", -1)
+        _same(screened_rank(df, "h100", WL, top, batch_rows=batch, survey=survey), ref)
+
+
 @given(df=ranked_inputs(max_workloads=2), top=st.sampled_from(TOPS), batch=st.integers(1, 9),
        survey=st.booleans())
 def test_unscreened_stream_equals_rank(df, top, batch, survey):

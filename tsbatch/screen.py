@@ -238,6 +238,9 @@ class TopKScreen:
     ``n_infeasible`` (rows :func:`evaluate` would mark infeasible).
     """
 
+    #: dead rows of the running set are dropped once more than this many (and a quarter)
+    COMPACT_MIN = 50_000
+
     def __init__(self, hw: str | HwSpec, family: str, workload: list[str] | tuple[str, ...],
                  top: float, counts: pl.DataFrame, *, memo: CacheMemo | None = None,
                  timings: dict | None = None, screen: bool = True, check: bool = True,
@@ -261,12 +264,32 @@ class TopKScreen:
         self.n_infeasible = 0
         self.rounds = 0
         self._template: pl.DataFrame | None = None
-        # the running set R: frame of evaluated rows (+ _pos, _wid) and its arrays
-        self._R: pl.DataFrame | None = None
+        # the running set R: frames of evaluated rows (+ _pos, _wid) and their arrays;
+        # rows pushed out are only marked dead (a merge touches only the workloads
+        # of the rows that can enter), and dropped once they are a quarter of R
+        self._r_frames: list[pl.DataFrame] = []
         self._r_wid = np.zeros(0, dtype=np.int64)
         self._r_key = np.zeros(0)
         self._r_pos = np.zeros(0, dtype=np.int64)
+        self._r_alive = np.zeros(0, dtype=bool)
         self._thr = np.full(self.k_w.shape[0], np.inf)  # K-th key of R per workload
+
+    @property
+    def _R(self) -> pl.DataFrame | None:
+        """The running set as one frame (its dead rows dropped)."""
+        self._compact()
+        return self._r_frames[0] if self._r_frames else None
+
+    def _compact(self) -> None:
+        if not self._r_frames or (len(self._r_frames) == 1 and self._r_alive.all()):
+            return
+        frame = pl.concat(self._r_frames, how="vertical")
+        if not self._r_alive.all():
+            frame = frame.filter(pl.Series(self._r_alive))
+        self._r_frames = [frame]
+        a = self._r_alive
+        self._r_wid, self._r_key, self._r_pos = self._r_wid[a], self._r_key[a], self._r_pos[a]
+        self._r_alive = np.ones(frame.height, dtype=bool)
 
     # ------------------------------------------------------------------ internals
     def _tick(self, name: str, t0: float) -> None:
@@ -437,16 +460,23 @@ class TopKScreen:
             rnd += 1
         self.rounds += rnd
 
-        # ---- merge: the first K by (key, pos) of R and this batch's known rows
+        # ---- merge: the first K by (key, pos) of R and this batch's known rows. A
+        # known row whose key is above its workload's threshold (R holds K rows at
+        # or below it) cannot enter; the others are merged with R's live rows of
+        # their workloads only, the rest of R staying as it is
         t0 = time.perf_counter()
         known = np.flatnonzero(done | infeas)
-        nr = self._r_wid.shape[0]
-        all_wid = np.concatenate([self._r_wid, wid[known]])
-        all_key = np.concatenate([self._r_key, key[known]])
-        all_pos = np.concatenate([self._r_pos, pos[known]])
+        cand = known[key[known] <= self._thr[wid[known]]]
+        touched = np.zeros(self.k_w.shape[0], dtype=bool)
+        touched[wid[cand]] = True
+        ridx = np.flatnonzero(self._r_alive & touched[self._r_wid])
+        nr = ridx.shape[0]
+        all_wid = np.concatenate([self._r_wid[ridx], wid[cand]])
+        all_key = np.concatenate([self._r_key[ridx], key[cand]])
+        all_pos = np.concatenate([self._r_pos[ridx], pos[cand]])
         keep = _first_k(all_wid, all_key, all_pos, self.k_w)
         keep_b = np.zeros(n, dtype=bool)
-        keep_b[known[keep[nr:]]] = True
+        keep_b[cand[keep[nr:]]] = True
         extra = np.flatnonzero(keep_b & ~done)  # infeasible rows within the first K
         self._tick("screen_s", t0)
         if extra.size:
@@ -460,17 +490,24 @@ class TopKScreen:
         self.n_infeasible += int(infeas.sum())
         for res in parts[:rnd]:  # feasibility of library rows is known only once predicted
             self.n_infeasible += int((~res.get_column("feasible")).sum())
+        self._r_alive[ridx[~keep[:nr]]] = False
         if parts:
             rows = np.concatenate(part_rows)
             sel = keep_b[rows]
-            new = pl.concat(parts, how="vertical").filter(pl.Series(sel))
             rows = rows[sel]
-            frames = ([self._R.filter(pl.Series(keep[:nr]))] if self._R is not None else []) + [new]
-            self._R = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
-            self._r_wid = np.concatenate([self._r_wid[keep[:nr]], wid[rows]])
-            self._r_key = np.concatenate([self._r_key[keep[:nr]], key[rows]])
-            self._r_pos = np.concatenate([self._r_pos[keep[:nr]], pos[rows]])
-            self._thr = _kth_key(self._r_wid, self._r_key, self.k_w)
+            if rows.size:
+                self._r_frames.append(pl.concat(parts, how="vertical").filter(pl.Series(sel)))
+                self._r_wid = np.concatenate([self._r_wid, wid[rows]])
+                self._r_key = np.concatenate([self._r_key, key[rows]])
+                self._r_pos = np.concatenate([self._r_pos, pos[rows]])
+                self._r_alive = np.concatenate([self._r_alive, np.ones(rows.size, dtype=bool)])
+        if cand.size:
+            # the K-th key of the touched workloads, from their rows now in R
+            thr = _kth_key(all_wid[keep], all_key[keep], self.k_w)
+            self._thr[touched] = thr[touched]
+        n_dead = self._r_alive.shape[0] - int(self._r_alive.sum())
+        if n_dead > self.COMPACT_MIN and 4 * n_dead > self._r_alive.shape[0]:
+            self._compact()
         self._tick("screen_s", t0)
 
     def _check(self, res: pl.DataFrame, rows: np.ndarray, lb: np.ndarray, key: np.ndarray) -> None:
@@ -486,14 +523,15 @@ class TopKScreen:
     def result(self) -> pl.DataFrame:
         """``rank(evaluate(all rows added), workload, top)``, row for row."""
         t0 = time.perf_counter()
-        if self._R is None:  # nothing predicted: no rows at all
+        self._compact()
+        if not self._r_frames:  # nothing predicted: no rows at all
             if self._template is None:
                 raise ValueError("no batch was added")
             out = rank(evaluate(self._template, self.hw, self.family, **self.sampling),
                        self.workload, self.top)
         else:
-            df = self._R.with_columns(pl.Series(COUNT_COL, self.n_w[self._r_wid],
-                                                dtype=pl.Int64)).drop(_WID)
+            df = self._r_frames[0].with_columns(pl.Series(COUNT_COL, self.n_w[self._r_wid],
+                                                          dtype=pl.Int64)).drop(_WID)
             out = rank(df, self.workload, self.top, order_col=_POS, count_col=COUNT_COL)
         self._tick("rank_s", t0)
         return out
