@@ -103,11 +103,13 @@ def test_screened_streamed_rank_equals_rank_of_all(df, top, batch, hw):
 @given(df=ranked_inputs(), top=st.sampled_from(TOPS), batch=st.integers(1, 12),
        survey=st.booleans())
 def test_running_set_compacted_at_every_merge_is_exact(df, top, batch, survey):
-    """Rows pushed out of the running set are marked dead and dropped later; dropping
-    them at every merge gives the same result."""
+    """Rows pushed out of the running set are marked dead and dropped later, and
+    surveyed rows are merged into P in bulk; dropping them and merging at every
+    batch gives the same result."""
     ref = rank(evaluate(df, "h100"), WL, top)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(TopKScreen, "COMPACT_MIN", -1)
+        mp.setattr(TopKScreen, "SURVEY_FLUSH_MIN", -1)
         _same(screened_rank(df, "h100", WL, top, batch_rows=batch, survey=survey), ref)
 
 

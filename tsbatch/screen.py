@@ -215,6 +215,28 @@ def _first_k(gid: np.ndarray, key: np.ndarray, pos: np.ndarray, k: np.ndarray) -
     return keep
 
 
+def _merge_first_k(r_wid, r_key, r_pos, r_alive, c_wid, c_key, c_pos, k):
+    """Merge candidates into a running set holding the first ``k[g]`` rows of
+    each group ``g`` by ``(key, pos)`` (its live rows: ``r_alive``).
+
+    Only the groups of the candidates are touched: their live rows and the
+    candidates are ranked together, the rest of the set stays as it is.
+    Returns ``(ridx, keep_r, keep_c, touched, kth)``: the live rows of the
+    touched groups (``ridx``) and which of them stay, which candidates enter,
+    the touched groups' mask and their new ``k``-th keys (``kth[touched]``;
+    ``+inf`` while a group holds fewer than ``k`` rows).
+    """
+    touched = np.zeros(k.shape[0], dtype=bool)
+    touched[c_wid] = True
+    ridx = np.flatnonzero(r_alive & touched[r_wid])
+    nr = ridx.shape[0]
+    a_wid = np.concatenate([r_wid[ridx], c_wid])
+    a_key = np.concatenate([r_key[ridx], c_key])
+    keep = _first_k(a_wid, a_key, np.concatenate([r_pos[ridx], c_pos]), k)
+    kth = _kth_key(a_wid[keep], a_key[keep], k)
+    return ridx, keep[:nr], keep[nr:], touched, kth
+
+
 def _keys(res: pl.DataFrame) -> np.ndarray:
     """:func:`rank`'s key: latency of feasible rows, +inf otherwise (and for nulls)."""
     lat = res.get_column("latency_us").cast(pl.Float64).to_numpy()
@@ -240,6 +262,9 @@ class TopKScreen:
 
     #: dead rows of the running set are dropped once more than this many (and a quarter)
     COMPACT_MIN = 50_000
+    #: surveyed rows below their workload's cut are merged into P once more than this
+    #: many (and more than P holds) are pending
+    SURVEY_FLUSH_MIN = 100_000
 
     def __init__(self, hw: str | HwSpec, family: str, workload: list[str] | tuple[str, ...],
                  top: float, counts: pl.DataFrame, *, memo: CacheMemo | None = None,
@@ -367,6 +392,19 @@ class TopKScreen:
         p_pos = np.zeros(0, dtype=np.int64)
         step_w = self.k_w + self.k_w // 4
         cut = np.full(step_w.shape[0], np.inf)  # per workload: P's last bound once full
+        pend: list = []  # rows below the cut, merged into P in bulk
+        n_pend = 0
+
+        def _flush(p_wid, p_lb, p_pos, pend):
+            """P and the pending rows: the first ``step_w`` of each workload."""
+            a_wid = np.concatenate([p_wid, *[x[0] for x in pend]])
+            a_lb = np.concatenate([p_lb, *[x[1] for x in pend]])
+            a_pos = np.concatenate([p_pos, *[x[2] for x in pend]])
+            pend.clear()
+            keep = _first_k(a_wid, a_lb, a_pos, step_w)
+            a_wid, a_lb, a_pos = a_wid[keep], a_lb[keep], a_pos[keep]
+            return a_wid, a_lb, a_pos, _kth_key(a_wid, a_lb, step_w)
+
         at = 0
         for batch in batches():  # ---- 1: survey
             df = to_polars(batch)
@@ -382,17 +420,19 @@ class TopKScreen:
             wids.append(wid.astype(wdt))
             # a row enters P only below its workload's current cut (a later row
             # loses a tie on position)
+            # (the cut only filters: one not yet lowered by the pending rows lets
+            # more rows through, never fewer)
             ok = np.flatnonzero(~infeas & (lb < cut[wid]))
-            p_wid = np.concatenate([p_wid, wid[ok]])
-            p_lb = np.concatenate([p_lb, lb[ok]])
-            p_pos = np.concatenate([p_pos, at + ok])
-            keep = _first_k(p_wid, p_lb, p_pos, step_w)
-            p_wid, p_lb, p_pos = p_wid[keep], p_lb[keep], p_pos[keep]
-            cut = _kth_key(p_wid, p_lb, step_w)
+            pend.append((wid[ok], lb[ok], at + ok))
+            n_pend += ok.size
+            if n_pend > max(p_wid.shape[0], self.SURVEY_FLUSH_MIN):
+                p_wid, p_lb, p_pos, cut = _flush(p_wid, p_lb, p_pos, pend)
+                n_pend = 0
             at += df.height
             self._tick("bound_s", t0)
             if progress is not None:
                 progress("bounds", df.height)
+        p_wid, p_lb, p_pos, cut = _flush(p_wid, p_lb, p_pos, pend)
         p_pos = np.sort(p_pos)
         for phase in (0, 1):  # ---- 2: the rows of P; 3: the others, screened
             at = 0
@@ -467,16 +507,11 @@ class TopKScreen:
         t0 = time.perf_counter()
         known = np.flatnonzero(done | infeas)
         cand = known[key[known] <= self._thr[wid[known]]]
-        touched = np.zeros(self.k_w.shape[0], dtype=bool)
-        touched[wid[cand]] = True
-        ridx = np.flatnonzero(self._r_alive & touched[self._r_wid])
-        nr = ridx.shape[0]
-        all_wid = np.concatenate([self._r_wid[ridx], wid[cand]])
-        all_key = np.concatenate([self._r_key[ridx], key[cand]])
-        all_pos = np.concatenate([self._r_pos[ridx], pos[cand]])
-        keep = _first_k(all_wid, all_key, all_pos, self.k_w)
+        ridx, keep_r, keep_c, touched, kth = _merge_first_k(
+            self._r_wid, self._r_key, self._r_pos, self._r_alive, wid[cand], key[cand],
+            pos[cand], self.k_w)
         keep_b = np.zeros(n, dtype=bool)
-        keep_b[cand[keep[nr:]]] = True
+        keep_b[cand[keep_c]] = True
         extra = np.flatnonzero(keep_b & ~done)  # infeasible rows within the first K
         self._tick("screen_s", t0)
         if extra.size:
@@ -490,7 +525,7 @@ class TopKScreen:
         self.n_infeasible += int(infeas.sum())
         for res in parts[:rnd]:  # feasibility of library rows is known only once predicted
             self.n_infeasible += int((~res.get_column("feasible")).sum())
-        self._r_alive[ridx[~keep[:nr]]] = False
+        self._r_alive[ridx[~keep_r]] = False
         if parts:
             rows = np.concatenate(part_rows)
             sel = keep_b[rows]
@@ -501,10 +536,7 @@ class TopKScreen:
                 self._r_key = np.concatenate([self._r_key, key[rows]])
                 self._r_pos = np.concatenate([self._r_pos, pos[rows]])
                 self._r_alive = np.concatenate([self._r_alive, np.ones(rows.size, dtype=bool)])
-        if cand.size:
-            # the K-th key of the touched workloads, from their rows now in R
-            thr = _kth_key(all_wid[keep], all_key[keep], self.k_w)
-            self._thr[touched] = thr[touched]
+        self._thr[touched] = kth[touched]  # the K-th key of the touched workloads
         n_dead = self._r_alive.shape[0] - int(self._r_alive.sum())
         if n_dead > self.COMPACT_MIN and 4 * n_dead > self._r_alive.shape[0]:
             self._compact()
