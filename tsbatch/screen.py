@@ -419,9 +419,8 @@ class TopKScreen:
             lbs.append(np.where(infeas, np.float32(np.inf), lb32))
             wids.append(wid.astype(wdt))
             # a row enters P only below its workload's current cut (a later row
-            # loses a tie on position)
-            # (the cut only filters: one not yet lowered by the pending rows lets
-            # more rows through, never fewer)
+            # loses a tie on position); the cut only filters, so one not yet
+            # lowered by the pending rows lets more rows through, never fewer
             ok = np.flatnonzero(~infeas & (lb < cut[wid]))
             pend.append((wid[ok], lb[ok], at + ok))
             n_pend += ok.size
