@@ -84,10 +84,16 @@ def test_prune_matches_full_ranking(hw, workload):
     (64, 14336, 4096, "float16", 0.1), (8, 1024, 1024, "float8", 0.05),
     (32768, 1024, 1024, "float16", 0.01), (300, 700, 5000, "float32", 0.3),
 ])
-def test_screen_rounds_match_unscreened(m, n, k, dtype, top):
+@pytest.mark.parametrize("round_min", [None, 1])
+def test_screen_rounds_match_unscreened(m, n, k, dtype, top, round_min, monkeypatch):
     """The rounds (first the smallest bounds, then halves of the rows that can still
     make it) keep exactly what predicting every row keeps, also for memory-bound
-    shapes where the bound is loose and several rounds run."""
+    shapes where the bound is loose and several rounds run (``round_min`` 1:
+    every later round takes a half, however few rows remain)."""
+    import tsbatch.prune as prune_mod
+
+    if round_min is not None:
+        monkeypatch.setattr(prune_mod, "_ROUND_MIN", round_min)
     configs = _grid(300, seed=m % 7, extra=True)
     wl = {"m": m, "n": n, "k": k, "dtype": dtype}
     res = prune(wl, configs, top=top)

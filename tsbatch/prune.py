@@ -364,9 +364,11 @@ def _select(wl: tuple, cfg: dict[str, np.ndarray], hw: HwSpec, top: float,
     return got[order], lat[order], int(feas.size), int(got.size)
 
 
-#: below this many candidates a round predicts them all (a round costs ~0.4 ms
-#: besides its rows)
-_ROUND_MIN = 16
+#: up to this many candidates a round predicts them all, not the better half: a
+#: round costs 0.5-0.9 ms besides its rows (~20 us each on 2 cores), so a few
+#: more rows in one round beat two more rounds (bench/prune_latency.py,
+#: 16x4096x4096: 166 rows in 4 rounds 10.4 ms, 174 rows in 2 rounds 8.8 ms)
+_ROUND_MIN = 128
 
 
 def _predict(plan, rows: np.ndarray, hw: HwSpec) -> np.ndarray:
