@@ -391,13 +391,14 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     if full:
         res = envelope_one(*args, p, sms, ksteps, stages, warps_tile, warps_full, lat,
                            ovh_iter, ovh_tile, 0, share_eff, sync)
-        for i in range(4):
-            total[i] += full * res[i]
         steady_iter = res[4]
         store = res[5]
-        hidden = (full - 1) * min(res[1], store)  # a wave's prologue under the stores before it
-        total[0] -= hidden
-        total[1] -= hidden
+        h = min(res[1], store)  # a wave's prologue under the stores before it
+        # one wave plus (full - 1) waves less the hidden prologue (no cancellation)
+        total[0] += res[0] + (full - 1) * (res[0] - h)
+        total[1] += res[1] + (full - 1) * (res[1] - h)
+        total[2] += full * res[2]
+        total[3] += full * res[3]
     if tail:
         res = envelope_one(*args, math.ceil(tail / sms), min(tail, sms), ksteps, stages,
                            warps_tile, warps_full, lat, ovh_iter, ovh_tile, 0, share_eff, sync)

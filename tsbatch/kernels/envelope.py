@@ -186,16 +186,17 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         t, a, b, c, s, store = envelope_one(work_iter, work_epi, rate, shared, compute, p, sms,
                                             ksteps, stages, warps_tile, warps_full, lat,
                                             ovh_iter, ovh_tile, 0, share_eff, sync)
-        T += full * t
-        tp += full * a
+        # stores retire asynchronously: the next wave's prologue (load latency
+        # and pipeline fill) runs under the previous wave's output stores. Written
+        # as one wave plus (full - 1) waves less the hidden part, not full waves
+        # less (full - 1) hidden parts: the difference of two products of
+        # `full` loses digits when the prologue is mostly hidden
+        h = min(a, store)
+        T += t + (full - 1) * (t - h)
+        tp += a + (full - 1) * (a - h)
         ts += full * b
         te += full * c
         s_it = s
-        # stores retire asynchronously: the next wave's prologue (load latency
-        # and pipeline fill) runs under the previous wave's output stores
-        hidden = (full - 1) * min(a, store)
-        T -= hidden
-        tp -= hidden
     if tail > 0:
         active = tail if tail < sms else sms
         pt = (tail + sms - 1) // sms
