@@ -261,41 +261,25 @@ SIG_SLOTS = 64
 
 
 @jit_scalar
-def _next_tile(order, g0, g1, gm, cr, cc, cz, first, size):
-    """The coordinates of the program after ``(cr, cc, cz)`` in a panel order
-    (``gm``: panel rows, 1 for row order and ``g0`` for column order; the
-    current panel starts at row ``first`` and has ``size`` rows)."""
-    if order == ORDER_ROW:
+def _next_tile(g0, g1, gm, cr, cc, cz, first, size):
+    """The coordinates of the program after ``(cr, cc, cz)`` in a panel order:
+    column-major inside a panel of ``gm`` rows (1 for row order, ``g0`` for
+    column order, ``group`` for grouped and persistent); the current panel
+    starts at row ``first`` and has ``size`` rows."""
+    cr += 1
+    if cr == first + size:
+        cr = first
         cc += 1
         if cc == g1:
             cc = 0
-            cr += 1
-            if cr == g0:
-                cr = 0
+            first += gm
+            if first >= g0:
+                first = 0
                 cz += 1
-    elif order == ORDER_COL:
-        cr += 1
-        if cr == g0:
-            cr = 0
-            cc += 1
-            if cc == g1:
-                cc = 0
-                cz += 1
-    else:  # grouped / persistent: column-major inside a panel of `size` rows
-        cr += 1
-        if cr == first + size:
+            size = g0 - first
+            if size > gm:
+                size = gm
             cr = first
-            cc += 1
-            if cc == g1:
-                cc = 0
-                first += gm
-                if first >= g0:
-                    first = 0
-                    cz += 1
-                size = g0 - first
-                if size > gm:
-                    size = gm
-                cr = first
     return cr, cc, cz, first, size
 
 
@@ -827,7 +811,7 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
             nw = conc
         # ---- the step sequence of this wave (coordinates stepped incrementally:
         # one division per wave instead of several per tile)
-        gm = group if group > 0 else 1
+        gm = gmb  # panel rows of the launch order
         cr, cc, cz = tile_coords(order, g0, g1, g2, group, start)
         first = (cr // gm) * gm
         size = g0 - first
@@ -850,7 +834,7 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
                     grp[j] = ((p % nsm) // g15) if use15 else 0
                 j += 1
             if not zorder:
-                cr, cc, cz, first, size = _next_tile(order, g0, g1, gm, cr, cc, cz, first, size)
+                cr, cc, cz, first, size = _next_tile(g0, g1, gm, cr, cc, cz, first, size)
         n = j
         # ---- first touches in the step: bytes before them, new bytes vs previous wave
         run = 0.0
@@ -1324,7 +1308,7 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
                             gids[j] = koff[t] + cr * kstr[t, 0] + cc * kstr[t, 1] + cz * kstr[t, 2]
                             gwts[j] = tbytes[t]
                             j += 1
-                        cr, cc, cz, first, size = _next_tile(order, g0, g1, gm, cr, cc, cz,
+                        cr, cc, cz, first, size = _next_tile(g0, g1, gm, cr, cc, cz,
                                                              first, size)
                     base += nsm
                 _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, gids, gwts, h15, last_idx,
