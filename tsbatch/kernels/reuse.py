@@ -739,6 +739,15 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
     if weights and W > max_waves and max_waves > 2:
         wt_in = (W - 2.0) / (max_waves - 2.0)
     saved = np.zeros(4 * T, dtype=np.float64)
+    # the next analysed wave after each wave (W + lookback after the last): when
+    # nxt[w] - lookback > w, its window starts after wave w and resets valid_from
+    # there, so nothing reads wave w's book-keeping
+    nxt = np.empty(W, dtype=np.int64)
+    nw_next = W + lookback
+    for w in range(W - 1, -1, -1):
+        nxt[w] = nw_next
+        if sampled[w]:
+            nw_next = w
     valid_from = 0
     done = -1
     for w in range(W):
@@ -764,7 +773,7 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                     xval, acc, hit15, req2, hit2, use15, nsm, g15, ngroups, order, g2, group,
                     sigbuf, sig_tab, sig_hash, sig_s15, s15w, gids, gwts, h15, last_idx, tree,
                     sub_ids, sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v, assoc15, B15,
-                    pat_m, pat_hash, pat_off, pool_lab, pool_h15):
+                    pat_m, pat_hash, pat_off, pool_lab, pool_h15, nxt[w] - lookback <= w):
                 continue
             if blockbook and wv != w:
                 _book_blocks(wv, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1,
@@ -1108,7 +1117,7 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
                  acc, hit15, req2, hit2, use15, nsm, g15, ngroups, order, g2, group, sigbuf,
                  sig_tab, sig_hash, sig_s15, s15w, gids, gwts, h15, last_idx, tree, sub_ids,
                  sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v, assoc15, B15, pat_m,
-                 pat_hash, pat_off, pool_lab, pool_h15):
+                 pat_hash, pat_off, pool_lab, pool_h15, book):
     """Analyse wave ``w`` per distinct block on the panel orders with integer
     block sizes (as :func:`_book_blocks`); returns
     ``False``, having changed nothing but ``fstamp`` and this wave's
@@ -1125,7 +1134,9 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
     ``head`` (bytes first touched before it in the step) is, per tensor, its
     bytes times the count of earlier candidates. The per-tensor sums add the
     same terms in another order (the only change: rounding, ~1e-16 relative);
-    then :func:`_book_blocks` book-keeps the wave.
+    then, if ``book``, :func:`_book_blocks` book-keeps the wave (the caller
+    passes ``False`` when the next analysed wave looks back to a window that
+    starts after this one, so that no later wave reads its book-keeping).
 
     With an L1.5 tier a tensor also needs the sum of its accesses' L1.5 hit
     probabilities, per SM group: a group laid out like an earlier one
@@ -1344,8 +1355,10 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
         hit15[t] += kf * s15
         req2[t] += kf * (nw - s15)
         hit2[t] += kf * ((nw - nt - s15) + cw)
-    _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gm, n_step,
-                 once_bytes, lastwave, bstamp, tail_b, ustep, newcum, oncecum, cp, ck, clen)
+    if book:
+        _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gm,
+                     n_step, once_bytes, lastwave, bstamp, tail_b, ustep, newcum, oncecum, cp,
+                     ck, clen)
     return True
 
 
