@@ -22,15 +22,18 @@ carry no tile configuration: they are predicted as the best entry of
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kernels_catalog.base import Column, Family, TilePlan
+from tsbatch.kernels._config import jit_exact
 from tsbatch.kernels.envelope import (
     N_RES, R_CUDA, R_DRAM, R_L15, R_L2, R_SMEM, R_TC,
 )
 from tsbatch.kernels.order import ORDER_GROUPED, ORDER_NAMES, ORDER_PERSISTENT
 
-__all__ = ["FAMILY", "COLUMNS", "DTYPES", "LIBRARY_TILES", "lower", "expand_library", "warp_grid", "warpgroup_grid"]
+__all__ = ["FAMILY", "COLUMNS", "DTYPES", "LIBRARY_TILES", "lower", "expand_library"]
 
 #: input dtype -> (bytes per element, output bytes, tensor-core rate key)
 DTYPES = {
@@ -109,33 +112,125 @@ LIBRARY_TILES["cdna2"] = LIBRARY_TILES["ampere"]
 REGS_BASE = 40
 
 
-def warp_grid(block_m: np.ndarray, block_n: np.ndarray, warps: np.ndarray):
+@jit_exact
+def _warp_grid(bm, bn, warps):
     """Warps along M and N for warp-level MMA (grow M while its per-warp rows
     exceed the per-warp columns, as Triton's MMA layout does)."""
-    wm = np.ones_like(warps)
-    wn = np.ones_like(warps)
+    wm = 1
+    wn = 1
     for _ in range(6):  # up to 64 warps
-        need = wm * wn < warps
-        grow_m = need & ((block_m // (16 * wm)) >= (block_n // (8 * wn))) & (block_m >= 32 * wm)
-        grow_n = need & ~grow_m & (block_n >= 16 * wn)
-        wm = np.where(grow_m, wm * 2, wm)
-        wn = np.where(grow_n, wn * 2, wn)
-        stuck = need & ~grow_m & ~grow_n
-        wm = np.where(stuck, wm * 2, wm)
+        if wm * wn >= warps:
+            break
+        if bm // (16 * wm) >= bn // (8 * wn) and bm >= 32 * wm:
+            wm *= 2
+        elif bn >= 16 * wn:
+            wn *= 2
+        else:
+            wm *= 2
     return wm, wn
 
 
-def warpgroup_grid(block_m: np.ndarray, warps: np.ndarray):
+@jit_exact
+def _warpgroup_grid(bm, warps):
     """Warpgroups along M and N for warpgroup MMA: along M while a warpgroup
     still gets more than its 64 rows, then along N (Triton's warpsPerTileV3)."""
-    wg_m = np.ones_like(warps)
-    wg_n = np.ones_like(warps)
+    wg_m = 1
+    wg_n = 1
     for _ in range(4):  # up to 64 warps
-        need = 4 * wg_m * wg_n < warps
-        along_m = need & (block_m > 64 * wg_m)
-        wg_m = np.where(along_m, wg_m * 2, wg_m)
-        wg_n = np.where(need & ~along_m, wg_n * 2, wg_n)
+        if 4 * wg_m * wg_n >= warps:
+            break
+        if bm > 64 * wg_m:
+            wg_m *= 2
+        else:
+            wg_n *= 2
     return wg_m, wg_n
+
+
+@jit_exact
+def _cdiv(a, b):
+    return -((-a) // b) if b != 0 else 0
+
+
+@jit_exact
+def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_rm, eb_tab,
+                ob_tab, tc_tab, f32_code, wgmma_ok, wgmma_min, max_regs, sm_regs, sync_frac,
+                tc_eff, wg_share, g0, g1, ksteps, tiles, smem_block, threads, regs, spill, use_wg,
+                on_tc, t_bytes, work_iter, work_epi, rate, share_eff, useful_flops):
+    """One pass over the rows: every per-row quantity of :func:`lower` (the
+    docstring there); ``tc_tab[d]`` is dtype ``d``'s tensor-core rate per SM
+    before the MMA path's share and the calibrated efficiency ``tc_eff``."""
+    for i in range(m.shape[0]):
+        bmi = bm[i]
+        bni = bn[i]
+        bki = bk[i]
+        w = warps[i]
+        sk = split[i]
+        eb = eb_tab[dcode[i]]
+        ob = ob_tab[dcode[i]]
+        tc = dcode[i] != f32_code or tf32[i]
+        on_tc[i] = tc
+        a = _cdiv(m[i], bmi)
+        b = _cdiv(n[i], bni)
+        g0[i] = a
+        g1[i] = b
+        ks = _cdiv(_cdiv(k[i], sk), bki)
+        ksteps[i] = ks if ks > 1 else 1
+        tiles[i] = a * b * sk
+        # MMA path: Triton's MMAv3 needs whole warpgroups and a multiple of 64 rows;
+        # the warpgroups are laid out over M while rows remain, then over N
+        # (AccelerateMatmul.cpp, warpsPerTileV3), so 8 warps on a 64-row tile still
+        # issue wgmma, as two warpgroups side by side along N
+        wg = wgmma_ok and tc and w >= wgmma_min and w % 4 == 0 and bmi % 64 == 0
+        use_wg[i] = wg
+        wg_m, wg_n = _warpgroup_grid(bmi, w)
+        wm, wn = _warp_grid(bmi, bni, w)
+        # per-block resources; Triton's software pipeliner keeps num_stages - 1 ring
+        # slots of A and B in shared memory (one stage computes from registers while
+        # the others are in flight), which matches which configurations of the
+        # measured A100 and H100 sets ran and which failed for lack of shared memory
+        ab_elems = bmi * bki + bki * bni
+        st = stages[i] - 1
+        smem_block[i] = (st if st > 1 else 1) * ab_elems * eb
+        th = w * 32
+        threads[i] = th
+        th1 = th if th > 1 else 1
+        acc_regs = (bmi * bni) // th1
+        frag = 0 if wg else 2 * ((bmi // wm) + (bni // wn)) * 16 * eb // (4 * 32)
+        want = acc_regs + frag + REGS_BASE
+        cap = (sm_regs // th1) // 8 * 8
+        if max_regs < cap:
+            cap = max_regs
+        regs[i] = want if want < cap else cap
+        sp = want - cap if want > cap else 0
+        spill[i] = sp
+        # resource vector per iteration (Eq. 1), before the cache split
+        flops = 2.0 * bmi * bni * bki
+        work_iter[i, R_TC] = flops if tc else 0.0
+        work_iter[i, R_CUDA] = 0.0 if tc else flops
+        a_bytes = float(bmi * bki * eb)
+        b_bytes = float(bki * bni * eb)
+        # sector efficiency of the contiguous runs of each load (32-byte sectors)
+        a_run = (bki if a_rm[i] else bmi) * eb
+        b_run = (bni if b_rm[i] else bki) * eb
+        a_fetch = a_bytes * (math.ceil(a_run / 32.0) * 32.0 / a_run)
+        b_fetch = b_bytes * (math.ceil(b_run / 32.0) * 32.0 / b_run)
+        work_iter[i, R_L2] = a_fetch + b_fetch  # split by the cache model later
+        if wg:
+            smem_reads = bki * eb * (wg_n * bmi + wg_m * bni)
+        else:
+            smem_reads = bki * eb * (wn * bmi + wm * bni)
+        work_iter[i, R_SMEM] = (smem_reads + ab_elems * eb) + sp * 4.0 * th * 2.0
+        c_bytes = float(bmi * bni * ob)
+        # split-K partials: fp32 atomics, read and write
+        work_epi[i, R_L2] = bmi * bni * 4.0 * 2.0 if sk > 1 else c_bytes
+        work_epi[i, R_DRAM] = bmi * bni * 4.0 if sk > 1 else c_bytes
+        work_epi[i, R_CUDA] = 2.0 * bmi * bni
+        rate[i, R_TC] = tc_tab[dcode[i]] * (1.0 if wg else sync_frac) * tc_eff
+        t_bytes[i, 0] = a_fetch
+        t_bytes[i, 1] = b_fetch
+        t_bytes[i, 2] = c_bytes
+        share_eff[i] = wg_share if wg else 1.0
+        useful_flops[i] = 2.0 * m[i] * n[i] * k[i]
 
 
 def lower(cols: dict, hw) -> TilePlan:
@@ -143,132 +238,83 @@ def lower(cols: dict, hw) -> TilePlan:
 
     ``cols`` maps every name of :data:`COLUMNS` to a numpy array (defaults
     filled, strings as object arrays, library rows already expanded).
+
+    Per row (one pass of :func:`_lower_rows`): the grid ``ceil(m / BM) x
+    ceil(n / BN) x split_k``, ``ceil(ceil(k / split_k) / BK)`` steps; warpgroup
+    MMA on Hopper and Blackwell for tensor-core rows of whole warpgroups
+    (``num_warps >= wgmma_min_warps``) and tiles of a multiple of 64 rows,
+    else warp MMA (or FMA for float32 without TF32); shared memory of
+    ``max(stages - 1, 1)`` ring slots of the A and B tiles; registers from
+    the accumulator, the MMA fragments and a fixed base, capped by the SM's
+    registers per thread (the excess spills); per iteration the MMA FLOPs,
+    the A and B tile bytes rounded up to 32-byte sectors of their contiguous
+    runs, the shared-memory traffic; per tile the C store (fp32 atomics,
+    read and written, under split-K).
     """
-    i64 = lambda a: np.asarray(a, dtype=np.int64)  # noqa: E731
+    i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
+    b8 = lambda a: np.ascontiguousarray(a, dtype=np.bool_)  # noqa: E731
     m, n, k = i64(cols["m"]), i64(cols["n"]), i64(cols["k"])
-    bm, bn, bk = i64(cols["block_m"]), i64(cols["block_n"]), i64(cols["block_k"])
-    stages, warps = i64(cols["num_stages"]), i64(cols["num_warps"])
     split = i64(cols["split_k"])
     group = i64(cols["group_m"])
     rows = m.shape[0]
-    dtype = np.asarray(cols["dtype"], dtype=object)
-    tf32 = np.asarray(cols["tf32"], dtype=bool)
-    a_rm = np.asarray(cols["a_row_major"], dtype=bool)
-    b_rm = np.asarray(cols["b_row_major"], dtype=bool)
-    raster = np.asarray(cols["raster"], dtype=object)
-    order = _map_codes(raster, ORDER_NAMES)
-    dcode = _map_codes(dtype, _DTYPE_CODE)
+    order = _map_codes(np.asarray(cols["raster"], dtype=object), ORDER_NAMES)
+    dcode = _map_codes(np.asarray(cols["dtype"], dtype=object), _DTYPE_CODE)
     eb_tab = np.array([v[0] for v in DTYPES.values()], dtype=np.int64)
     ob_tab = np.array([v[1] for v in DTYPES.values()], dtype=np.int64)
-    eb = eb_tab[dcode]
-    ob = ob_tab[dcode]
-    is_f32 = dcode == _DTYPE_CODE["float32"]
-    on_tc = ~is_f32 | tf32
+    sms = hw.sm_count
+    tc_tab = np.array([hw.tc_tflops(v[2]) * 1e6 / sms for v in DTYPES.values()])
 
-    g0 = -(-m // bm)
-    g1 = -(-n // bn)
-    g2 = split
-    k_per = -(-k // split)
-    ksteps = np.maximum(-(-k_per // bk), 1)
-    tiles = g0 * g1 * g2
-
-    # ---- MMA path: warpgroup MMA on Hopper when a warpgroup covers 64 rows
-    wgmma_min = hw.cal("wgmma_min_warps")
-    use_wgmma = np.zeros(rows, dtype=bool)
-    if hw.mma in ("wgmma", "tcgen05"):
-        # Triton's MMAv3 needs whole warpgroups and a multiple of 64 rows; the
-        # warpgroups are laid out over M while rows remain, then over N
-        # (AccelerateMatmul.cpp, warpsPerTileV3), so 8 warps on a 64-row tile
-        # still issue wgmma, as two warpgroups side by side along N
-        use_wgmma = on_tc & (warps >= wgmma_min) & (warps % 4 == 0) & (bm % 64 == 0)
-    wg_m, wg_n = warpgroup_grid(bm, warps)
-    wm, wn = warp_grid(bm, bn, warps)
-
-    # ---- per-block resources
-    ab_elems = bm * bk + bk * bn
-    # Triton's software pipeliner keeps num_stages - 1 ring slots of A and B in
-    # shared memory (one stage computes from registers while the others are in
-    # flight); this matches which configurations of the measured A100 and H100
-    # sets ran and which failed for lack of shared memory.
-    smem_block = np.maximum(stages - 1, 1) * ab_elems * eb
-    threads = warps * 32
-    acc_regs = (bm * bn) // np.maximum(threads, 1)
-    frag_regs = np.where(use_wgmma, 0, 2 * ((bm // wm) + (bn // wn)) * 16 * eb // (4 * 32))
-    regs_want = acc_regs + frag_regs + REGS_BASE
-    regs_cap = np.minimum(hw.max_registers_per_thread,
-                          (hw.sm_registers // np.maximum(threads, 1)) // 8 * 8)
-    regs = np.minimum(regs_want, regs_cap)
-    spill = np.maximum(regs_want - regs_cap, 0)
-
-    # ---- resource vector per iteration (Eq. 1), before the cache split
+    g0, g1, ksteps, tiles = (np.empty(rows, dtype=np.int64) for _ in range(4))
+    smem_block, threads, regs, spill = (np.empty(rows, dtype=np.int64) for _ in range(4))
+    use_wgmma = np.empty(rows, dtype=np.bool_)
+    on_tc = np.empty(rows, dtype=np.bool_)
+    t_bytes = np.empty((rows, 3), dtype=np.float64)
     work_iter = np.zeros((rows, N_RES), dtype=np.float64)
     work_epi = np.zeros((rows, N_RES), dtype=np.float64)
-    flops_iter = 2.0 * bm * bn * bk
-    work_iter[:, R_TC] = np.where(on_tc, flops_iter, 0.0)
-    work_iter[:, R_CUDA] = np.where(on_tc, 0.0, flops_iter)
-    a_bytes = (bm * bk * eb).astype(np.float64)
-    b_bytes = (bk * bn * eb).astype(np.float64)
-    # sector efficiency of the contiguous runs of each load (32-byte sectors)
-    a_run = np.where(a_rm, bk, bm) * eb
-    b_run = np.where(b_rm, bn, bk) * eb
-    a_fetch = a_bytes * (np.ceil(a_run / 32.0) * 32.0 / a_run)
-    b_fetch = b_bytes * (np.ceil(b_run / 32.0) * 32.0 / b_run)
-    work_iter[:, R_L2] = a_fetch + b_fetch  # split by the cache model later
-    smem_reads = np.where(use_wgmma, bk * eb * (wg_n * bm + wg_m * bn),
-                          bk * eb * (wn * bm + wm * bn))
-    smem_writes = ab_elems * eb
-    spill_bytes = spill * 4.0 * threads * 2.0
-    work_iter[:, R_SMEM] = smem_reads + smem_writes + spill_bytes
-    c_bytes = (bm * bn * ob).astype(np.float64)
-    c_store = np.where(split > 1, bm * bn * 4.0 * 2.0, c_bytes)  # fp32 atomics: read+write
-    work_epi[:, R_L2] = c_store
-    work_epi[:, R_DRAM] = np.where(split > 1, bm * bn * 4.0, c_bytes)
-    work_epi[:, R_CUDA] = 2.0 * bm * bn
-
-    # ---- rates per microsecond (per SM for private resources, chip for shared)
-    sms = hw.sm_count
+    # rates per microsecond (per SM for private resources, chip for shared)
     clock_mhz = hw.rate("clock_mhz")
     rate = np.zeros((rows, N_RES), dtype=np.float64)
-    tc_chip = np.zeros(rows, dtype=np.float64)
-    for name, code in _DTYPE_CODE.items():
-        sel = dcode == code
-        if sel.any():
-            tc_chip[sel] = hw.tc_tflops(DTYPES[name][2]) * 1e6  # FLOP per us
-    path = np.where(use_wgmma, 1.0, hw.mma_sync_fraction)
-    rate[:, R_TC] = tc_chip / sms * path * hw.cal("tc_efficiency")
     rate[:, R_CUDA] = hw.rate("fp32_tflops") * 1e6 / sms
     rate[:, R_SMEM] = hw.smem_bytes_per_clk * clock_mhz  # bytes per us per SM
     rate[:, R_L15] = hw.rate("l15_bw_tbps") * 1e6 / sms if hw.has_l15 else 0.0
     rate[:, R_L2] = hw.rate("l2_bw_tbps") * 1e6 * hw.cal("l2_efficiency")
     rate[:, R_DRAM] = hw.rate("dram_bw_tbps") * 1e6 * hw.cal("dram_efficiency")
+    share_eff = np.empty(rows, dtype=np.float64)
+    useful_flops = np.empty(rows, dtype=np.float64)
+    _lower_rows(m, n, k, i64(cols["block_m"]), i64(cols["block_n"]), i64(cols["block_k"]),
+                i64(cols["num_stages"]), i64(cols["num_warps"]), split, dcode,
+                b8(cols["tf32"]), b8(cols["a_row_major"]), b8(cols["b_row_major"]), eb_tab,
+                ob_tab, tc_tab, _DTYPE_CODE["float32"], hw.mma in ("wgmma", "tcgen05"),
+                float(hw.cal("wgmma_min_warps")), int(hw.max_registers_per_thread),
+                int(hw.sm_registers), float(hw.mma_sync_fraction), float(hw.cal("tc_efficiency")),
+                float(hw.cal("wgmma_share_efficiency")), g0, g1, ksteps, tiles, smem_block,
+                threads, regs, spill, use_wgmma, on_tc, t_bytes, work_iter, work_epi, rate,
+                share_eff, useful_flops)
 
-    # ---- tensor accesses: A reused along grid dim 1, B along dim 0, C once
+    # tensor accesses: A reused along grid dim 1, B along dim 0, C once
     t_mask = np.empty((rows, 3), dtype=np.int64)
-    t_mask[:, 0] = 0b010
-    t_mask[:, 1] = 0b001
-    t_mask[:, 2] = 0b000
+    t_mask[:] = (0b010, 0b001, 0b000)
     t_per_step = np.empty((rows, 3), dtype=np.int64)
-    t_per_step[:, :2] = 1
-    t_per_step[:, 2] = 0
-    t_bytes = np.stack([a_fetch, b_fetch, c_bytes], axis=1)
+    t_per_step[:] = (1, 1, 0)
 
-    launch = hw.launch_us
     cyc = 1.0 / clock_mhz
+    path_code = np.where(use_wgmma, 2, on_tc.astype(np.int64))
     return TilePlan(
-        g0=g0, g1=g1, g2=g2, order=order, group=group, ksteps=ksteps, stages=stages,
-        smem_block=smem_block, regs_thread=regs, threads=threads, warps=warps,
+        g0=g0, g1=g1, g2=split, order=order, group=group, ksteps=ksteps,
+        stages=i64(cols["num_stages"]), smem_block=smem_block, regs_thread=regs,
+        threads=threads, warps=i64(cols["num_warps"]),
         t_mask=t_mask, t_per_step=t_per_step, t_bytes=t_bytes,
         work_iter=work_iter, work_epi=work_epi, rate=rate, warps_full=4.0,
         lat_us=np.full(rows, hw.cal("mem_latency_us")),
         ovh_iter_us=np.full(rows, hw.cal("iter_overhead_cycles") * cyc),
         ovh_tile_us=np.full(rows, hw.cal("tile_overhead_cycles") * cyc),
-        launch_us=np.full(rows, launch),
+        launch_us=np.full(rows, hw.launch_us),
         persistent=(order == ORDER_PERSISTENT).astype(np.int64),
-        useful_flops=2.0 * m * n * k,
-        share_eff=np.where(use_wgmma, hw.cal("wgmma_share_efficiency"), 1.0),
+        useful_flops=useful_flops,
+        share_eff=share_eff,
         sync_us=np.full(rows, hw.cal("iter_sync_cycles") * cyc),
         extra={
-            "mma_path": np.where(use_wgmma, "wgmma", np.where(on_tc, "mma_sync", "fma")),
+            "mma_path": np.array(["fma", "mma_sync", "wgmma"])[path_code],
             "register_spill": spill,
             "tiles": tiles,
         },

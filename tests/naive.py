@@ -424,3 +424,83 @@ def utilization(work_iter, work_epi, rate, shared, tiles, sms, ksteps, total):
         busy = tiles * (ksteps * work_iter[r] + work_epi[r]) / chip
         out.append(min(1.0, busy / total))
     return out
+
+
+# ----------------------------------------------------------------------
+# GEMM lowering (kernels_catalog/gemm.py docstrings of lower and its helpers)
+# ----------------------------------------------------------------------
+GEMM_DTYPES = {"float16": (2, 2, "float16"), "bfloat16": (2, 2, "bfloat16"),
+               "float32": (4, 4, "tf32"), "float8": (1, 2, "float8")}
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def gemm_lower_one(row: dict, hw) -> dict:
+    """One candidate's lowered quantities, as ``lower`` documents them.
+
+    ``row``: m, n, k, block_m, block_n, block_k, num_stages, num_warps,
+    split_k, dtype, tf32, a_row_major, b_row_major (positive sizes)."""
+    bm, bn, bk = row["block_m"], row["block_n"], row["block_k"]
+    warps, split = row["num_warps"], row["split_k"]
+    eb, ob, tc_key = GEMM_DTYPES[row["dtype"]]
+    on_tc = row["dtype"] != "float32" or bool(row["tf32"])
+    ksteps = max(_ceil_div(_ceil_div(row["k"], split), bk), 1)
+    g0, g1 = _ceil_div(row["m"], bm), _ceil_div(row["n"], bn)
+    wgmma = (hw.mma in ("wgmma", "tcgen05") and on_tc and warps >= hw.cal("wgmma_min_warps")
+             and warps % 4 == 0 and bm % 64 == 0)
+    # warpgroups: along M while a warpgroup gets more than 64 rows, then along N
+    wg_m = wg_n = 1
+    while 4 * wg_m * wg_n < warps and wg_m * wg_n < 16:
+        if bm > 64 * wg_m:
+            wg_m *= 2
+        else:
+            wg_n *= 2
+    # warps: grow M while the per-warp rows (16 per MMA) are at least the per-warp
+    # columns (8 per MMA) and M has room, else N if it has room, else M anyway
+    wm = wn = 1
+    while wm * wn < warps and wm * wn < 64:
+        if bm // (16 * wm) >= bn // (8 * wn) and bm >= 32 * wm:
+            wm *= 2
+        elif bn >= 16 * wn:
+            wn *= 2
+        else:
+            wm *= 2
+    threads = warps * 32
+    want = (bm * bn) // max(threads, 1) + REGS_BASE_GEMM
+    if not wgmma:
+        want += 2 * (bm // wm + bn // wn) * 16 * eb // 128
+    cap = min(hw.max_registers_per_thread, (hw.sm_registers // max(threads, 1)) // 8 * 8)
+    spill = max(want - cap, 0)
+    a_run = (bk if row["a_row_major"] else bm) * eb
+    b_run = (bn if row["b_row_major"] else bk) * eb
+    a_fetch = bm * bk * eb * (math.ceil(a_run / 32) * 32 / a_run)
+    b_fetch = bk * bn * eb * (math.ceil(b_run / 32) * 32 / b_run)
+    if wgmma:
+        smem_reads = bk * eb * (wg_n * bm + wg_m * bn)
+    else:
+        smem_reads = bk * eb * (wn * bm + wm * bn)
+    flops = 2.0 * bm * bn * bk
+    c_bytes = float(bm * bn * ob)
+    path = 1.0 if wgmma else hw.mma_sync_fraction
+    return {
+        "g0": g0, "g1": g1, "ksteps": ksteps, "tiles": g0 * g1 * split,
+        "smem_block": max(row["num_stages"] - 1, 1) * (bm * bk + bk * bn) * eb,
+        "threads": threads, "regs_thread": min(want, cap), "register_spill": spill,
+        "mma_path": "wgmma" if wgmma else ("mma_sync" if on_tc else "fma"),
+        "tensor_core": flops if on_tc else 0.0, "cuda_core": 0.0 if on_tc else flops,
+        "l2_iter": a_fetch + b_fetch,
+        "smem": smem_reads + (bm * bk + bk * bn) * eb + spill * 8.0 * threads,
+        "t_bytes": (a_fetch, b_fetch, c_bytes),
+        "l2_epi": bm * bn * 8.0 if split > 1 else c_bytes,
+        "dram_epi": bm * bn * 4.0 if split > 1 else c_bytes,
+        "cuda_epi": 2.0 * bm * bn,
+        "tc_rate": hw.tc_tflops(tc_key) * 1e6 / hw.sm_count * path * hw.cal("tc_efficiency"),
+        "share_eff": hw.cal("wgmma_share_efficiency") if wgmma else 1.0,
+        "useful_flops": 2.0 * row["m"] * row["n"] * row["k"],
+    }
+
+
+#: fixed per-thread registers of the GEMM register estimate (addresses, loop state)
+REGS_BASE_GEMM = 40

@@ -28,7 +28,7 @@ from tsbatch.kernels.envelope import (
 )
 from tsbatch.kernels.occupancy import REASON_TEXT, resident_tiles
 from tsbatch.kernels.reuse import cache_hit_rates
-from tsbatch.schema import to_polars, validate
+from tsbatch.schema import text_full, to_polars, validate
 
 __all__ = ["FAMILIES", "RESULT_COLUMNS", "CacheMemo", "evaluate", "evaluate_plan", "resolve_hw",
            "get_family"]
@@ -419,7 +419,7 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
             "{}x{}x{}/s{}/w{}/k{}", *[pl.col(c) for c in parts])).to_series()
         data["library_tile"] = np.where(is_lib, tile.to_numpy(), "").astype(object)
     else:
-        data["library_tile"] = np.full(n, "", dtype=object)
+        data["library_tile"] = text_full(n, "")
     out = pl.DataFrame({k: v for k, v in data.items()})
     out = out.with_columns(
         pl.col("latency_us").fill_nan(None),

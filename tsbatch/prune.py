@@ -60,6 +60,7 @@ from tsbatch.hw import HwSpec
 from tsbatch.kernels.occupancy import REASON_TEXT, resident_tiles
 from tsbatch.kernels.order import ORDER_NAMES
 from tsbatch.rank import keep_count
+from tsbatch.schema import text_full
 from tsbatch.screen import lower_bound, take_plan
 
 __all__ = ["WORKLOAD_KEYS", "CONFIG_KEYS", "NoFeasibleConfigError", "Pruned", "PruneResult",
@@ -188,7 +189,8 @@ def _config_arrays(configs) -> dict[str, np.ndarray]:
                         raise InputError(f"configs column '{name}' must be integer, got {s.dtype}")
                     out[name] = s.cast(pl.Int64).to_numpy()
             else:
-                out[name] = np.full(n, default, dtype=object if name == "raster" else np.int64)
+                out[name] = (text_full(n, default) if name == "raster"
+                             else np.full(n, default, dtype=np.int64))
     else:
         if isinstance(configs, dict) or not isinstance(configs, Sequence):
             raise InputError(f"configs must be a list of dicts or a polars DataFrame, "
@@ -252,7 +254,7 @@ def _dict_columns_fast(configs, n: int) -> dict[str, np.ndarray] | None:
         out["raster"] = np.fromiter((c.get("raster", "grouped") for c in configs),
                                     dtype=object, count=n)
     else:
-        out["raster"] = np.full(n, CONFIG_KEYS["raster"], dtype=object)
+        out["raster"] = text_full(n, CONFIG_KEYS["raster"])
     return out
 
 
@@ -302,9 +304,9 @@ def _cols(wl: tuple, cfg: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     cols = dict(cfg)
     cols.update(
         m=np.full(n, m, dtype=np.int64), n=np.full(n, nn, dtype=np.int64),
-        k=np.full(n, k, dtype=np.int64), dtype=np.full(n, dtype, dtype=object),
+        k=np.full(n, k, dtype=np.int64), dtype=text_full(n, dtype),
         a_row_major=np.full(n, a_rm, dtype=bool), b_row_major=np.full(n, b_rm, dtype=bool),
-        tf32=np.full(n, tf32, dtype=bool), backend=np.full(n, "triton", dtype=object),
+        tf32=np.full(n, tf32, dtype=bool), backend=text_full(n, "triton"),
     )
     return cols
 

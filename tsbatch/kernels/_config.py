@@ -26,5 +26,8 @@ FASTMATH = {"contract", "arcp", "reassoc", "nsz", "afn"}
 jit_scalar = fast_loading(njit(cache=True, fastmath=FASTMATH, inline="always", nogil=True))
 #: decorator for serial array kernels
 jit_serial = fast_loading(njit(cache=True, fastmath=FASTMATH, nogil=True))
+#: decorator for serial kernels whose arithmetic must match numpy's to the bit
+#: (lowering: plain IEEE operations in source order, no contraction)
+jit_exact = fast_loading(njit(cache=True, nogil=True))
 #: decorator for row-parallel array kernels (``prange`` over rows)
 jit_parallel = fast_loading(njit(cache=True, fastmath=FASTMATH, nogil=True, parallel=True))
