@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from strategies import frame, gemm_frames, gemm_row, infeasible_gemm_row
 from tsbatch.cli import main
+from tsbatch.errors import InputError
 from tsbatch.evaluate import CacheMemo, evaluate, resolve_hw
 from tsbatch.rank import keep_count, rank
 from tsbatch.screen import TopKScreen, bound_rows, screened_rank, workload_counts
@@ -83,6 +84,40 @@ def test_bound_below_prediction_and_feasibility_exact(df, hw):
     lat = res["latency_us"].fill_null(np.inf).to_numpy()
     assert (lb[feas] <= lat[feas]).all()
     assert np.isinf(lb[~feas]).all()
+
+
+@settings(max_examples=20, deadline=None)
+@given(df=ranked_inputs(), chunk=st.integers(1, 9))
+def test_bound_in_slices_equals_one_slice(df, chunk):
+    """Bounding in slices (library rows expand within their slice) gives the
+    bounds of one slice, value for value."""
+    import tsbatch.screen as screen
+
+    spec = resolve_hw("h100")
+    whole = bound_rows(df, spec)
+    keep = screen.BOUND_CHUNK
+    screen.BOUND_CHUNK = chunk
+    try:
+        parts = bound_rows(df, spec)
+    finally:
+        screen.BOUND_CHUNK = keep
+    assert np.array_equal(parts[0], whole[0]) and np.array_equal(parts[1], whole[1])
+
+
+def test_bound_errors_name_the_row_of_the_whole_frame(monkeypatch):
+    import tsbatch.screen as screen
+
+    monkeypatch.setattr(screen, "BOUND_CHUNK", 4)
+    rows = [dict(m=512, n=512, k=512, dtype="float16", block_m=64, block_n=64, block_k=32,
+                 num_stages=3, num_warps=4)] * 11
+    df = pl.DataFrame(rows).with_columns(
+        m=pl.when(pl.int_range(pl.len()) == 9).then(-5).otherwise(pl.col("m")))
+    with pytest.raises(InputError, match=r"'m' must be positive; row 9 has -5"):
+        bound_rows(df, resolve_hw("h100"))
+    df = pl.DataFrame(rows).with_columns(
+        dtype=pl.when(pl.int_range(pl.len()) == 6).then(pl.lit("fp7")).otherwise("dtype"))
+    with pytest.raises(InputError, match=r"unknown value 'fp7' at row 6"):
+        bound_rows(df, resolve_hw("h100"))
 
 
 # ----------------------------------------------------------------------------- ranking
