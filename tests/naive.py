@@ -431,6 +431,8 @@ def utilization(work_iter, work_epi, rate, shared, tiles, sms, ksteps, total):
 # ----------------------------------------------------------------------
 GEMM_DTYPES = {"float16": (2, 2, "float16"), "bfloat16": (2, 2, "bfloat16"),
                "float32": (4, 4, "tf32"), "float8": (1, 2, "float8")}
+#: fixed per-thread registers of the GEMM register estimate (addresses, loop state)
+REGS_BASE_GEMM = 40
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -500,7 +502,3 @@ def gemm_lower_one(row: dict, hw) -> dict:
         "share_eff": hw.cal("wgmma_share_efficiency") if wgmma else 1.0,
         "useful_flops": 2.0 * row["m"] * row["n"] * row["k"],
     }
-
-
-#: fixed per-thread registers of the GEMM register estimate (addresses, loop state)
-REGS_BASE_GEMM = 40

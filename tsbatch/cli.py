@@ -44,10 +44,25 @@ def _add_sampling_args(p) -> None:
                         "(at least 1; default 4)")
 
 
-def _bar(args, total: int, desc: str):
-    """A tqdm bar over ``total`` rows when asked for or on a terminal, else None."""
-    if not (getattr(args, "progress", False) or (not args.quiet and sys.stderr.isatty())):
-        return None
+class _NoBar:
+    """The bar not shown: the calls of a tqdm bar, doing nothing."""
+
+    def update(self, n: int) -> None:
+        pass
+
+    def set_description(self, desc: str, refresh: bool = True) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(args, total: int, desc: str, show: bool = True):
+    """A tqdm bar over ``total`` rows when ``show`` and asked for or on a
+    terminal, else one that shows nothing (tqdm not imported)."""
+    if not show or not (getattr(args, "progress", False)
+                        or (not args.quiet and sys.stderr.isatty())):
+        return _NoBar()
     from tqdm import tqdm
 
     return tqdm(total=total, unit="row", unit_scale=True, leave=False, desc=desc,
@@ -119,16 +134,14 @@ def cmd_evaluate(args) -> int:
         spill = out.parent if str(out.parent) else Path(".")
         with BucketRanker(wl, workload_counts(args.candidates, wl), args.rank_bucket_rows,
                           spill_dir=spill) as br, ParquetSink(out, meta) as sink:
-            bar = None if one else _bar(args, total, "evaluate")
+            bar = _bar(args, total, "evaluate", show=not one)
             for df in batches:
                 res = evaluate(df, hw, args.family, cache_memo=memo, **sampling)
                 n_rows += df.height
                 n_inf += int((~res.get_column("feasible")).sum())
                 br.add(res)
-                if bar is not None:
-                    bar.update(df.height)
-            if bar is not None:
-                bar.close()
+                bar.update(df.height)
+            bar.close()
             for part in br.ranked(top):
                 sink.write(part)
                 kept += part.height
@@ -159,10 +172,9 @@ def cmd_evaluate(args) -> int:
                 bar.update(rows)
 
             try:
-                res = screen.rank_stream(stream, progress=tick if bar is not None else None)
+                res = screen.rank_stream(stream, progress=tick)
             finally:
-                if bar is not None:
-                    bar.close()
+                bar.close()
         write_parquet(res, out, meta)
         n_rows, n_inf, kept = screen.n_rows, screen.n_infeasible, res.height
         full = f" ({screen.n_predicted:,} predicted in full, the rest bounded out)"
@@ -170,16 +182,14 @@ def cmd_evaluate(args) -> int:
         n_rows = 0
         n_inf = 0
         with ParquetSink(out, meta) as sink:
-            bar = None if one else _bar(args, total, "evaluate")
+            bar = _bar(args, total, "evaluate", show=not one)
             for df in batches:
                 res = evaluate(df, hw, args.family, cache_memo=memo, **sampling)
                 n_rows += df.height
                 n_inf += int((~res.get_column("feasible")).sum())
                 sink.write(res)
-                if bar is not None:
-                    bar.update(df.height)
-            if bar is not None:
-                bar.close()
+                bar.update(df.height)
+            bar.close()
             sink.commit()
         kept = n_rows
         full = ""

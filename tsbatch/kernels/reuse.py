@@ -739,15 +739,6 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
     if weights and W > max_waves and max_waves > 2:
         wt_in = (W - 2.0) / (max_waves - 2.0)
     saved = np.zeros(4 * T, dtype=np.float64)
-    # the next analysed wave after each wave (W + lookback after the last): when
-    # nxt[w] - lookback > w, its window starts after wave w and resets valid_from
-    # there, so nothing reads wave w's book-keeping
-    nxt = np.empty(W, dtype=np.int64)
-    nw_next = W + lookback
-    for w in range(W - 1, -1, -1):
-        nxt[w] = nw_next
-        if sampled[w]:
-            nw_next = w
     valid_from = 0
     done = -1
     for w in range(W):
@@ -765,6 +756,14 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
             ws = done + 1
         else:
             valid_from = ws
+        # the next analysed wave's window starts after wave w (and resets valid_from
+        # there) when it lies more than lookback waves on: then nothing reads wave
+        # w's book-keeping (W + lookback stands for "no next wave")
+        nx = w + 1
+        while nx < W and not sampled[nx]:
+            nx += 1
+        if nx == W:
+            nx = W + lookback
         for wv in range(ws, w + 1):
             if blockbook and wv == w and (not use15 or gsig) and _hits_blocks(
                     w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gmb, n_step,
@@ -773,7 +772,7 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                     xval, acc, hit15, req2, hit2, use15, nsm, g15, ngroups, order, g2, group,
                     sigbuf, sig_tab, sig_hash, sig_s15, s15w, gids, gwts, h15, last_idx, tree,
                     sub_ids, sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v, assoc15, B15,
-                    pat_m, pat_hash, pat_off, pool_lab, pool_h15, nxt[w] - lookback <= w):
+                    pat_m, pat_hash, pat_off, pool_lab, pool_h15, nx - lookback <= w):
                 continue
             if blockbook and wv != w:
                 _book_blocks(wv, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1,
