@@ -325,3 +325,63 @@ def test_fast_equals_general_block_analysed_waves_grids(order):
                                                (300, 200, 2, 8, 648, 5), (45, 61, 1, 0, 972, 2))]
     for kw in (SAMPLINGS[0], SAMPLINGS[3], dict(k_samples=4, max_waves=40, max_lookback=6)):
         _assert_same(cache_args(probs), **kw)
+
+
+def _window_start_brute(g0, g1, g2, order, group, conc, mask, per_step, w, ws):
+    """The earliest program at or after wave ``ws``'s first that is the last
+    touch before wave ``w`` of a block wave ``w`` touches (wave ``w``'s first
+    program if none): the launch order walked access by access."""
+    x = launch_order_array(order, g0, g1, g2, group)
+    P = g0 * g1 * g2
+    start, end = w * conc, min(P, (w + 1) * conc)
+    best = start
+    for t, m in enumerate(mask):
+        if not per_step[t]:
+            continue
+        key = [tuple(x[d][p] for d in range(3) if not (m >> d) & 1) for p in range(P)]
+        last = {}
+        for p in range(start):
+            last[key[p]] = p
+        for p in range(start, end):
+            q = last.get(key[p], -1)
+            if q >= ws * conc:
+                best = min(best, q)
+    return best
+
+
+@settings(max_examples=1500, deadline=None)
+@given(g0=st.integers(1, 13), g1=st.integers(1, 13), g2=st.integers(1, 3),
+       order=st.sampled_from([o for o in sorted(ORDER_NAMES.values())
+                              if o != ORDER_NAMES["zorder"]]),
+       group=st.sampled_from([0, 1, 2, 3, 5, 8, 20]),
+       conc=st.one_of(st.integers(1, 8), st.integers(1, 60)),
+       mask=st.lists(st.integers(0, 7), min_size=1, max_size=4), data=st.data())
+def test_window_start_is_the_earliest_previous_touch(g0, g1, g2, order, group, conc, mask,
+                                                     data):
+    """The lookback window's start (the earliest previous touch of the analysed
+    wave's blocks at or after the window's first program), in closed form per
+    key and panel segment, equals the launch order walked access by access: every key (row, column,
+    plane, tile, none), every panel order, ragged panels, planes smaller or
+    larger than a wave."""
+    T = len(mask)
+    per_step = [1] + [data.draw(st.integers(0, 1)) for _ in range(T - 1)]
+    P = g0 * g1 * g2
+    W = -(-P // conc)
+    w = data.draw(st.integers(0, W - 1))
+    ws = data.draw(st.one_of(st.integers(max(0, w - 3), w), st.integers(0, w)))
+    gdim = (g0, g1, g2)
+    kstr = np.zeros((T, 3), dtype=np.int64)
+    for t, m in enumerate(mask):
+        stride = 1
+        for d in range(3):
+            if not (m >> d) & 1:
+                kstr[t, d] = stride
+                stride *= gdim[d]
+    gm = group if group > 0 else 1
+    if order == ORDER_NAMES["row"]:
+        gm = 1
+    elif order == ORDER_NAMES["col"]:
+        gm = g0
+    got = reuse._window_start(w, ws, P, conc, T, np.array(per_step, dtype=np.int64), kstr,
+                              g0, g1, gm)
+    assert got == _window_start_brute(g0, g1, g2, order, group, conc, mask, per_step, w, ws)

@@ -764,6 +764,20 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
             nx += 1
         if nx == W:
             nx = W + lookback
+        if blockbook and ws == valid_from and ws < w and nx - lookback > w:
+            # a window of its own, read by no later wave: start it at the earliest
+            # wave holding a previous touch of wave w's blocks; the waves skipped
+            # keep only the once-per-tile chain (newcum is read in differences of
+            # integer sums from the new start on)
+            v = _window_start(w, ws, P, conc, T, per_step, kstr, g0, g1, gmb) // conc
+            for wv in range(ws, v):
+                nwv = P - wv * conc
+                if nwv > conc:
+                    nwv = conc
+                oncecum[wv + 1] = oncecum[wv] + nwv * once_bytes
+                newcum[wv + 1] = newcum[wv]
+            ws = v
+            valid_from = v
         for wv in range(ws, w + 1):
             if blockbook and wv == w and (not use15 or gsig) and _hits_blocks(
                     w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gmb, n_step,
@@ -948,6 +962,111 @@ def _panel_segment(pi, gm, g0, g1, ra, rb, zb, start):
     if ib > size * g1:
         ib = size * g1
     return first, size, ia, ib, zb + pb - start
+
+
+@jit_serial
+def _window_start(w, ws, P, conc, T, per_step, kstr, g0, g1, gm):
+    """The earliest program at or after wave ``ws``'s first that is the last
+    touch, before wave ``w``, of a block wave ``w`` touches (wave ``w``'s
+    first program if there is none), on a panel order (panels of ``gm`` rows
+    walked column-major, planes slowest). Its wave starts the window.
+
+    Wave ``w`` reads the book-keeping of its lookback window only for its own
+    blocks' previous touches (``lastwave``, ``tail_b``) and for the waves
+    after the earliest of them (``ustep``, ``newcum``); the waves before that
+    are dead work, and a window starting there gives the same hits.
+
+    The previous touch of program ``p``'s block is closed-form per key: the
+    same row one column back (``p - size``; in column 0 the previous plane's
+    last column), the same column one row back (``p - 1``; at a run start the
+    previous panel's run, or the previous plane's last panel), the same tile
+    one plane back, or the previous program. Within a panel segment each is
+    increasing in ``p`` on a few pieces, so the least previous touch at or
+    after the window start is found per piece in O(1); touches whose previous
+    touch lies in wave ``w`` itself are never below its start.
+    """
+    start = w * conc
+    end = start + conc
+    if end > P:
+        end = P
+    thr = ws * conc
+    plane = g0 * g1
+    pw = gm * g1
+    lf = ((g0 - 1) // gm) * gm  # the last panel's first row and rows
+    ls = g0 - lf
+    best = start
+    z = start // plane
+    while z * plane < end and best > thr:
+        zb = z * plane
+        ra = start - zb if start > zb else 0
+        rb = end - zb if end - zb < plane else plane
+        pi = ra // pw
+        pz = (rb - 1) // pw
+        while pi <= pz and best > thr:
+            first, size, ia, ib, p0 = _panel_segment(pi, gm, g0, g1, ra, rb, zb, start)
+            pb = zb + first * g1  # the program of inner offset 0
+            for t in range(T):
+                if per_step[t] == 0:
+                    continue
+                r0 = kstr[t, 0] != 0
+                r1 = kstr[t, 1] != 0
+                back = kstr[t, 2] == 0 and z >= 1  # the block recurs in the previous plane
+                c = start
+                if r0 and r1:
+                    if back:  # prev = p - plane
+                        a = thr + plane
+                        if a < pb + ia:
+                            a = pb + ia
+                        if a < pb + ib:
+                            c = a - plane
+                elif r0:
+                    # columns >= 1: prev = p - size
+                    i0 = thr + size - pb
+                    if i0 < ia:
+                        i0 = ia
+                    if i0 < size:
+                        i0 = size
+                    if i0 < ib:
+                        c = pb + i0 - size
+                    if back:  # column 0: the previous plane's last column
+                        base = zb - plane + first * g1 + (g1 - 1) * size
+                        i0 = thr - base
+                        if i0 < ia:
+                            i0 = ia
+                        i1 = ib if ib < size else size
+                        if i0 < i1 and base + i0 < c:
+                            c = base + i0
+                elif r1:
+                    # a segment starting inside a column run: prev = p - 1
+                    if ia % size != 0 and pb + ia - 1 >= thr:
+                        c = pb + ia - 1
+                    # run starts (columns whose first row lies in the segment)
+                    slope = 0
+                    base = 0
+                    if pi >= 1:
+                        base = zb + (first - gm) * g1 + gm - 1
+                        slope = gm
+                    elif back:
+                        base = zb - plane + lf * g1 + ls - 1
+                        slope = ls
+                    ca = (ia + size - 1) // size
+                    cb = (ib - 1) // size
+                    if slope > 0 and ca <= cb:
+                        col = -((base - thr) // slope)  # ceil((thr - base) / slope)
+                        if col < ca:
+                            col = ca
+                        if col <= cb and base + col * slope < c:
+                            c = base + col * slope
+                else:
+                    # every program touches the block (of its plane): prev = p - 1
+                    if (pb + ia - zb >= 1 or (kstr[t, 2] == 0 and pb + ia >= 1)) \
+                            and pb + ia - 1 >= thr:
+                        c = pb + ia - 1
+                if c < best:
+                    best = c
+            pi += 1
+        z += 1
+    return best
 
 
 @jit_serial
