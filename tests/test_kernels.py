@@ -21,7 +21,7 @@ import warnings
 import naive
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from numba.core.errors import NumbaPerformanceWarning
 from numpy.testing import assert_allclose, assert_array_equal
@@ -54,11 +54,14 @@ GAUSS_VS_EXACT_ATOL = 0.04
 #: half-unit continuity correction is coarse): measured worst 0.1058 at A=32,
 #: B_T=32.44, D=32 (a scan of 20,000 B_T in (A, A+2) for A=16 and 32)
 GAUSS_VS_EXACT_ATOL_NEAR_ONE_SET = 0.11
-#: cross-wave union approximation of reuse.py (an upper bound on distances)
-#: away from the layouts where it is exact: worst per-tensor L2 hit-rate gap
-#: found over 16,000 random small problems was 0.121 (hypothesis bound)
-UNION_APPROX_MAX_ERROR = 0.2
-#: the same on the fixed seeded set of test_union_approximation_error:
+#: the cross-wave union approximation of reuse.py (an upper bound on distances)
+#: away from the layouts where it is exact has no small worst case: on caches
+#: of a few blocks one over-counted block turns a hit into a miss. A search of
+#: ~20,000 random small problems found per-tensor L2 hit-rate gaps of 0.206
+#: and 0.302 (the two examples of test_cache_union_is_an_upper_bound_on_distance;
+#: an earlier search had found 0.121), so the property checks the direction
+#: only, and the size is held on a fixed seeded set:
+#: the gap on the fixed seeded set of test_union_approximation_error:
 #: measured mean 0.00103 and max 0.0421 over 300 problems x 2 tensors
 UNION_APPROX_MEAN_ERROR = 0.0013
 UNION_APPROX_SEEDED_MAX_ERROR = 0.05
@@ -342,6 +345,12 @@ def test_cache_hit_rates_exact_where_the_union_is(problems):
 
 @settings(max_examples=150, deadline=None)
 @given(cache_problems())
+@example(dict(g0=2, g1=5, g2=1, order=naive.ROW, group=1, conc=2, ksteps=2,
+              tbytes=(1024.0, 128.0, 1024.0), cap2=9792.0, assoc2=16.0, nsm=1, g15=0, cap15=0.0,
+              assoc15=0.0))
+@example(dict(g0=6, g1=6, g2=1, order=naive.GROUPED, group=2, conc=1, ksteps=1,
+              tbytes=(512.0, 512.0, 256.0), cap2=2150.4, assoc2=4.0, nsm=8, g15=1,
+              cap15=2150.4, assoc15=4.0))
 def test_cache_union_is_an_upper_bound_on_distance(p):
     """Away from the exact layouts the kernel's distances are upper bounds:
     its hit rates never exceed the twin's; the L1.5 (within-step) part stays exact."""
@@ -350,7 +359,6 @@ def test_cache_union_is_an_upper_bound_on_distance(p):
     w15, w2, wdram = _twin(p)
     assert_allclose(h15, w15, rtol=0, atol=CACHE_EXACT_ATOL)
     assert (h2 <= w2 + CACHE_EXACT_ATOL).all() and (dram >= wdram - CACHE_EXACT_ATOL).all()
-    assert (np.abs(h2 - w2) <= UNION_APPROX_MAX_ERROR).all()
 
 
 @settings(max_examples=80, deadline=None)
