@@ -26,6 +26,12 @@ FASTMATH = {"contract", "arcp", "reassoc", "nsz", "afn"}
 jit_scalar = fast_loading(njit(cache=True, fastmath=FASTMATH, inline="always", nogil=True))
 #: decorator for serial array kernels
 jit_serial = fast_loading(njit(cache=True, fastmath=FASTMATH, nogil=True))
+#: decorator for serial array kernels that allocate nothing and keep no
+#: reference to their arrays: compiled without numba's runtime, so passing
+#: and using an array costs no reference counting (an atomic increment and
+#: decrement per array per call otherwise, which control flow keeps numba
+#: from pruning); they may only be called from jitted code that owns the arrays
+jit_borrow = fast_loading(njit(cache=True, fastmath=FASTMATH, nogil=True, _nrt=False))
 #: decorator for serial kernels whose arithmetic must match numpy's to the bit
 #: (lowering: plain IEEE operations in source order, no contraction)
 jit_exact = fast_loading(njit(cache=True, nogil=True))

@@ -60,7 +60,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from tsbatch.kernels._config import jit_parallel, jit_scalar, jit_serial
+from tsbatch.kernels._config import jit_borrow, jit_parallel, jit_scalar, jit_serial
 from tsbatch.kernels.order import ORDER_COL, ORDER_ROW, ORDER_ZORDER, launch_order, tile_coords
 from tsbatch.kernels.sdcm import hit_prob_gauss
 
@@ -127,7 +127,7 @@ def _cross_wave_hit(k, head_j, w, valid_from, lastwave, ustep, newcum, oncecum, 
 XMEMO_SIZE = 512
 
 
-@jit_serial
+@jit_borrow
 def _cross_wave_hits(fts, nft, ids, head, w, valid_from, lastwave, ustep, newcum, oncecum,
                      tail_b, svals, ks, kf, unit, assoc2, B2, xtag, xwp, xs, xval, hx):
     """``hx[j]`` for the first touches ``j = fts[:nft]`` of wave ``w``:
@@ -184,7 +184,7 @@ def _cross_wave_hits(fts, nft, ids, head, w, valid_from, lastwave, ustep, newcum
         hx[j] = v
 
 
-@jit_serial
+@jit_borrow
 def step_distances(ids, wts, n, last_idx, tree, out):
     """Exact LRU stack distances (in weight units) within ``ids[:n]``.
 
@@ -215,7 +215,7 @@ MEMO_SIZE = 256
 _MEMO_PROBES = 8
 
 
-@jit_serial
+@jit_borrow
 def _memo_hits(d, n, finite_only, assoc, blocks, unit, keys, vals, out):
     """``out[j] = hit_prob_gauss(d[j] / unit, assoc, blocks)`` for ``j < n``
     (only where ``d[j]`` is finite if ``finite_only``), memoized on the exact
@@ -361,7 +361,7 @@ def _group_sig(gsig, lo, hi, nw, nsm, start, order, g0, g1, g2, group, gmb, sigb
     return ns, sh, -1
 
 
-@jit_serial
+@jit_borrow
 def _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, ids, wts, h15, last_idx, tree,
                sub_ids, sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v, assoc15, B15, unit,
                pat_m, pat_hash, pat_off, pool_lab, pool_h15, sigbuf, sig_tab, sig_hash,
@@ -476,7 +476,7 @@ def _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, ids, wts, h15, last_idx, 
             sig_s15[sslot, q % n_step] += pool_h15[poff + q]
 
 
-@jit_serial
+@jit_borrow
 def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups, unit, B2, B15,
                assoc2, assoc15, ks, svals, kf, run, lastwave, tail_b, ustep, newcum,
                oncecum, ids, wts, ten, dist, head, h15, tree, last_idx, sub_ids,
@@ -816,7 +816,7 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
         out_dram[t] = (req2[t] - hit2[t]) / acc[t]
 
 
-@jit_serial
+@jit_borrow
 def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff, c3, x,
           zorder, order, g0, g1, g2, group, use15, nsm, g15, ngroups, once_bytes,
           unit, B2, B15, assoc2, assoc15, ks, svals, kf,
@@ -964,7 +964,7 @@ def _panel_segment(pi, gm, g0, g1, ra, rb, zb, start):
     return first, size, ia, ib, zb + pb - start
 
 
-@jit_serial
+@jit_borrow
 def _window_start(w, ws, P, conc, T, per_step, kstr, g0, g1, gm):
     """The earliest program at or after wave ``ws``'s first that is the last
     touch, before wave ``w``, of a block wave ``w`` touches (wave ``w``'s
@@ -1069,7 +1069,7 @@ def _window_start(w, ws, P, conc, T, per_step, kstr, g0, g1, gm):
     return best
 
 
-@jit_serial
+@jit_borrow
 def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gm, n_step,
                  once_bytes, lastwave, bstamp, tail_b, ustep, newcum, oncecum, cp, ck, clen):
     """The book-keeping of wave ``w`` (no hit rates) per distinct block
@@ -1228,7 +1228,7 @@ def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
     oncecum[w + 1] = oncecum[w] + nw * once_bytes
 
 
-@jit_serial
+@jit_borrow
 def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gm, n_step,
                  once_bytes, lastwave, fstamp, bstamp, tail_b, ustep, newcum, oncecum, cp, ck,
                  clen, ids, head, fts, hx, unit, assoc2, B2, svals, ks, kf, xtag, xwp, xs, xval,
