@@ -385,3 +385,33 @@ def test_window_start_is_the_earliest_previous_touch(g0, g1, g2, order, group, c
     got = reuse._window_start(w, ws, P, conc, T, np.array(per_step, dtype=np.int64), kstr,
                               g0, g1, gm)
     assert got == _window_start_brute(g0, g1, g2, order, group, conc, mask, per_step, w, ws)
+
+
+@settings(max_examples=300, deadline=None)
+@given(g0=st.integers(1, 30), g1=st.integers(1, 30), g2=st.integers(1, 3),
+       order=st.sampled_from([o for o in sorted(ORDER_NAMES.values())
+                              if o != ORDER_NAMES["zorder"]]),
+       group=st.sampled_from([0, 1, 2, 3, 8, 40]), nsm=st.integers(1, 40),
+       g15=st.integers(1, 9), res=st.integers(1, 3), data=st.data())
+def test_run_starts_step_along_the_order(g0, g1, g2, order, group, nsm, g15, res, data):
+    """The first programs of a wave's L1.5 group runs, stepped along the panel
+    order without divisions, are the launch order's coordinates (and their
+    panel's first row and rows)."""
+    from tsbatch.kernels.order import tile_coords
+
+    conc = nsm * res
+    P = g0 * g1 * g2
+    w = data.draw(st.integers(0, -(-P // conc) - 1))
+    start, nw = w * conc, min(conc, P - w * conc)
+    ngroups = -(-nsm // g15)
+    gm = g0 if order == ORDER_NAMES["col"] else 1 if order == ORDER_NAMES["row"] else max(group, 1)
+    rsc = np.full((5, res * ngroups), -1, dtype=np.int64)
+    reuse._run_starts(start, nw, nsm, g15, ngroups, order, g0, g1, g2, group, gm, rsc)
+    for r in range(res):
+        for gi in range(ngroups):
+            pos = r * nsm + gi * g15
+            if pos >= nw:
+                continue
+            row, col, z = tile_coords(order, g0, g1, g2, group, start + pos)
+            first = row // gm * gm
+            assert tuple(rsc[:, r * ngroups + gi]) == (row, col, z, first, min(gm, g0 - first))

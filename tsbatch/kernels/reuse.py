@@ -284,8 +284,8 @@ def _next_tile(g0, g1, gm, cr, cc, cz, first, size):
 
 
 @jit_scalar
-def _group_sig(gsig, lo, hi, nw, nsm, start, order, g0, g1, g2, group, gmb, sigbuf, sig_tab,
-               sig_hash):
+def _group_sig(gsig, gi, ngroups, lo, hi, nw, nsm, g0, gmb, g1, sigbuf, sig_tab, sig_hash,
+               rsc):
     """The layout of an L1.5 group's runs of programs (slots ``lo + r nsm``
     up to ``hi + r nsm`` of the wave starting at program ``start``) in the
     panels of the launch order, into ``sigbuf``: per run (per piece of a
@@ -296,7 +296,10 @@ def _group_sig(gsig, lo, hi, nw, nsm, start, order, g0, g1, g2, group, gmb, sigb
     tile coordinates up to a translation, so equal first-touch labels.
     Returns ``(ns, hash, slot)``: ``ns`` values (0 when ``gsig`` is off or
     ``sigbuf`` is too short) and the slot of ``sig_tab`` holding an equal
-    layout (``sig_tab[slot, 0] == ns``), else a free slot for it, else -1."""
+    layout (``sig_tab[slot, 0] == ns``), else a free slot for it, else -1.
+    The runs' first programs come from ``rsc`` (:func:`_run_starts`), and a
+    run crossing a panel goes on at the next panel's first program: no
+    division per run."""
     ns = 0
     sh = np.int64(-3750763034362895579)
     if not gsig:
@@ -305,17 +308,19 @@ def _group_sig(gsig, lo, hi, nw, nsm, start, order, g0, g1, g2, group, gmb, sigb
     ac = 0
     az = 0
     base = 0
+    er = gi  # rsc entry of this run
     while base + lo < nw:
         pe = base + hi
         if pe > nw:
             pe = nw
-        r0, c0, z0 = tile_coords(order, g0, g1, g2, group, start + base + lo)
+        r0 = rsc[0, er]
+        c0 = rsc[1, er]
+        z0 = rsc[2, er]
+        f0 = rsc[3, er]
+        sz = rsc[4, er]
+        er += ngroups
         ln = pe - (base + lo)
         while ln > 0:
-            f0 = (r0 // gmb) * gmb
-            sz = g0 - f0
-            if sz > gmb:
-                sz = gmb
             # programs fill a panel's sz x g1 tiles column by column (the last
             # panel of a plane ends with the plane); a run crossing a panel
             # goes in as one piece per panel
@@ -338,8 +343,16 @@ def _group_sig(gsig, lo, hi, nw, nsm, start, order, g0, g1, g2, group, gmb, sigb
                 sh = (sh ^ sigbuf[e]) * np.int64(1099511628211)
             ns += 6
             ln -= seg
-            if ln > 0:
-                r0, c0, z0 = tile_coords(order, g0, g1, g2, group, start + pe - ln)
+            if ln > 0:  # on at the next panel's first program (or the next plane's)
+                f0 += gmb
+                if f0 >= g0:
+                    f0 = 0
+                    z0 += 1
+                sz = g0 - f0
+                if sz > gmb:
+                    sz = gmb
+                r0 = f0
+                c0 = 0
         base += nsm
     if ns == 0:
         return 0, sh, -1
@@ -359,6 +372,57 @@ def _group_sig(gsig, lo, hi, nw, nsm, start, order, g0, g1, g2, group, gmb, sigb
                 return ns, sh, ps
         ps = (ps + 1) & smask
     return ns, sh, -1
+
+
+@jit_scalar
+def _advance(g0, g1, gm, cr, cc, cz, first, size, d):
+    """The program ``d >= 0`` places after ``(cr, cc, cz)`` in a panel order
+    (as :func:`_next_tile` ``d`` times: column by column, no division)."""
+    ro = cr - first + d
+    while ro >= size:
+        ro -= size
+        cc += 1
+        if cc == g1:
+            cc = 0
+            first += gm
+            if first >= g0:
+                first = 0
+                cz += 1
+            size = g0 - first
+            if size > gm:
+                size = gm
+    return first + ro, cc, cz, first, size
+
+
+@jit_borrow
+def _run_starts(start, nw, nsm, g15, ngroups, order, g0, g1, g2, group, gm, rsc):
+    """The first program of every L1.5 group run of the wave of ``nw``
+    programs from ``start`` on a panel order: run ``r`` of group ``gi``
+    starts at wave slot ``r nsm + gi g15``; entry ``r ngroups + gi`` of
+    ``rsc`` gets its row, column, plane, panel first row and panel rows
+    (slots past the wave are not written). One set of divisions per wave,
+    then steps along the order."""
+    cr, cc, cz = tile_coords(order, g0, g1, g2, group, start)
+    first = (cr // gm) * gm
+    size = g0 - first
+    if size > gm:
+        size = gm
+    prev = 0
+    r = 0
+    while r * nsm < nw:
+        for gi in range(ngroups):
+            pos = r * nsm + gi * g15
+            if pos >= nw:
+                break
+            cr, cc, cz, first, size = _advance(g0, g1, gm, cr, cc, cz, first, size, pos - prev)
+            prev = pos
+            e = r * ngroups + gi
+            rsc[0, e] = cr
+            rsc[1, e] = cc
+            rsc[2, e] = cz
+            rsc[3, e] = first
+            rsc[4, e] = size
+        r += 1
 
 
 @jit_borrow
@@ -483,7 +547,7 @@ def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups,
                sub_wts, sub_j, sub_d, memo15_k, memo15_v, memo2_k, memo2_v,
                acc, hit15, req2, hit2, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
                xtag, xwp, xs, xval, gsig, start, order, g0, g1, g2, group, gmb, sigbuf,
-               sig_tab, sig_hash, sig_s15):
+               sig_tab, sig_hash, sig_s15, rsc):
     """The hit rates of wave ``w``'s accesses: the general path's arithmetic,
     cheaper (tests/test_cache_fast.py proves the two equal).
 
@@ -501,13 +565,15 @@ def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups,
     if not skip:
         step_distances(ids, wts, n, last_idx, tree, dist)
     if use15:
+        if gsig:
+            _run_starts(start, nw, nsm, g15, ngroups, order, g0, g1, g2, group, gmb, rsc)
         for gi in range(ngroups):
             lo = gi * g15
             hi = lo + g15
             if hi > nsm:
                 hi = nsm
-            ns, sh, sslot = _group_sig(gsig, lo, hi, nw, nsm, start, order, g0, g1, g2, group,
-                                       gmb, sigbuf, sig_tab, sig_hash)
+            ns, sh, sslot = _group_sig(gsig, gi, ngroups, lo, hi, nw, nsm, g0, gmb, g1, sigbuf,
+                                       sig_tab, sig_hash, rsc)
             if sslot >= 0 and sig_tab[sslot, 0] == ns:
                 # a group laid out like this one before: its probabilities
                 off = sig_tab[sslot, 1]
@@ -705,6 +771,8 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
     sig_hash = np.zeros(sig_tab.shape[0], dtype=np.int64)
     sig_s15 = np.zeros((sig_tab.shape[0], n_step), dtype=np.float64)
     s15w = np.zeros(n_step, dtype=np.float64)
+    # first programs of the L1.5 group runs of a wave (5 fields, run-major)
+    rsc = np.empty((5, ((conc + nsm - 1) // nsm) * ngroups if gsig else 0), dtype=np.int64)
     gids = np.empty(L if blockbook and gsig else 0, dtype=np.int64)
     gwts = np.empty(L if blockbook and gsig else 0, dtype=np.float64)
     cp = np.empty((T, conc if blockbook else 0), dtype=np.int64)
@@ -786,7 +854,7 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                     xval, acc, hit15, req2, hit2, use15, nsm, g15, ngroups, order, g2, group,
                     sigbuf, sig_tab, sig_hash, sig_s15, s15w, gids, gwts, h15, last_idx, tree,
                     sub_ids, sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v, assoc15, B15,
-                    pat_m, pat_hash, pat_off, pool_lab, pool_h15, nx - lookback <= w):
+                    pat_m, pat_hash, pat_off, pool_lab, pool_h15, nx - lookback <= w, rsc):
                 continue
             if blockbook and wv != w:
                 _book_blocks(wv, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1,
@@ -800,7 +868,7 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                   ids, wts, ten, grp, dist, head, h15, tree, sub_ids, sub_wts, sub_j, sub_d,
                   goff, gfill, acc, hit15, req2, hit2, fast, n_step, memo15_k, memo15_v,
                   memo2_k, memo2_v, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
-                  xtag, xwp, xs, xval, gsig, gmb, sigbuf, sig_tab, sig_hash, sig_s15)
+                  xtag, xwp, xs, xval, gsig, gmb, sigbuf, sig_tab, sig_hash, sig_s15, rsc)
         if scale:
             for t in range(T):
                 acc[t] = saved[t] + wt_in * (acc[t] - saved[t])
@@ -824,7 +892,7 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
           ids, wts, ten, grp, dist, head, h15, tree, sub_ids, sub_wts, sub_j, sub_d,
           goff, gfill, acc, hit15, req2, hit2, fast, n_step, memo15_k, memo15_v,
           memo2_k, memo2_v, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
-          xtag, xwp, xs, xval, gsig, gmb, sigbuf, sig_tab, sig_hash, sig_s15):
+          xtag, xwp, xs, xval, gsig, gmb, sigbuf, sig_tab, sig_hash, sig_s15, rsc):
     """Book-keep wave ``w`` (and, if ``do_hits``, add its accesses' hit rates)."""
     if True:
         start = w * conc
@@ -886,7 +954,7 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
                        sub_wts, sub_j, sub_d, memo15_k, memo15_v, memo2_k, memo2_v,
                        acc, hit15, req2, hit2, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
                        xtag, xwp, xs, xval, gsig, start, order, g0, g1, g2, group, gmb, sigbuf,
-                       sig_tab, sig_hash, sig_s15)
+                       sig_tab, sig_hash, sig_s15, rsc)
         elif do_hits:
             # every within-step distance is below the step's footprint; when
             # even that footprint surely hits (monotone SDCM), skip the tree
@@ -1235,7 +1303,7 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
                  acc, hit15, req2, hit2, use15, nsm, g15, ngroups, order, g2, group, sigbuf,
                  sig_tab, sig_hash, sig_s15, s15w, gids, gwts, h15, last_idx, tree, sub_ids,
                  sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v, assoc15, B15, pat_m,
-                 pat_hash, pat_off, pool_lab, pool_h15, book):
+                 pat_hash, pat_off, pool_lab, pool_h15, book, rsc):
     """Analyse wave ``w`` per distinct block on the panel orders with integer
     block sizes (as :func:`_book_blocks`); returns
     ``False``, having changed nothing but ``fstamp`` and this wave's
@@ -1408,6 +1476,7 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
     for q in range(n_step):
         s15w[q] = 0.0
     if use15:
+        _run_starts(start, nw, nsm, g15, ngroups, order, g0, g1, g2, group, gm, rsc)
         for gi in range(ngroups):
             lo = gi * g15
             hi = lo + g15
@@ -1415,8 +1484,8 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
                 hi = nsm
             if lo >= nw:
                 continue
-            ns, sh, sslot = _group_sig(True, lo, hi, nw, nsm, start, order, g0, g1, g2, group,
-                                       gm, sigbuf, sig_tab, sig_hash)
+            ns, sh, sslot = _group_sig(True, gi, ngroups, lo, hi, nw, nsm, g0, gm, g1, sigbuf,
+                                       sig_tab, sig_hash, rsc)
             if not (sslot >= 0 and sig_tab[sslot, 0] == ns):
                 # the group's access keys, as the per-access pass writes them
                 base = 0
