@@ -1137,6 +1137,27 @@ def _window_start(w, ws, P, conc, T, per_step, kstr, g0, g1, gm):
     return best
 
 
+@jit_scalar
+def _two_streams(T, clen):
+    """The two tensors with candidates (``clen[t] > 0``) when exactly two have
+    any, else ``(-1, -1)``: their merge needs one read pointer. The sums are
+    of integers, so equal to the general loop's (which adds ``0 * bytes``
+    for the tensors without candidates)."""
+    ta = -1
+    tb = -1
+    for t in range(T):
+        if clen[t] > 0:
+            if ta < 0:
+                ta = t
+            elif tb < 0:
+                tb = t
+            else:
+                return -1, -1
+    if tb < 0:
+        return -1, -1
+    return ta, tb
+
+
 @jit_borrow
 def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gm, n_step,
                  once_bytes, lastwave, bstamp, tail_b, ustep, newcum, oncecum, cp, ck, clen):
@@ -1265,12 +1286,29 @@ def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
     run = 0.0
     newb = 0.0
     fresh_all = w - 1 < valid_from
+    ta, tb = _two_streams(T, clen)
     for t in range(T):
         nt = clen[t]
         if nt == 0:
             continue
         wt = tbytes[t]
         run += nt * wt
+        if tb >= 0:
+            # two streams (a GEMM's A and B): one read pointer, no loop over tensors
+            t2 = tb if t == ta else ta
+            n2 = clen[t2]
+            w2 = tbytes[t2]
+            a = 0
+            for i in range(nt):
+                pos = cp[t, i]
+                while a < n2 and cp[t2, a] > pos:
+                    a += 1
+                k = ck[t, i]
+                tail_b[k] = i * wt + a * w2
+                if fresh_all or lastwave[k] != w - 1:
+                    newb += wt
+                lastwave[k] = w
+            continue
         for t2 in range(T):
             clen[T + t2] = 0  # read pointers: candidates of t2 after the current one
         for i in range(nt):
@@ -1438,12 +1476,31 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
     newb = 0.0
     fresh_all = w - 1 < valid_from
     nft = 0
+    ta, tb = _two_streams(T, clen)
     for t in range(T):
         nt = clen[t]
         if nt == 0:
             continue
         wt = tbytes[t]
         run += nt * wt
+        if tb >= 0:
+            # two streams: one read pointer, no loop over tensors
+            t2 = tb if t == ta else ta
+            n2 = clen[t2]
+            w2 = tbytes[t2]
+            a = 0
+            for i in range(nt):
+                pos = cp[t, i]
+                while a < n2 and cp[t2, a] < pos:
+                    a += 1
+                k = ck[t, i]
+                ids[nft] = k
+                head[nft] = i * wt + a * w2
+                fts[nft] = nft
+                nft += 1
+                if fresh_all or lastwave[k] != w - 1:
+                    newb += wt
+            continue
         for t2 in range(T):
             clen[T + t2] = 0  # read pointers: candidates of t2 before the current one
         for i in range(nt):
