@@ -42,6 +42,10 @@ and so are analysed waves whose step footprint surely hits in L2
 (:func:`_hits_blocks`), which then need only per-group sums of L1.5 hit
 probabilities: a group whose runs of programs lie in the launch order's
 panels like an earlier group's (:func:`_group_sig`) reuses that group's.
+A lookback window that no later analysed wave reads starts at the earliest
+wave holding a previous touch of the analysed wave's blocks, found in closed
+form on the panel orders (:func:`_window_start`); the waves before it would
+be book-kept for nothing.
 ``cache_hit_rates(..., general=True)`` runs the original per-access code,
 which tests/test_cache_fast.py holds the fast path equal to (bench/cache_speed.py
 times the two).
@@ -49,7 +53,10 @@ times the two).
 Hot loops keep their memo probes in the loop body rather than in an inlined
 helper: numba counts references to every array an inlined helper with
 branches or loops takes (an atomic increment and decrement per array per
-call, not pruned), which cost several times the probe itself.
+call, not pruned), which cost several times the probe itself. For the same
+reason every kernel here but the allocating ones (``_cache_one``, the batch)
+is compiled without numba's runtime (``jit_borrow``): its arrays are
+borrowed from the caller and nothing is counted.
 """
 
 from __future__ import annotations
