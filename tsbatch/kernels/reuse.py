@@ -268,14 +268,15 @@ SIG_SLOTS = 64
 
 
 @jit_scalar
-def _next_tile(g0, g1, gm, cr, cc, cz, first, size):
-    """The coordinates of the program after ``(cr, cc, cz)`` in a panel order:
+def _advance(g0, g1, gm, cr, cc, cz, first, size, d):
+    """The program ``d >= 0`` places after ``(cr, cc, cz)`` in a panel order:
     column-major inside a panel of ``gm`` rows (1 for row order, ``g0`` for
-    column order, ``group`` for grouped and persistent); the current panel
-    starts at row ``first`` and has ``size`` rows."""
-    cr += 1
-    if cr == first + size:
-        cr = first
+    column order, ``group`` for grouped and persistent), planes slowest; the
+    current panel starts at row ``first`` and has ``size`` rows. Column by
+    column, no division (``d = 1``: the next program)."""
+    ro = cr - first + d
+    while ro >= size:
+        ro -= size
         cc += 1
         if cc == g1:
             cc = 0
@@ -286,8 +287,7 @@ def _next_tile(g0, g1, gm, cr, cc, cz, first, size):
             size = g0 - first
             if size > gm:
                 size = gm
-            cr = first
-    return cr, cc, cz, first, size
+    return first + ro, cc, cz, first, size
 
 
 @jit_scalar
@@ -379,26 +379,6 @@ def _group_sig(gsig, gi, ngroups, lo, hi, nw, nsm, g0, gmb, g1, sigbuf, sig_tab,
                 return ns, sh, ps
         ps = (ps + 1) & smask
     return ns, sh, -1
-
-
-@jit_scalar
-def _advance(g0, g1, gm, cr, cc, cz, first, size, d):
-    """The program ``d >= 0`` places after ``(cr, cc, cz)`` in a panel order
-    (as :func:`_next_tile` ``d`` times: column by column, no division)."""
-    ro = cr - first + d
-    while ro >= size:
-        ro -= size
-        cc += 1
-        if cc == g1:
-            cc = 0
-            first += gm
-            if first >= g0:
-                first = 0
-                cz += 1
-            size = g0 - first
-            if size > gm:
-                size = gm
-    return first + ro, cc, cz, first, size
 
 
 @jit_borrow
@@ -931,7 +911,7 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
                     grp[j] = ((p % nsm) // g15) if use15 else 0
                 j += 1
             if not zorder:
-                cr, cc, cz, first, size = _next_tile(g0, g1, gm, cr, cc, cz, first, size)
+                cr, cc, cz, first, size = _advance(g0, g1, gm, cr, cc, cz, first, size, 1)
         n = j
         # ---- first touches in the step: bytes before them, new bytes vs previous wave
         run = 0.0
@@ -1570,8 +1550,8 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
                             gids[j] = koff[t] + cr * kstr[t, 0] + cc * kstr[t, 1] + cz * kstr[t, 2]
                             gwts[j] = tbytes[t]
                             j += 1
-                        cr, cc, cz, first, size = _next_tile(g0, g1, gm, cr, cc, cz,
-                                                             first, size)
+                        cr, cc, cz, first, size = _advance(g0, g1, gm, cr, cc, cz,
+                                                           first, size, 1)
                     base += nsm
                 _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, gids, gwts, h15, last_idx,
                            tree, sub_ids, sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v,
