@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 import sys
 import types
 
@@ -299,7 +300,7 @@ def test_kernel_source_is_python_with_the_constexprs():
     fns = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert set(fns) == {"read_kernel", "matmul_kernel"}
     args = [a.arg for a in fns["matmul_kernel"].args.args]
-    for c in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "RASTER"):
+    for c in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "RASTER", "IEEE"):
         assert c in args
     # the mirrored order arithmetic is the kernel's
     for line in ("group_size_m = min(num_pid_m - first_pid_m, GROUP_M)",
@@ -405,6 +406,41 @@ def test_measure_checks_its_arguments_before_the_gpu(tmp_path, capsys, monkeypat
     f.write_text("")
     assert main(["measure", "--out", str(f)]) == 2
     assert "must be a directory" in capsys.readouterr().err
+    assert main(["measure", "--out", str(tmp_path / "m"), "--compile-workers", "-1"]) == 2
+    assert "--compile-workers -1" in capsys.readouterr().err
+    assert main(["measure", "--out", str(tmp_path / "m"), "--time-budget-s", "0"]) == 2
+    assert "--time-budget-s 0" in capsys.readouterr().err
+
+
+def test_warm_jobs_are_each_compilation_once(tmp_path):
+    """The warm-up processes compile one kernel per (dtype, layout, configuration):
+    Triton specialises on those, not on the sizes, when every size is a multiple of 16."""
+    g = tmp_path / "g.toml"
+    g.write_text("shapes = [[64, 128, 256], [4096, 16, 48]]\nblock_m = [32, 64]\n"
+                 "block_n = [32]\nblock_k = [32]\nnum_stages = [2]\nnum_warps = [4]\n"
+                 "raster = ['grouped', 'col']\nb_row_major = [true, false]\n")
+    grid = ms.load_grid(g)
+    jobs = ms.warm_jobs(grid, ("float16", "float32"))
+    assert len(jobs) == len(set(jobs)) == 2 * 2 * len(grid.configs) == 16
+    assert {(d, a, b) for d, a, b, _ in jobs} == {
+        (d, True, b) for d in ("float16", "float32") for b in (True, False)}
+    assert ms._warm_shape_ok(grid)
+    g.write_text(g.read_text().replace("[4096, 16, 48]", "[4096, 16, 40]"))
+    assert not ms._warm_shape_ok(ms.load_grid(g))
+    assert ms.warm_compile(tmp_path / "k.py", jobs, 0, 10.0, quiet=True)["compiled"] == 0
+
+
+@pytest.mark.parametrize("dtype,fp32,tf32", [("float32", "tf32", True), ("float32", "ieee", False),
+                                             ("float16", "tf32", False), ("bfloat16", "ieee", False)])
+def test_rows_say_how_float32_ran(dtype, fp32, tf32):
+    p = ms.Problem(256, 256, 256, True, False, dtype)
+    cfg = ms.GemmConfig(64, 64, 32, 3, 4)
+    recs = [ms.gemm_record(p, None, 0.5, fp32), ms.gemm_record(p, cfg, 0.6, fp32)]
+    assert [r["tf32"] for r in recs] == [tf32, tf32]
+    assert ms.gemm_rows(recs, "h200")["tf32"].to_list() == [tf32, tf32]
+    mm = ms.matmul_frame([{"dtype": dtype, "m": 8, "n": 8, "k": 8, "times_ms": [1.0],
+                           "tf32": dtype == "float32" and fp32 == "tf32"}])
+    assert mm["tf32"].to_list() == [tf32]
 
 
 # ============================================================================ ceilings
@@ -482,7 +518,8 @@ def test_calibrate_writes_a_loadable_hw_file(tmp_path, capsys):
     assert spec.measured["tc_fp16_tflops"] == pytest.approx(tc16, rel=1e-3)
     assert "l15_bw_tbps" not in spec.measured
     # [calibration]
-    assert spec.calibration["l2_capacity_fraction"] == pytest.approx(42 / 50, rel=0.04)
+    assert spec.calibration["l2_capacity_fraction"] == pytest.approx(42 * MIB / old.l2_bytes,
+                                                                     rel=0.04)
     best = 2 * 8192 ** 3 / 1.70e-3 / 1e12
     assert spec.calibration["tc_efficiency"] == pytest.approx(best / tc16, rel=2e-3)
     lat = old.cal("mem_latency_us")
@@ -512,7 +549,10 @@ def test_calibrate_with_only_some_files(tmp_path, capsys):
     assert main(["calibrate", str(d), "--hw", "h200", "-o", str(out)]) == 0
     spec = load_hw_file(out)
     assert spec.measured["tc_fp16_tflops"] == get_hw("h200").measured["tc_fp16_tflops"]
-    assert "tc_efficiency" not in spec.calibration
+    for key in ("tc_efficiency", "launch_overhead_us"):            # not touched
+        assert spec.calibration.get(key) == get_hw("h200").calibration.get(key)
+        assert spec.sources.get(f"calibration.{key}") == get_hw("h200").sources.get(
+            f"calibration.{key}")
     assert "not calibrated: tc_fp16_tflops: no matmul.parquet" in capsys.readouterr().out
 
 
@@ -595,6 +635,48 @@ def test_update_toml_text_replaces_inserts_and_appends():
     lines = new.splitlines()
     # the inserted key sits inside [measured], before [memory]
     assert lines.index("[memory]") > next(i for i, ln in enumerate(lines) if "dram_bw" in ln)
+
+
+def test_calibrate_caps_the_l2_fraction_at_one(tmp_path, capsys):
+    """A cliff past the nominal L2 (a gradual fall: its halfway point lies beyond the
+    capacity, as on the H200) gives a fraction of 1, and the summary says so."""
+    d = _write_measurements(tmp_path / "meas")
+    sizes = ms.working_set_sizes(MIB, 1 << 30, 6)
+    y = _curve(sizes, [8600, 4600], [70 * MIB], [0.3], 0.005, 1)
+    recs = [{"bytes": b, "times_ms": [b * 10 / (g * 1e9) * 1e3], "passes": 10}
+            for b, g in zip(sizes, y)]
+    write_parquet(ms.bandwidth_frame(recs), d / "bandwidth.parquet",
+                  ms.measurement_metadata(ENV, "bandwidth"))
+    out = tmp_path / "h200.toml"
+    assert get_hw("h200").l2_bytes < 70 * MIB
+    assert main(["calibrate", str(d), "--hw", "h200", "-o", str(out)]) == 0
+    assert load_hw_file(out).calibration["l2_capacity_fraction"] == 1.0
+    assert "capped at 1" in capsys.readouterr().out
+
+
+def test_calibrate_keep_higher_keeps_only_the_higher_rates(tmp_path, capsys):
+    """A probe bounds a peak from below: --keep-higher leaves each [measured] rate of the
+    file that is above the new probe's, takes the others, and rebases tc_efficiency."""
+    d = _write_measurements(tmp_path / "meas")          # L2 9.3, DRAM 4.3, fp16 687 TFLOPS
+    src = tmp_path / "h200.toml"
+    text = (hw_dir() / "h200.toml").read_text()
+    for key, v in (("l2_bw_tbps", 9.0), ("dram_bw_tbps", 4.5), ("tc_fp16_tflops", 928.0)):
+        text = re.sub(rf"(?m)^{key} = {{ value = [0-9.]+", f"{key} = {{ value = {v}", text,
+                      count=0)
+    src.write_text(text)
+    old = load_hw_file(src)
+    assert (old.measured["l2_bw_tbps"], old.measured["dram_bw_tbps"]) == (9.0, 4.5)
+    out = tmp_path / "new.toml"
+    assert main(["calibrate", str(d), "--hw", str(src), "-o", str(out), "--keep-higher"]) == 0
+    said = capsys.readouterr().out
+    spec = load_hw_file(out)
+    assert spec.measured["l2_bw_tbps"] == pytest.approx(9.3, rel=0.02)      # probe higher: taken
+    assert spec.measured["dram_bw_tbps"] == 4.5                             # file higher: kept
+    assert spec.measured["tc_fp16_tflops"] == 928.0
+    best = 2 * 8192 ** 3 / 1.70e-3 / 1e12
+    assert spec.calibration["tc_efficiency"] == pytest.approx(best / 928.0, rel=2e-3)
+    assert "dram_bw_tbps: the file's 4.5 is higher" in said
+    assert "tc_fp16_tflops: the file's 928 is higher" in said
 
 
 def test_calibrate_keep_leaves_a_key_and_rebases_the_efficiency(tmp_path, capsys):

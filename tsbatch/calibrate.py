@@ -351,12 +351,14 @@ CALIBRATED_KEYS = ("dram_bw_tbps", "l2_bw_tbps", "l15_bw_tbps", "tc_fp16_tflops"
 
 
 def calibrate(measurements: Measurements, hw, *, force: bool = False,
-              keep: Sequence[str] = ()) -> Calibration:
+              keep: Sequence[str] = (), keep_higher: bool = False) -> Calibration:
     """Derive the ``[measured]`` and ``[calibration]`` entries for ``hw`` (an :class:`HwSpec`).
 
     Keys in ``keep`` are left as they are in the file (``tc_efficiency`` is
     then taken against the file's tensor-core rate when ``tc_fp16_tflops`` is
-    kept).
+    kept). With ``keep_higher``, a ``[measured]`` rate already in the file
+    that is higher than the new probe's stays: a probe only bounds a peak
+    from below, so of two probes of the same peak the higher is the closer.
     """
     bad = sorted(set(keep) - set(CALIBRATED_KEYS))
     if bad:
@@ -392,15 +394,19 @@ def calibrate(measurements: Measurements, hw, *, force: bool = False,
                 f"tsbatch calibrate: L2 plateau of {src}: {fit.l2.describe()}"))
             notes["measured.l2_bw_tbps"] = f"L2 plateau, {fit.l2.describe()}"
             if fit.l2_cliff_bytes is not None and hw.l2_bytes > 0:
-                frac = fit.l2_cliff_bytes / hw.l2_bytes
+                raw = fit.l2_cliff_bytes / hw.l2_bytes
+                # a fraction of the nominal L2; a cliff past it (a gradual fall, whose
+                # halfway point lies beyond the capacity) means all of it holds data
+                frac = min(1.0, raw)
+                cap = f" ({raw:.3f}, capped at 1)" if raw > 1.0 else ""
                 cal["l2_capacity_fraction"] = (_round(frac, 3), (
                     f"tsbatch calibrate: L2 bandwidth cliff of {src} (rate halfway between the "
                     f"L2 plateau {fit.l2.gbps:,.0f} GB/s and DRAM {fit.dram.gbps:,.0f} GB/s) at "
                     f"{fit.l2_cliff_bytes / MIB:.2f} MiB of working set, / "
-                    f"{hw.l2_bytes / MIB:.2f} MiB nominal L2 ([memory] l2_bytes)"))
+                    f"{hw.l2_bytes / MIB:.2f} MiB nominal L2 ([memory] l2_bytes){cap}"))
                 notes["calibration.l2_capacity_fraction"] = (
                     f"L2 cliff at {fit.l2_cliff_bytes / MIB:.2f} MiB / {hw.l2_bytes / MIB:.2f} "
-                    "MiB nominal")
+                    f"MiB nominal{cap}")
             else:
                 skipped.append("l2_capacity_fraction: no L2 cliff in the sweep")
         else:
@@ -431,6 +437,13 @@ def calibrate(measurements: Measurements, hw, *, force: bool = False,
     else:
         skipped.append("tc_fp16_tflops: no matmul.parquet")
 
+    if keep_higher:
+        for k in [k for k in meas if k not in keep]:
+            old = hw.measured.get(k)
+            if old is not None and float(old) > meas[k][0]:
+                del meas[k]
+                skipped.append(f"{k}: the file's {float(old):g} is higher than this probe's "
+                               "and stays (--keep-higher)")
     best = floor = None
     if m.gemm is not None:
         src = m.origin("gemm.parquet")
@@ -634,7 +647,8 @@ def run_calibrate_cli(args) -> int:
         raise InputError(f"{out}: a second file for '{spec.key}' in {hw_dir()} would repeat its "
                          f"aliases; write hw/{spec.key}.toml or outside {hw_dir()}")
     keep = tuple(k.strip() for k in (args.keep or "").split(",") if k.strip())
-    cal = calibrate(read_measurements(args.dir), spec, force=args.force, keep=keep)
+    cal = calibrate(read_measurements(args.dir), spec, force=args.force, keep=keep,
+                    keep_higher=args.keep_higher)
     print(summary_text(cal, spec))
     if not any(cal.updates.values()):
         raise InputError(f"{args.dir}: nothing to calibrate")

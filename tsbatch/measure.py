@@ -44,6 +44,7 @@ import hashlib
 import importlib.util
 import itertools
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -84,6 +85,9 @@ __all__ = [
     "measurement_metadata",
     "require_gpu",
     "run_measure",
+    "warm_jobs",
+    "warm_compile",
+    "default_compile_workers",
     "KERNEL_SOURCE",
     "SOURCE",
 ]
@@ -425,10 +429,12 @@ def grid_problems(grid: GemmGrid, dtypes: Sequence[str]) -> list[Problem]:
             for (m, n, k), (a, b), d in itertools.product(grid.shapes, grid.layouts, dtypes)]
 
 
-def gemm_record(p: Problem, cfg: GemmConfig | None, time_ms: float) -> dict:
-    """The record of one timing: a Triton configuration, or the library (``cfg=None``)."""
+def gemm_record(p: Problem, cfg: GemmConfig | None, time_ms: float, fp32: str = "tf32") -> dict:
+    """The record of one timing: a Triton configuration, or the library (``cfg=None``).
+    ``fp32``: how float32 inputs ran, ``'tf32'`` (tensor cores) or ``'ieee'``."""
     rec = {"m": p.m, "n": p.n, "k": p.k, "dtype": p.dtype, "a_row_major": p.a_row_major,
-           "b_row_major": p.b_row_major, "tf32": p.dtype == "float32", "time_ms": time_ms}
+           "b_row_major": p.b_row_major, "tf32": p.dtype == "float32" and fp32 == "tf32",
+           "time_ms": time_ms}
     if cfg is None:
         return {**rec, "backend": "cublas"}
     return {**rec, "backend": "triton", **dataclasses.asdict(cfg)}
@@ -541,7 +547,7 @@ def matmul_frame(records: Iterable[dict]):
             raise ValueError(f"matmul {r['dtype']} {r['m']}: times must be positive")
         t = float(np.median(times))
         out["dtype"].append(r["dtype"])
-        out["tf32"].append(r["dtype"] == "float32")
+        out["tf32"].append(bool(r.get("tf32", r["dtype"] == "float32")))
         for c in ("m", "n", "k"):
             out[c].append(int(r[c]))
         out["time_ms"].append(t)
@@ -643,11 +649,11 @@ def _environment(torch, triton) -> dict:
         "sm_count": int(props.multi_processor_count),
         "capability": f"{props.major}.{props.minor}",
     }
-    l2 = int(getattr(props, "L2_cache_size", 0) or 0)
+    l2 = int(getattr(props, "L2_cache_size", 0) or 0)     # what the driver reports
     try:
         from tsbatch.hw import get_hw
 
-        l2 = int(get_hw(env["gpu"]).l2_bytes)
+        l2 = max(l2, int(get_hw(env["gpu"]).l2_bytes))
     except Exception:
         pass
     env["l2_bytes"] = l2 if l2 > 0 else 64 * MIB
@@ -683,10 +689,11 @@ def read_kernel(x_ptr, out_ptr, n_chunks, total, CHUNK: tl.constexpr):
 def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  GROUP_M: tl.constexpr, RASTER: tl.constexpr):
+                  GROUP_M: tl.constexpr, RASTER: tl.constexpr, IEEE: tl.constexpr = False):
     """C = A @ B, one BLOCK_M x BLOCK_N tile per program. RASTER 0: grouped
     launch order (GROUP_M rows of tiles per super-group, column-major inside),
-    1: row order (along N), 2: column order (along M)."""
+    1: row order (along N), 2: column order (along M). IEEE: float32 inputs
+    multiply as IEEE FP32 instead of Triton's default TF32."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -712,7 +719,10 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
     for kk in range(0, tl.cdiv(K, BLOCK_K)):
         a = tl.load(a_ptrs, mask=offs_k[None, :] < K - kk * BLOCK_K, other=0.0)
         b = tl.load(b_ptrs, mask=offs_k[:, None] < K - kk * BLOCK_K, other=0.0)
-        acc += tl.dot(a, b)
+        if IEEE:
+            acc += tl.dot(a, b, input_precision="ieee")
+        else:
+            acc += tl.dot(a, b)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     c = acc.to(c_ptr.dtype.element_ty)
@@ -778,9 +788,11 @@ def _torch_dtype(torch, name: str):
 # ---------------------------------------------------------------------------- the three parts
 def run_bandwidth(torch, kernels, env: dict, *, quick: bool, kernel: str = "triton",
                   quiet: bool = False) -> list[dict]:
-    """Read bandwidth per working-set size, 1 MiB .. 4x L2."""
+    """Read bandwidth per working-set size, 1 MiB .. 4x L2 or 1 GiB, whichever is larger
+    (the top octave, where calibrate reads the DRAM plateau, then holds no L2 hits)."""
     chunk = 4096                                    # float32 elements = 16 KiB per load
-    sizes = working_set_sizes(MIB, 4 * int(env["l2_bytes"]), per_octave=4 if quick else 6,
+    sizes = working_set_sizes(MIB, max(4 * int(env["l2_bytes"]), 1 << 30),
+                              per_octave=4 if quick else 6,
                               align=chunk * 4)
     target = (1 if quick else 2) << 30              # bytes read per timed call
     programs = int(env["sm_count"]) * 8
@@ -818,9 +830,9 @@ def _probe_sizes(quick: bool) -> tuple[int, ...]:
 
 
 def run_matmul(torch, env: dict, dtypes: Sequence[str], *, quick: bool,
-               quiet: bool = False) -> list[dict]:
-    """Large square torch.matmul per dtype (float32 as TF32)."""
-    torch.backends.cuda.matmul.allow_tf32 = True
+               quiet: bool = False, fp32: str = "tf32") -> list[dict]:
+    """Large square torch.matmul per dtype (float32 as TF32, or IEEE with ``fp32='ieee'``)."""
+    torch.backends.cuda.matmul.allow_tf32 = fp32 == "tf32"
     records = []
     for d in dtypes:
         for s in _probe_sizes(quick):
@@ -831,7 +843,8 @@ def run_matmul(torch, env: dict, dtypes: Sequence[str], *, quick: bool,
                            target_ms=100.0 if quick else 300.0, min_rep=5, max_rep=50)
             t = sorted(times)[len(times) // 2]
             _log(f"  matmul {d:9s} {s}^3: {2 * s ** 3 / (t * 1e-3) / 1e12:7.1f} TFLOPS", quiet)
-            records.append({"dtype": d, "m": s, "n": s, "k": s, "times_ms": times})
+            records.append({"dtype": d, "m": s, "n": s, "k": s, "times_ms": times,
+                            "tf32": d == "float32" and fp32 == "tf32"})
             del a, b, c
     torch.cuda.empty_cache()
     return records
@@ -844,16 +857,128 @@ def _check(torch, c, ref, dtype: str) -> bool:
     return err <= tol * scale
 
 
+def warm_jobs(grid: GemmGrid, dtypes: Sequence[str]) -> list[tuple]:
+    """The distinct Triton compilations of a grid: ``(dtype, a_row_major, b_row_major,
+    config)`` once each (the kernel is specialised on these, not on the problem size,
+    as long as every size is a multiple of 16 -- see :func:`_warm_shape_ok`)."""
+    layouts = list(dict.fromkeys(grid.layouts))
+    return [(d, a, b, c) for d in dtypes for (a, b) in layouts for c in grid.configs]
+
+
+def _warm_shape_ok(grid: GemmGrid) -> bool:
+    """True when every problem size is a multiple of 16: Triton then specialises the
+    kernel exactly as for the 64x64x64 warm-up problem, so the compilations made in
+    the warm-up processes are the ones the timing loop loads from Triton's cache."""
+    return all(x % 16 == 0 for shape in grid.shapes for x in shape)
+
+
+def _launch_matmul(kernels, a, b, c, m: int, n: int, k: int, cfg: GemmConfig, ieee: bool,
+                   grid: tuple[int]) -> None:
+    """Launch :data:`KERNEL_SOURCE`'s ``matmul_kernel`` for ``cfg`` (C = A @ B, any strides)."""
+    kernels.matmul_kernel[grid](
+        a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        c.stride(0), c.stride(1), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, RASTER=RASTERS.index(cfg.raster),
+        IEEE=ieee, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _warm_worker(args) -> tuple[int, int]:
+    """Compile (and run once, on a 64x64x64 problem) a batch of configurations in a
+    separate process, filling Triton's on-disk cache. Returns (compiled, failed)."""
+    kernel_path, jobs, ieee = args
+    import importlib.util as iu
+
+    import torch
+
+    name = Path(kernel_path).stem
+    mod = sys.modules.get(name)
+    if mod is None:
+        spec = iu.spec_from_file_location(name, kernel_path)
+        mod = iu.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    s = 64
+    ok = bad = 0
+    for d, a_rm, b_rm, c in jobs:
+        try:
+            td = _torch_dtype(torch, d)
+            a = torch.zeros(s, s, device="cuda", dtype=td) if a_rm else \
+                torch.zeros(s, s, device="cuda", dtype=td).t()
+            b = torch.zeros(s, s, device="cuda", dtype=td) if b_rm else \
+                torch.zeros(s, s, device="cuda", dtype=td).t()
+            out = torch.empty(s, s, device="cuda", dtype=td)
+            _launch_matmul(mod, a, b, out, s, s, s, c, ieee and d == "float32", (1,))
+            torch.cuda.synchronize()
+            ok += 1
+        except Exception:  # out of resources: the timing loop records it as not runnable
+            bad += 1
+    return ok, bad
+
+
+def warm_compile(kernel_path: Path, jobs: Sequence[tuple], workers: int, timeout_s: float,
+                 quiet: bool = False, fp32: str = "tf32") -> dict:
+    """Compile ``jobs`` (see :func:`warm_jobs`) in ``workers`` spawned processes, so that
+    the timing loop finds every kernel in Triton's on-disk cache instead of compiling
+    them one after another (about a second each). Best effort: on a timeout or any
+    failure the rest compile in the timing loop as before."""
+    import multiprocessing as mp
+
+    t0 = time.perf_counter()
+    if workers <= 0 or not jobs:
+        return {"compiled": 0, "failed": 0, "seconds": 0.0}
+    per = max(1, min(4, len(jobs) // (2 * workers) or 1))
+    batches = [(str(kernel_path), list(jobs[i:i + per]), fp32 == "ieee")
+               for i in range(0, len(jobs), per)]
+    ok = bad = 0
+    ctx = mp.get_context("spawn")
+    pool = ctx.Pool(workers)
+    try:
+        it = pool.imap_unordered(_warm_worker, batches)
+        for i in range(len(batches)):
+            left = timeout_s - (time.perf_counter() - t0)
+            if left <= 0:
+                raise TimeoutError
+            o, b = it.next(timeout=left)
+            ok, bad = ok + o, bad + b
+        pool.close()
+    except Exception as exc:  # TimeoutError, a worker's crash: fall back to compiling in turn
+        _log(f"  warm-up compile stopped ({type(exc).__name__}: {exc}); the rest compile "
+             "in the timing loop", quiet)
+        pool.terminate()
+    finally:
+        pool.join()
+    dt = time.perf_counter() - t0
+    _log(f"  compiled {ok} kernels in {workers} processes in {dt:.0f} s ({bad} did not build "
+         "or run)", quiet)
+    return {"compiled": ok, "failed": bad, "seconds": dt}
+
+
 def run_gemm(torch, kernels, env: dict, grid: GemmGrid, dtypes: Sequence[str], *,
-             quick: bool, quiet: bool = False) -> list[dict]:
-    """Time the Triton kernel over ``grid`` (and torch.matmul per problem)."""
-    torch.backends.cuda.matmul.allow_tf32 = True
+             quick: bool, quiet: bool = False, budget_s: float | None = None,
+             on_problem=None, stats: dict | None = None, fp32: str = "tf32") -> list[dict]:
+    """Time the Triton kernel over ``grid`` (and torch.matmul per problem).
+
+    ``budget_s``: start no new problem after this many seconds (the problems
+    done are kept). ``on_problem(records, done, planned)`` is called after each
+    problem (``run_measure`` writes the file so far, so a stopped run keeps its
+    data). A configuration whose result disagrees with cuBLAS is reported and
+    recorded as not runnable (``time_ms = inf``); ``stats['wrong_results']``
+    counts them. ``fp32``: float32 inputs run as ``'tf32'`` (Triton's default,
+    torch's ``allow_tf32``) or ``'ieee'``; the ``tf32`` column says which.
+    """
+    torch.backends.cuda.matmul.allow_tf32 = fp32 == "tf32"
     flush = torch.empty(max(256 * MIB, 2 * int(env["l2_bytes"])), dtype=torch.int8, device="cuda")
     target = 10.0 if quick else 25.0
     records: list[dict] = []
-    code = {r: i for i, r in enumerate(RASTERS)}
     problems = grid_problems(grid, dtypes)
+    stats = {} if stats is None else stats
+    stats.update(problems_planned=len(problems), problems_done=0, wrong_results=0)
+    t0 = time.perf_counter()
     for i_prob, p in enumerate(problems, 1):
+        if budget_s is not None and time.perf_counter() - t0 > budget_s:
+            _log(f"  time budget of {budget_s:.0f} s spent: stopped after {i_prob - 1} of "
+                 f"{len(problems)} problems", quiet)
+            break
         m, n, k, a_rm, b_rm, d = p.m, p.n, p.k, p.a_row_major, p.b_row_major, p.dtype
         td = _torch_dtype(torch, d)
         a = torch.randn(m, k, device="cuda", dtype=td) if a_rm else \
@@ -865,7 +990,7 @@ def run_gemm(torch, kernels, env: dict, grid: GemmGrid, dtypes: Sequence[str], *
         ref = torch.matmul(a, b)
         t = _bench(torch, lambda: torch.matmul(a, b, out=ref), flush=flush, target_ms=target)
         t_lib = sorted(t)[len(t) // 2]
-        records.append(gemm_record(p, None, t_lib))
+        records.append(gemm_record(p, None, t_lib, fp32))
         ref = torch.matmul(a, b)
         c = torch.empty(m, n, device="cuda", dtype=td)
         best = math.inf
@@ -873,11 +998,8 @@ def run_gemm(torch, kernels, env: dict, grid: GemmGrid, dtypes: Sequence[str], *
         for cfg in grid.configs:
             def fn(cfg=cfg):
                 g = (triton_cdiv(m, cfg.block_m) * triton_cdiv(n, cfg.block_n),)
-                kernels.matmul_kernel[g](
-                    a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                    c.stride(0), c.stride(1), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                    BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, RASTER=code[cfg.raster],
-                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                _launch_matmul(kernels, a, b, c, m, n, k, cfg,
+                               fp32 == "ieee" and d == "float32", g)
             try:
                 c.zero_()
                 fn()
@@ -889,17 +1011,25 @@ def run_gemm(torch, kernels, env: dict, grid: GemmGrid, dtypes: Sequence[str], *
                 n_fail += 1
             else:
                 if not _check(torch, c, ref, d):
-                    raise RuntimeError(
-                        f"Triton GEMM gave wrong results for {m}x{n}x{k} {d} {cfg}; "
-                        "this is a bug in tsbatch measure, please report it")
-                t = _bench(torch, fn, flush=flush, target_ms=target)
-                t_ms = sorted(t)[len(t) // 2]
-                best = min(best, t_ms)
-            records.append(gemm_record(p, cfg, t_ms))
+                    _log(f"  WRONG RESULT: Triton GEMM {m}x{n}x{k} {d} {cfg} disagrees with "
+                         "cuBLAS; recorded as not runnable (a bug in tsbatch measure's kernel, "
+                         "please report it)", False)
+                    stats["wrong_results"] += 1
+                    t_ms = math.inf
+                    n_fail += 1
+                else:
+                    t = _bench(torch, fn, flush=flush, target_ms=target)
+                    t_ms = sorted(t)[len(t) // 2]
+                    best = min(best, t_ms)
+            records.append(gemm_record(p, cfg, t_ms, fp32))
+        stats["problems_done"] = i_prob
         _log(f"  [{i_prob}/{len(problems)}] {m}x{n}x{k} {d} a{'R' if a_rm else 'C'}b{'R' if b_rm else 'C'}: "
              f"cublas {t_lib * 1e3:9.1f} us, best triton "
-             f"{best * 1e3:9.1f} us ({n_fail} configs did not run)", quiet)
+             f"{best * 1e3:9.1f} us ({n_fail} configs did not run) "
+             f"[{time.perf_counter() - t0:.0f} s]", quiet)
         del a, b, c, ref
+        if on_problem is not None:
+            on_problem(records, i_prob, len(problems))
     del flush
     torch.cuda.empty_cache()
     return records
@@ -909,10 +1039,23 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def default_compile_workers() -> int:
+    """Processes for the warm-up compilation: one per core but one, at most 16."""
+    return max(0, min(16, (os.cpu_count() or 1) - 1))
+
+
 def run_measure(out: Path, *, quick: bool, grid: GemmGrid, dtypes: Sequence[str],
                 parts: Sequence[str] = _PARTS, bw_kernel: str = "triton",
-                quiet: bool = False) -> dict:
-    """Run the microbenchmarks on the current CUDA device; write the Parquet files into ``out``."""
+                quiet: bool = False, compile_workers: int = 0,
+                gemm_budget_s: float | None = None, fp32: str = "tf32") -> dict:
+    """Run the microbenchmarks on the current CUDA device; write the Parquet files into ``out``.
+
+    ``gemm.parquet`` is rewritten after every problem, so a run stopped by
+    ``gemm_budget_s`` (seconds for the GEMM part, warm-up compilation
+    included) or interrupted keeps the problems it finished; its metadata
+    says how many (``tsbatch.problems_done`` of ``tsbatch.problems_planned``,
+    ``tsbatch.complete``).
+    """
     torch, triton = require_gpu()
     from tsbatch.io import write_parquet
 
@@ -925,7 +1068,7 @@ def run_measure(out: Path, *, quick: bool, grid: GemmGrid, dtypes: Sequence[str]
     t0 = time.perf_counter()
     try:
         kernels = _load_kernels(workdir)
-        args = {"quick": quick, "grid": grid.name, "dtypes": list(dtypes)}
+        args = {"quick": quick, "grid": grid.name, "dtypes": list(dtypes), "fp32": fp32}
         if "bandwidth" in parts:
             _log("bandwidth versus working-set size:", quiet)
             df = bandwidth_frame(run_bandwidth(torch, kernels, env, quick=quick,
@@ -935,18 +1078,40 @@ def run_measure(out: Path, *, quick: bool, grid: GemmGrid, dtypes: Sequence[str]
             written["bandwidth.parquet"] = df.height
         if "matmul" in parts:
             _log("matmul probes:", quiet)
-            df = matmul_frame(run_matmul(torch, env, dtypes, quick=quick, quiet=quiet))
+            df = matmul_frame(run_matmul(torch, env, dtypes, quick=quick, quiet=quiet, fp32=fp32))
             write_parquet(df, out / "matmul.parquet",
                           measurement_metadata(env, "matmul", {"args": args}))
             written["matmul.parquet"] = df.height
         if "gemm" in parts:
             _log(f"Triton GEMM grid '{grid.name}': {len(grid.shapes)} shapes x "
-                 f"{len(grid.configs)} configurations x {len(dtypes)} dtypes:", quiet)
-            df = gemm_rows(run_gemm(torch, kernels, env, grid, dtypes, quick=quick, quiet=quiet),
-                           env["gpu"])
-            write_parquet(df, out / "gemm.parquet",
-                          measurement_metadata(env, "gemm", {"args": args}))
-            written["gemm.parquet"] = df.height
+                 f"{len(grid.layouts)} layouts x {len(grid.configs)} configurations x "
+                 f"{len(dtypes)} dtypes:", quiet)
+            tg = time.perf_counter()
+            if compile_workers > 0:
+                if _warm_shape_ok(grid):
+                    limit = 0.6 * gemm_budget_s if gemm_budget_s else 1800.0
+                    warm_compile(Path(kernels.__file__), warm_jobs(grid, dtypes),
+                                 compile_workers, limit, quiet, fp32)
+                else:
+                    _log("  some sizes are not multiples of 16: kernels compile in turn", quiet)
+            stats: dict = {}
+
+            def save(records, done, planned):
+                meta = {"args": args, "problems_done": done, "problems_planned": planned,
+                        "complete": done == planned,
+                        "wrong_results": stats.get("wrong_results", 0)}
+                write_parquet(gemm_rows(records, env["gpu"]), out / "gemm.parquet",
+                              measurement_metadata(env, "gemm", meta))
+
+            left = None if gemm_budget_s is None else \
+                max(0.0, gemm_budget_s - (time.perf_counter() - tg))
+            records = run_gemm(torch, kernels, env, grid, dtypes, quick=quick, quiet=quiet,
+                               budget_s=left, on_problem=save, stats=stats, fp32=fp32)
+            save(records, stats["problems_done"], stats["problems_planned"])
+            written["gemm.parquet"] = len(records)
+            if stats["wrong_results"]:
+                _log(f"  {stats['wrong_results']} configurations gave wrong results (recorded "
+                     "as not runnable)", False)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return {"env": env, "written": written, "seconds": time.perf_counter() - t0}
@@ -966,8 +1131,14 @@ def cmd_measure(args) -> int:
         grid = load_grid(args.gemm_grid)
     dtypes = parse_dtypes(dtypes_given, grid.dtypes or ("float16", "bfloat16"))
     parts = parse_parts(args.only)
+    workers = default_compile_workers() if args.compile_workers is None else args.compile_workers
+    if workers < 0:
+        raise InputError(f"--compile-workers {workers}: must be 0 or more")
+    if args.time_budget_s is not None and not args.time_budget_s > 0:
+        raise InputError(f"--time-budget-s {args.time_budget_s}: must be positive")
     res = run_measure(out, quick=args.quick, grid=grid, dtypes=dtypes, parts=parts,
-                      bw_kernel=args.bw_kernel, quiet=args.quiet)
+                      bw_kernel=args.bw_kernel, quiet=args.quiet, compile_workers=workers,
+                      gemm_budget_s=args.time_budget_s, fp32=args.fp32)
     env = res["env"]
     for name, rows in res["written"].items():
         print(f"wrote {rows:,} rows to {out / name}")
@@ -1003,6 +1174,17 @@ def add_parser(subparsers) -> None:
     p.add_argument("--bw-kernel", choices=("triton", "torch"), default="triton",
                    help="bandwidth kernel: looped Triton read (default) or torch.sum (coarse: "
                         "launch time dominates small working sets)")
+    p.add_argument("--compile-workers", type=int, default=None, metavar="N",
+                   help="processes that compile the grid's Triton kernels before the timing "
+                        "loop (default: one per core but one, at most 16; 0 compiles each "
+                        "kernel in turn in the loop)")
+    p.add_argument("--time-budget-s", type=float, default=None, metavar="S",
+                   help="seconds for the GEMM part, compilation included: no new problem "
+                        "starts after that; the problems done are written (default: no limit)")
+    p.add_argument("--fp32", choices=("tf32", "ieee"), default="tf32",
+                   help="how float32 inputs multiply: on tensor cores as TF32 (default: "
+                        "Triton's tl.dot default, torch allow_tf32) or as IEEE FP32 "
+                        "(input_precision='ieee', allow_tf32 off); the tf32 column says which")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_measure)
 
@@ -1023,5 +1205,9 @@ def add_parser(subparsers) -> None:
                    help="comma-separated keys to leave as they are, e.g. tc_fp16_tflops when the "
                         "file's value is a true tensor-core probe (tc_efficiency is then taken "
                         "against it)")
+    c.add_argument("--keep-higher", action="store_true",
+                   help="leave a [measured] rate of the file that is higher than the new "
+                        "probe's (a probe bounds a peak from below; e.g. a dedicated L2 "
+                        "microbenchmark against tsbatch measure's read kernel)")
     c.add_argument("--dry-run", action="store_true", help="print the summary, write nothing")
     c.set_defaults(func=cmd_calibrate)
