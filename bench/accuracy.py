@@ -2,8 +2,10 @@
 
 Runs :func:`tsbatch.accuracy.run_accuracy` with the real model on every
 ``gemm/*.parquet`` of the shared data (Triton tile configurations and cuBLAS,
-A100 and H100) and prints the per-GPU table of every metric, then the
-per-group table. Optional JSON and Markdown/PNG reports.
+A100 and H100) and on every ``gemm.parquet`` the project measured itself
+under ``bench/measured`` (H200, ``tsbatch measure``; ``--no-ours`` leaves
+them out), and prints the per-GPU table of every metric, then the per-group
+table. Optional JSON and Markdown/PNG reports.
 
 Usage::
 
@@ -37,9 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     sel.add_argument("--limit-problems", type=int, help="first N problems of each file")
     sel.add_argument("--sample-problems", type=int, help="N random problems of each file")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-ours", action="store_true",
+                    help="leave out the project's own measurements (bench/measured/**/gemm.parquet)")
     args = ap.parse_args(argv)
 
     files = sorted((args.data / "gemm").glob("*.parquet"))
+    if not args.no_ours:
+        files += sorted((REPO / "bench" / "measured").rglob("gemm.parquet"))
     if not files:
         print(f"bench/accuracy.py: no GEMM Parquet files under {args.data / 'gemm'}", file=sys.stderr)
         return 2
