@@ -270,6 +270,46 @@ def test_rank_stream_rejects_changed_batches():
         scr.rank_stream(batches)
 
 
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), n=st.integers(0, 300), groups=st.integers(1, 40), with_pos=st.booleans())
+def test_group_lexorder_is_lexsort(data, n, groups, with_pos):
+    """The screen's sort (counting sort by group, then each group by key and
+    position) is the permutation of ``np.lexsort`` (its plain twin), with tied
+    keys, infinities, NaN and positions in any order."""
+    from tsbatch.kernels.groupsort import group_lexorder
+
+    gid = np.array(data.draw(st.lists(st.integers(0, groups - 1), min_size=n, max_size=n)),
+                   dtype=np.int64)
+    vals = st.sampled_from([0.5, 1.0, 1.0, 2.0, -np.inf, np.inf, np.nan, 3.25, -1.0])
+    key = np.array(data.draw(st.lists(vals, min_size=n, max_size=n)), dtype=np.float64)
+    pos = np.array(data.draw(st.permutations(list(range(n)))), dtype=np.int64) * 3 + 7
+    if with_pos:
+        assert np.array_equal(group_lexorder(gid, key, pos), np.lexsort((pos, key, gid)))
+    else:
+        assert np.array_equal(group_lexorder(gid, key), np.lexsort((key, gid)))
+
+
+def test_workload_ids_by_hash_equal_the_join():
+    """Workload ids come from a hash of the workload columns looked up in the
+    counts: the same ids as joining the columns, whatever the integer width or
+    text type of a batch, nulls included; a workload missing from the counts raises."""
+    import polars as pl
+
+    counts = pl.DataFrame({"m": [1, 2, 2, None], "d": ["a", "b", "a", "b"],
+                           "f": [True, False, True, None], "_wl_n": [3, 1, 2, 1]})
+    scr = TopKScreen("h100", "gemm", ["m", "d", "f"], 0.05, counts)
+    assert scr._hash_sorted is not None
+    batch = pl.DataFrame({"m": [2, None, 1, 2, 1], "d": ["a", "b", "a", "b", "a"],
+                          "f": [True, None, True, False, True]},
+                         schema={"m": pl.Int32, "d": pl.Categorical, "f": pl.Boolean})
+    assert scr._wid(batch).tolist() == [2, 3, 0, 1, 0]
+    scr._hash_sorted = None                           # the join path gives the same
+    assert scr._wid(batch).tolist() == [2, 3, 0, 1, 0]
+    scr = TopKScreen("h100", "gemm", ["m", "d", "f"], 0.05, counts)
+    with pytest.raises(ValueError, match="missing from the counts"):
+        scr._wid(batch.with_columns(pl.lit(9, dtype=pl.Int32).alias("m")))
+
+
 def test_rank_count_col_uses_given_workload_size():
     df = pl.DataFrame({"w": [1, 1, 2], "feasible": [True] * 3, "latency_us": [2.0, 1.0, 3.0],
                        "_n": [40, 40, 1]})
