@@ -298,12 +298,12 @@ def test_workload_ids_by_hash_equal_the_join():
     counts = pl.DataFrame({"m": [1, 2, 2, None], "d": ["a", "b", "a", "b"],
                            "f": [True, False, True, None], "_wl_n": [3, 1, 2, 1]})
     scr = TopKScreen("h100", "gemm", ["m", "d", "f"], 0.05, counts)
-    assert scr._hash_sorted is not None
+    assert scr._hash_ids is not None
     batch = pl.DataFrame({"m": [2, None, 1, 2, 1], "d": ["a", "b", "a", "b", "a"],
                           "f": [True, None, True, False, True]},
                          schema={"m": pl.Int32, "d": pl.Categorical, "f": pl.Boolean})
     assert scr._wid(batch).tolist() == [2, 3, 0, 1, 0]
-    scr._hash_sorted = None                           # the join path gives the same
+    scr._hash_ids = None                              # the column join gives the same
     assert scr._wid(batch).tolist() == [2, 3, 0, 1, 0]
     scr = TopKScreen("h100", "gemm", ["m", "d", "f"], 0.05, counts)
     with pytest.raises(ValueError, match="missing from the counts"):
