@@ -239,7 +239,11 @@ def test_grid_rows_are_exactly_the_measured_schema(quick):
         for j, cfg in enumerate(grid.configs):
             recs.append(ms.gemm_record(p, cfg, math.inf if j == 0 else 1.0 + j))
     df = ms.gemm_rows(recs, "h200")
-    assert list(df.schema.items()) == list(MEASURED_SCHEMA.items()) + [("raster", pl.String)]
+    assert list(df.schema.items()) == list(MEASURED_SCHEMA.items()) + [
+        ("raster", pl.String), ("num_regs", pl.Int32), ("num_spills", pl.Int32),
+        ("shared_bytes", pl.Int64)]
+    for c in ("num_regs", "num_spills", "shared_bytes"):       # none given: null
+        assert df[c].null_count() == df.height
     assert df.height == len(problems) * (len(grid.configs) + 1)
     assert len(problems) == len(grid.shapes) * len(dtypes)
     assert set(df["source"]) == {"tsbatch measure"} and set(df["gpu"]) == {"h200"}
@@ -259,7 +263,8 @@ def test_grid_rows_match_the_shared_data_schema(shared_data):
     want = _shared_gemm_schema(shared_data)
     df = ms.gemm_rows([ms.gemm_record(ms.Problem(64, 64, 64, True, True, "float16"),
                                       ms.default_grid(True).configs[0], 0.01)], "h100_sxm")
-    assert list(df.drop("raster").schema.items()) == list(want.items())
+    assert list(df.drop("raster", "num_regs", "num_spills", "shared_bytes").schema.items()) == \
+        list(want.items())
 
 
 def test_measured_rows_evaluate_and_score(tmp_path):
@@ -410,6 +415,24 @@ def test_measure_checks_its_arguments_before_the_gpu(tmp_path, capsys, monkeypat
     assert "--compile-workers -1" in capsys.readouterr().err
     assert main(["measure", "--out", str(tmp_path / "m"), "--time-budget-s", "0"]) == 2
     assert "--time-budget-s 0" in capsys.readouterr().err
+
+
+def test_kernel_resources_from_the_compiled_kernel():
+    """Registers, spills and shared memory as Triton's compiled kernel reports them
+    (``n_regs``, ``n_spills``, ``metadata.shared``), into the rows of Triton configurations."""
+    import types
+
+    k = types.SimpleNamespace(n_regs=168, n_spills=0, metadata=types.SimpleNamespace(shared=98304))
+    res = ms.kernel_resources(k)
+    assert res == {"num_regs": 168, "num_spills": 0, "shared_bytes": 98304}
+    assert ms.kernel_resources(None) is None
+    assert ms.kernel_resources(types.SimpleNamespace()) is None
+    p = ms.Problem(256, 256, 256, True, True, "float16")
+    rows = ms.gemm_rows([ms.gemm_record(p, None, 0.5, resources=res),
+                         ms.gemm_record(p, ms.GemmConfig(64, 64, 32, 3, 4), 0.6, resources=res)],
+                        "h200")
+    assert rows["num_regs"].to_list() == [None, 168]           # library rows: null
+    assert rows["shared_bytes"].to_list() == [None, 98304]
 
 
 def test_warm_jobs_are_each_compilation_once(tmp_path):

@@ -87,6 +87,7 @@ __all__ = [
     "run_measure",
     "warm_jobs",
     "warm_compile",
+    "kernel_resources",
     "default_compile_workers",
     "KERNEL_SOURCE",
     "SOURCE",
@@ -107,8 +108,10 @@ MIB = 1 << 20
 
 def gemm_schema() -> dict:
     """The measured GEMM schema of ``../shared/data/gemm/*_triton_mm.parquet``
-    (column order and polars dtypes) followed by ``raster``: the columns of
-    ``gemm.parquet``. A function so that importing this module (the CLI does,
+    (column order and polars dtypes) followed by ``raster`` and the compiled
+    Triton kernel's registers per thread, register spills and shared memory
+    (``num_regs, num_spills, shared_bytes``; null for library rows and kernels
+    that did not build): the columns of ``gemm.parquet``. A function so that importing this module (the CLI does,
     always) does not import polars."""
     import polars as pl
 
@@ -121,6 +124,7 @@ def gemm_schema() -> dict:
         "num_stages": pl.Int32, "num_warps": pl.Int32, "group_m": pl.Int32,
         "time_ms": pl.Float64,
         "raster": pl.String,
+        "num_regs": pl.Int32, "num_spills": pl.Int32, "shared_bytes": pl.Int64,
     }
 
 
@@ -128,6 +132,7 @@ def gemm_schema() -> dict:
 GEMM_COLUMNS: tuple[str, ...] = (
     "source", "gpu", "m", "n", "k", "dtype", "a_row_major", "b_row_major", "tf32", "backend",
     "block_m", "block_n", "block_k", "num_stages", "num_warps", "group_m", "time_ms", "raster",
+    "num_regs", "num_spills", "shared_bytes",
 )
 
 
@@ -429,12 +434,14 @@ def grid_problems(grid: GemmGrid, dtypes: Sequence[str]) -> list[Problem]:
             for (m, n, k), (a, b), d in itertools.product(grid.shapes, grid.layouts, dtypes)]
 
 
-def gemm_record(p: Problem, cfg: GemmConfig | None, time_ms: float, fp32: str = "tf32") -> dict:
+def gemm_record(p: Problem, cfg: GemmConfig | None, time_ms: float, fp32: str = "tf32",
+                resources: dict | None = None) -> dict:
     """The record of one timing: a Triton configuration, or the library (``cfg=None``).
-    ``fp32``: how float32 inputs ran, ``'tf32'`` (tensor cores) or ``'ieee'``."""
+    ``fp32``: how float32 inputs ran, ``'tf32'`` (tensor cores) or ``'ieee'``;
+    ``resources``: the compiled kernel's ``num_regs, num_spills, shared_bytes``."""
     rec = {"m": p.m, "n": p.n, "k": p.k, "dtype": p.dtype, "a_row_major": p.a_row_major,
            "b_row_major": p.b_row_major, "tf32": p.dtype == "float32" and fp32 == "tf32",
-           "time_ms": time_ms}
+           "time_ms": time_ms, **(resources or {})}
     if cfg is None:
         return {**rec, "backend": "cublas"}
     return {**rec, "backend": "triton", **dataclasses.asdict(cfg)}
@@ -503,6 +510,9 @@ def gemm_rows(records: Iterable[dict], gpu: str, source: str = SOURCE):
         if raster is not None and raster not in RASTERS:
             raise ValueError(f"record {i}: raster {raster!r} is not one of {RASTERS}")
         cols["raster"].append(raster)
+        for c in ("num_regs", "num_spills", "shared_bytes"):
+            v = r.get(c)
+            cols[c].append(None if v is None or backend == "cublas" else int(v))
     return pl.DataFrame(cols, schema=schema)
 
 
@@ -874,8 +884,9 @@ def _warm_shape_ok(grid: GemmGrid) -> bool:
 
 def _launch_matmul(kernels, a, b, c, m: int, n: int, k: int, cfg: GemmConfig, ieee: bool,
                    grid: tuple[int]) -> None:
-    """Launch :data:`KERNEL_SOURCE`'s ``matmul_kernel`` for ``cfg`` (C = A @ B, any strides)."""
-    kernels.matmul_kernel[grid](
+    """Launch :data:`KERNEL_SOURCE`'s ``matmul_kernel`` for ``cfg`` (C = A @ B, any strides);
+    returns what Triton's launch returns (the compiled kernel)."""
+    return kernels.matmul_kernel[grid](
         a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         c.stride(0), c.stride(1), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, RASTER=RASTERS.index(cfg.raster),
@@ -913,6 +924,27 @@ def _warm_worker(args) -> tuple[int, int]:
         except Exception:  # out of resources: the timing loop records it as not runnable
             bad += 1
     return ok, bad
+
+
+def kernel_resources(compiled) -> dict | None:
+    """Registers per thread, spilled registers and shared memory (bytes) of a
+    compiled Triton kernel (what its launch returns), or None if it says nothing."""
+    if compiled is None:
+        return None
+    out = {}
+    for key, names in (("num_regs", ("n_regs",)), ("num_spills", ("n_spills",))):
+        for nm in names:
+            v = getattr(compiled, nm, None)
+            if isinstance(v, (int, float)) and v >= 0:
+                out[key] = int(v)
+                break
+    meta = getattr(compiled, "metadata", None)
+    sh = getattr(meta, "shared", None) if meta is not None else None
+    if sh is None:
+        sh = getattr(compiled, "shared", None)
+    if isinstance(sh, (int, float)) and sh >= 0:
+        out["shared_bytes"] = int(sh)
+    return out or None
 
 
 def warm_compile(kernel_path: Path, jobs: Sequence[tuple], workers: int, timeout_s: float,
@@ -998,11 +1030,12 @@ def run_gemm(torch, kernels, env: dict, grid: GemmGrid, dtypes: Sequence[str], *
         for cfg in grid.configs:
             def fn(cfg=cfg):
                 g = (triton_cdiv(m, cfg.block_m) * triton_cdiv(n, cfg.block_n),)
-                _launch_matmul(kernels, a, b, c, m, n, k, cfg,
-                               fp32 == "ieee" and d == "float32", g)
+                return _launch_matmul(kernels, a, b, c, m, n, k, cfg,
+                                      fp32 == "ieee" and d == "float32", g)
+            res = None
             try:
                 c.zero_()
-                fn()
+                res = kernel_resources(fn())
                 torch.cuda.synchronize()
             except Exception as exc:  # out of shared memory / registers: not runnable here
                 if "CUDA error" in str(exc) or "illegal" in str(exc).lower():
@@ -1021,7 +1054,7 @@ def run_gemm(torch, kernels, env: dict, grid: GemmGrid, dtypes: Sequence[str], *
                     t = _bench(torch, fn, flush=flush, target_ms=target)
                     t_ms = sorted(t)[len(t) // 2]
                     best = min(best, t_ms)
-            records.append(gemm_record(p, cfg, t_ms, fp32))
+            records.append(gemm_record(p, cfg, t_ms, fp32, res))
         stats["problems_done"] = i_prob
         _log(f"  [{i_prob}/{len(problems)}] {m}x{n}x{k} {d} a{'R' if a_rm else 'C'}b{'R' if b_rm else 'C'}: "
              f"cublas {t_lib * 1e3:9.1f} us, best triton "
