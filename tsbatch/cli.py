@@ -254,9 +254,17 @@ def cmd_sweep(args) -> int:
     print(f"kept the top {top:.0%} per workload: {summary['kept']:,} rows -> {out}")
     if not args.quiet:
         df = pl.read_parquet(out)
-        best = df.filter(pl.col("rank") == 1).sort("latency_us", descending=True).head(10)
+        first = df.filter(pl.col("rank") == 1)
+        best = first.sort("latency_us", descending=True).head(10)
         print("best configuration per workload (slowest workloads first):")
         _print_top(best)
+        n_sp = int((first.get_column("register_spill") > 0).sum()) \
+            if "register_spill" in first.columns else 0
+        if n_sp:
+            print(f"note: {n_sp:,} of {first.height:,} best configurations spill registers "
+                  "(column register_spill). The model's spill cost is not validated: on an H200, "
+                  "spilling Triton tiles ran 4-6x slower than predicted "
+                  "(bench/measured/h200-2026-11-30/tiles). Check them with tsbatch explain.")
     return 0
 
 
