@@ -263,8 +263,8 @@ def cmd_sweep(args) -> int:
         if n_sp:
             print(f"note: {n_sp:,} of {first.height:,} best configurations spill registers "
                   "(column register_spill). The model's spill cost is not validated: on an H200, "
-                  "spilling Triton tiles ran 4-6x slower than predicted "
-                  "(bench/measured/h200-2026-11-30/tiles). Check them with tsbatch explain.")
+                  "spilling Triton tiles ran 3-12x slower than predicted "
+                  "(bench/measured/h200-2026-11-30/spills). Check them with tsbatch explain.")
     return 0
 
 

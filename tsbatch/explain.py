@@ -62,8 +62,8 @@ def explain_text(row: dict, hw: HwSpec) -> str:
                  + (f"; about {row['register_spill']} registers/thread spill" if row["register_spill"] else ""))
     if row["register_spill"]:
         lines.append("  Warning: the spill cost is not validated. On an H200, Triton 3.6 tiles that spill "
-                     "128-200 registers ran 4-6x slower than this model predicts "
-                     "(bench/measured/h200-2026-11-30/tiles); prefer a configuration that does not spill.")
+                     "128-800 registers ran 3-12x slower than this model predicts "
+                     "(bench/measured/h200-2026-11-30/spills); prefer a configuration that does not spill.")
     lines.append("")
     lines.append("Cache: " + (f"L1.5 hit {_pct(row['l15_hit'])}, " if hw.has_l15 else "")
                  + f"L2 hit {_pct(row['l2_hit'])}; DRAM traffic {row['dram_bytes'] / 1e6:.1f} MB, "
