@@ -261,10 +261,10 @@ def cmd_sweep(args) -> int:
         n_sp = int((first.get_column("register_spill") > 0).sum()) \
             if "register_spill" in first.columns else 0
         if n_sp:
+            from tsbatch.explain import SPILL_CAVEAT
+
             print(f"note: {n_sp:,} of {first.height:,} best configurations spill registers "
-                  "(column register_spill). The model's spill cost is not validated: on an H200, "
-                  "spilling Triton tiles ran 3-12x slower than predicted "
-                  "(bench/measured/h200-2026-11-30/spills). Check them with tsbatch explain.")
+                  f"(column register_spill); {SPILL_CAVEAT}. Check them with tsbatch explain.")
     return 0
 
 

@@ -10,6 +10,11 @@ from __future__ import annotations
 from tsbatch.hw import HwSpec
 from tsbatch.kernels.envelope import R_NAMES
 
+#: what is known of spilling configurations; said by ``explain`` and ``sweep``
+SPILL_CAVEAT = ("the model's spill cost is not validated: on an H200, Triton 3.6 tiles that "
+                "spill 128-800 registers ran 3-12x slower than predicted "
+                "(bench/measured/h200-2026-11-30/spills)")
+
 __all__ = ["explain_text"]
 
 _ADVICE = {
@@ -61,9 +66,7 @@ def explain_text(row: dict, hw: HwSpec) -> str:
     lines.append(f"MMA path: {row['mma_path']}"
                  + (f"; about {row['register_spill']} registers/thread spill" if row["register_spill"] else ""))
     if row["register_spill"]:
-        lines.append("  Warning: the spill cost is not validated. On an H200, Triton 3.6 tiles that spill "
-                     "128-800 registers ran 3-12x slower than this model predicts "
-                     "(bench/measured/h200-2026-11-30/spills); prefer a configuration that does not spill.")
+        lines.append(f"  Warning: {SPILL_CAVEAT}; prefer a configuration that does not spill.")
     lines.append("")
     lines.append("Cache: " + (f"L1.5 hit {_pct(row['l15_hit'])}, " if hw.has_l15 else "")
                  + f"L2 hit {_pct(row['l2_hit'])}; DRAM traffic {row['dram_bytes'] / 1e6:.1f} MB, "
