@@ -576,6 +576,17 @@ def test_evaluate_envelopes_match_twin(cases):
                         naive.utilization(c["work_iter"], c["work_epi"], c["rate"], SHARED.tolist(),
                                           c["tiles"], sms, c["ksteps"], t + c["launch"]),
                         rtol=FASTMATH_RTOL, atol=1e-15)
+    # latency only (the screen's bound): the same times, to the bit, and no util
+    col = lambda k: np.array([c[k] for c in cases])  # noqa: E731
+    lean = evaluate_envelopes(col("work_iter"), col("work_epi"), col("rate"), col("tiles"), sms,
+                              col("p"), col("ksteps"), col("stages"), col("warps_tile"), 4.0,
+                              col("lat"), col("ovh_iter"), col("ovh_tile"), col("persistent"),
+                              col("launch"), share_eff=col("share_eff"), sync=col("sync"),
+                              latency_only=True)
+    assert "util" not in lean
+    for k in ("latency_us", "t_prologue_us", "t_steady_us", "t_epilogue_us", "t_steady_iter_us",
+              "waves", "tail_tiles"):
+        assert np.array_equal(lean[k], out[k], equal_nan=True), k
 
 
 @settings(max_examples=150, deadline=None)

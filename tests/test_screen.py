@@ -8,6 +8,8 @@ workloads, ``top`` = 1 and tiny fractions.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import polars as pl
 import pytest
@@ -104,10 +106,49 @@ def test_bound_in_slices_equals_one_slice(df, chunk):
     assert np.array_equal(parts[0], whole[0]) and np.array_equal(parts[1], whole[1])
 
 
+@settings(max_examples=15, deadline=None)
+@given(df=ranked_inputs(), chunk=st.integers(1, 5))
+def test_bound_on_threads_equals_serial(df, chunk):
+    """Slices bounded on several threads give the serial bounds, value for value."""
+    import tsbatch.screen as screen
+
+    spec = resolve_hw("h100")
+    keep = screen.BOUND_CHUNK, os.environ.get(screen.BOUND_THREADS_ENV)
+    screen.BOUND_CHUNK = chunk
+    try:
+        os.environ[screen.BOUND_THREADS_ENV] = "1"
+        serial = bound_rows(df, spec)
+        os.environ[screen.BOUND_THREADS_ENV] = "3"
+        threaded = bound_rows(df, spec)
+    finally:
+        screen.BOUND_CHUNK = keep[0]
+        if keep[1] is None:
+            os.environ.pop(screen.BOUND_THREADS_ENV, None)
+        else:
+            os.environ[screen.BOUND_THREADS_ENV] = keep[1]
+    assert np.array_equal(threaded[0], serial[0]) and np.array_equal(threaded[1], serial[1])
+
+
+def test_bound_threads_setting(monkeypatch):
+    import tsbatch.screen as screen
+
+    monkeypatch.setenv(screen.BOUND_THREADS_ENV, "2")
+    assert screen.bound_threads() == 2
+    monkeypatch.setenv(screen.BOUND_THREADS_ENV, "0")
+    assert screen.bound_threads() == 1
+    monkeypatch.setenv(screen.BOUND_THREADS_ENV, "two")
+    with pytest.raises(ValueError, match="TSBATCH_BOUND_THREADS='two'"):
+        screen.bound_threads()
+    monkeypatch.delenv(screen.BOUND_THREADS_ENV)
+    monkeypatch.setattr(screen.numba, "threading_layer", lambda: "workqueue")
+    assert screen.bound_threads() == 1  # not safe to call parallel kernels from threads
+
+
 def test_bound_errors_name_the_row_of_the_whole_frame(monkeypatch):
     import tsbatch.screen as screen
 
     monkeypatch.setattr(screen, "BOUND_CHUNK", 4)
+    monkeypatch.setenv(screen.BOUND_THREADS_ENV, "2")  # the first bad slice's error, on threads
     rows = [dict(m=512, n=512, k=512, dtype="float16", block_m=64, block_n=64, block_k=32,
                  num_stages=3, num_warps=4)] * 11
     df = pl.DataFrame(rows).with_columns(
@@ -117,6 +158,9 @@ def test_bound_errors_name_the_row_of_the_whole_frame(monkeypatch):
     df = pl.DataFrame(rows).with_columns(
         dtype=pl.when(pl.int_range(pl.len()) == 6).then(pl.lit("fp7")).otherwise("dtype"))
     with pytest.raises(InputError, match=r"unknown value 'fp7' at row 6"):
+        bound_rows(df, resolve_hw("h100"))
+    df = df.with_columns(m=pl.when(pl.int_range(pl.len()) == 9).then(-5).otherwise(pl.col("m")))
+    with pytest.raises(InputError, match=r"unknown value 'fp7' at row 6"):  # slice 4-7 first
         bound_rows(df, resolve_hw("h100"))
 
 
@@ -282,11 +326,47 @@ def test_group_lexorder_is_lexsort(data, n, groups, with_pos):
                    dtype=np.int64)
     vals = st.sampled_from([0.5, 1.0, 1.0, 2.0, -np.inf, np.inf, np.nan, 3.25, -1.0])
     key = np.array(data.draw(st.lists(vals, min_size=n, max_size=n)), dtype=np.float64)
-    pos = np.array(data.draw(st.permutations(list(range(n)))), dtype=np.int64) * 3 + 7
+    pos = _positions(data, n)
     if with_pos:
         assert np.array_equal(group_lexorder(gid, key, pos), np.lexsort((pos, key, gid)))
     else:
         assert np.array_equal(group_lexorder(gid, key), np.lexsort((key, gid)))
+
+
+def _positions(data, n):
+    """Tie-break positions: in any order, or rising with the index (input order)."""
+    if data.draw(st.booleans()):
+        return np.array(data.draw(st.permutations(list(range(n)))), dtype=np.int64) * 3 + 7
+    return np.cumsum(np.array(data.draw(st.lists(st.integers(1, 4), min_size=n, max_size=n)),
+                              dtype=np.int64))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), n=st.integers(0, 300), groups=st.integers(1, 40))
+def test_group_first_k_is_the_lexsort_prefix(data, n, groups):
+    """``group_first_k`` keeps, per group, the first ``k[g]`` rows of the
+    ``np.lexsort((pos, key, gid))`` order (its plain twin) and gives the key of
+    the ``k[g]``-th (``+inf`` with fewer rows), whole groups kept unsorted."""
+    from tsbatch.kernels.groupsort import group_first_k
+
+    gid = np.array(data.draw(st.lists(st.integers(0, groups - 1), min_size=n, max_size=n)),
+                   dtype=np.int64)
+    vals = st.sampled_from([0.5, 1.0, 1.0, 2.0, -np.inf, np.inf, np.nan, 3.25, -1.0])
+    key = np.array(data.draw(st.lists(vals, min_size=n, max_size=n)), dtype=np.float64)
+    pos = _positions(data, n)
+    k = np.array(data.draw(st.lists(st.integers(0, 40), min_size=groups, max_size=groups)),
+                 dtype=np.int64)
+    keep, kth = group_first_k(gid, key, pos, k)
+    o = np.lexsort((pos, key, gid))
+    want = np.zeros(n, dtype=bool)
+    want_kth = np.full(groups, np.inf)
+    for g in range(groups):
+        rows = o[gid[o] == g]
+        want[rows[:k[g]]] = True
+        if k[g] and rows.size >= k[g]:
+            want_kth[g] = key[rows[k[g] - 1]]
+    assert np.array_equal(keep, want)
+    assert np.array_equal(kth, want_kth, equal_nan=True)
 
 
 def test_workload_ids_by_hash_equal_the_join():

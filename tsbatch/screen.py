@@ -54,8 +54,11 @@ No Python loop runs per row or per workload; the loop is over rounds.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import numba
 import numpy as np
 import polars as pl
 
@@ -64,13 +67,13 @@ from kernels_catalog.base import TilePlan
 from tsbatch.evaluate import CacheMemo, evaluate, get_family, resolve_hw
 from tsbatch.hw import HwSpec
 from tsbatch.kernels.envelope import R_DRAM, R_L15, R_L2, evaluate_envelopes
-from tsbatch.kernels.groupsort import group_lexorder
+from tsbatch.kernels.groupsort import group_first_k, group_lexorder
 from tsbatch.kernels.occupancy import resident_tiles
 from tsbatch.rank import rank
 from tsbatch.schema import to_polars, validate
 
-__all__ = ["lower_bound", "take_plan", "bound_rows", "workload_counts", "TopKScreen",
-           "screened_rank", "COUNT_COL"]
+__all__ = ["lower_bound", "take_plan", "bound_rows", "bound_threads", "workload_counts",
+           "TopKScreen", "screened_rank", "COUNT_COL"]
 
 #: column of a counts frame holding each workload's total row count
 COUNT_COL = "_wl_n"
@@ -93,18 +96,19 @@ def take_plan(plan: TilePlan, idx: np.ndarray) -> TilePlan:
     return TilePlan(**kw)
 
 
-def lower_bound(plan: TilePlan, p: np.ndarray, hw: HwSpec) -> np.ndarray:
+def lower_bound(plan: TilePlan, p: np.ndarray, hw: HwSpec, *, own: bool = False) -> np.ndarray:
     """Latency with perfect caching; never above :func:`evaluate_plan`'s latency.
 
     ``plan`` and ``p`` (resident tiles per SM) hold feasible rows only.
     Mirrors the work split of :func:`tsbatch.evaluate.evaluate_plan` with the
     hit rates at their best (L1.5 hit 1, DRAM fraction 0): the L1.5 column
     does not depend on the hit rates, and the L2 and DRAM columns only grow
-    with misses.
+    with misses. ``own=True``: the caller gives up ``plan.work_iter``, which
+    is then overwritten instead of copied.
     """
     per_step = plan.t_per_step.astype(bool)
     req = np.where(per_step, plan.t_bytes, 0.0)
-    work_iter = plan.work_iter.copy()
+    work_iter = plan.work_iter if own else plan.work_iter.copy()
     if hw.has_l15:
         work_iter[:, R_L15] = req.sum(axis=1)
         work_iter[:, R_L2] = 0.0
@@ -117,7 +121,7 @@ def lower_bound(plan: TilePlan, p: np.ndarray, hw: HwSpec) -> np.ndarray:
     env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, plan.g0 * plan.g1 * plan.g2,
                              hw.sm_count, p, plan.ksteps, plan.stages, plan.warps,
                              plan.warps_full, plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us,
-                             plan.persistent, plan.launch_us, **kw)
+                             plan.persistent, plan.launch_us, latency_only=True, **kw)
     return env["latency_us"]
 
 
@@ -134,14 +138,50 @@ def bound_rows(df: pl.DataFrame, hw: HwSpec, family: str = "gemm") -> tuple[np.n
     exactly from its occupancy). ``bound[i]``: a lower bound of row ``i``'s
     predicted latency, ``-inf`` where none is known (then the row is always
     predicted) and ``+inf`` for infeasible rows. Raises the same
-    :class:`~tsbatch.errors.InputError` as :func:`evaluate` on bad input.
-    Bounds :data:`BOUND_CHUNK` rows at a time.
+    :class:`~tsbatch.errors.InputError` as :func:`evaluate` on bad input
+    (the first bad slice's, in row order).
+    Bounds :data:`BOUND_CHUNK` rows at a time, on :func:`bound_threads`
+    threads: each slice's numpy, polars and numba work releases the GIL for
+    most of its time, so two slices run at once on two cores.
     """
     if df.height <= BOUND_CHUNK:
         return _bound_slice(df, hw, family, 0)
-    parts = [_bound_slice(df.slice(a, BOUND_CHUNK), hw, family, a)
-             for a in range(0, df.height, BOUND_CHUNK)]
+    starts = range(0, df.height, BOUND_CHUNK)
+    first = _bound_slice(df.slice(0, BOUND_CHUNK), hw, family, 0)  # starts numba's threads
+    threads = min(bound_threads(), len(starts) - 1)
+    rest = lambda a: _bound_slice(df.slice(a, BOUND_CHUNK), hw, family, a)  # noqa: E731
+    if threads > 1:
+        with ThreadPoolExecutor(threads, thread_name_prefix="tsbatch-bound") as ex:
+            parts = [first, *ex.map(rest, starts[1:])]
+    else:
+        parts = [first, *map(rest, starts[1:])]
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+#: ``TSBATCH_BOUND_THREADS`` overrides :func:`bound_threads` (1: serial)
+BOUND_THREADS_ENV = "TSBATCH_BOUND_THREADS"
+
+
+def bound_threads() -> int:
+    """Threads that bound slices at once: the usable cores, at most 4, where
+    numba's threading layer lets several threads call its parallel kernels
+    (OpenMP or TBB; the workqueue layer does not, and then 1); set
+    ``TSBATCH_BOUND_THREADS`` to choose."""
+    env = os.environ.get(BOUND_THREADS_ENV, "").strip()
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise ValueError(f"{BOUND_THREADS_ENV}={env!r}: expected a whole number of "
+                             f"threads") from None
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # no parallel kernel has run yet
+        return 1
+    if layer not in ("omp", "tbb"):
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(4, cores or 1))
 
 
 def _bound_slice(df: pl.DataFrame, hw: HwSpec, family: str, offset: int):
@@ -157,7 +197,7 @@ def _bound_slice(df: pl.DataFrame, hw: HwSpec, family: str, offset: int):
     ok = np.flatnonzero(p > 0)
     # every row is bounded as if one tile were resident (no copy of the plan), and
     # the infeasible rows' values are then dropped
-    b = lower_bound(plan, np.maximum(p, 1), hw) if ok.size else np.zeros(p.shape[0])
+    b = lower_bound(plan, np.maximum(p, 1), hw, own=True) if ok.size else np.zeros(p.shape[0])
     b = np.where(np.isnan(b), -np.inf, b)  # no usable bound: always predict
     lb_x = np.where(p > 0, b, np.inf)
     # a row (library row: its catalog tiles) is infeasible when no tile is feasible;
@@ -236,17 +276,6 @@ def _kth_key(gid: np.ndarray, key: np.ndarray, k: np.ndarray) -> np.ndarray:
     return thr
 
 
-def _first_k(gid: np.ndarray, key: np.ndarray, pos: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """Mask of the first ``k[g]`` rows of each group by ``(key, pos)``."""
-    keep = np.zeros(gid.shape[0], dtype=bool)
-    if gid.size == 0:
-        return keep
-    o = group_lexorder(gid, key, pos)
-    g = gid[o]
-    keep[o[_group_starts(g) < k[g]]] = True
-    return keep
-
-
 def _merge_first_k(r_wid, r_key, r_pos, r_alive, c_wid, c_key, c_pos, k):
     """Merge candidates into a running set holding the first ``k[g]`` rows of
     each group ``g`` by ``(key, pos)`` (its live rows: ``r_alive``).
@@ -264,8 +293,7 @@ def _merge_first_k(r_wid, r_key, r_pos, r_alive, c_wid, c_key, c_pos, k):
     nr = ridx.shape[0]
     a_wid = np.concatenate([r_wid[ridx], c_wid])
     a_key = np.concatenate([r_key[ridx], c_key])
-    keep = _first_k(a_wid, a_key, np.concatenate([r_pos[ridx], c_pos]), k)
-    kth = _kth_key(a_wid[keep], a_key[keep], k)
+    keep, kth = group_first_k(a_wid, a_key, np.concatenate([r_pos[ridx], c_pos]), k)
     return ridx, keep[:nr], keep[nr:], touched, kth
 
 
@@ -449,9 +477,8 @@ class TopKScreen:
             a_lb = np.concatenate([p_lb, *[x[1] for x in pend]])
             a_pos = np.concatenate([p_pos, *[x[2] for x in pend]])
             pend.clear()
-            keep = _first_k(a_wid, a_lb, a_pos, step_w)
-            a_wid, a_lb, a_pos = a_wid[keep], a_lb[keep], a_pos[keep]
-            return a_wid, a_lb, a_pos, _kth_key(a_wid, a_lb, step_w)
+            keep, kth = group_first_k(a_wid, a_lb, a_pos, step_w)
+            return a_wid[keep], a_lb[keep], a_pos[keep], kth
 
         at = 0
         for batch in batches():  # ---- 1: survey

@@ -218,9 +218,9 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
 @jit_parallel
 def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
                warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff, sync,
-               out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util):
+               out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util):
     n = tiles.shape[0]
-    R = work_iter.shape[1]
+    R = work_iter.shape[1] if want_util else 0
     for i in prange(n):
         if p[i] <= 0 or tiles[i] <= 0:
             out_t[i] = math.nan
@@ -245,7 +245,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
         out_it[i] = s
         out_waves[i] = wv
         out_tail[i] = tl
-        for r in range(R):
+        for r in range(R):  # R = 0: latency only
             chip = rate[i, r]
             if shared[r] == 0:
                 chip = chip * sms
@@ -258,7 +258,8 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
 
 
 def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages, warps_tile,
-                       warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff=None, sync=None):
+                       warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff=None, sync=None,
+                       latency_only=False):
     """Batched :func:`wave_time` plus launch time and per-resource utilization.
 
     ``work_iter``, ``work_epi``, ``rate`` are ``(n, N_RES)``; rates in work
@@ -270,7 +271,8 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
     can only make times shorter, so a caller computing a lower bound may.
 
     Returns a dict of arrays: ``latency_us, t_prologue_us, t_steady_us,
-    t_epilogue_us, t_steady_iter_us, waves, tail_tiles, util`` (n, N_RES).
+    t_epilogue_us, t_steady_iter_us, waves, tail_tiles, util`` (n, N_RES);
+    ``latency_only=True`` leaves out ``util`` (the other arrays are the same).
     """
     n = np.shape(tiles)[0]
     f = lambda a: np.ascontiguousarray(np.broadcast_to(a, (n,)), dtype=np.float64)  # noqa: E731
@@ -279,7 +281,7 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
            ("latency_us", "t_prologue_us", "t_steady_us", "t_epilogue_us", "t_steady_iter_us")}
     waves = np.empty(n, dtype=np.int64)
     tail = np.empty(n, dtype=np.int64)
-    util = np.empty((n, N_RES), dtype=np.float64)
+    util = np.empty((0 if latency_only else n, N_RES), dtype=np.float64)
     _envelopes(np.ascontiguousarray(work_iter, dtype=np.float64),
                np.ascontiguousarray(work_epi, dtype=np.float64),
                np.ascontiguousarray(rate, dtype=np.float64), SHARED, COMPUTE,
@@ -287,8 +289,9 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
                f(lat), f(ovh_iter), f(ovh_tile), i(persistent), f(launch),
                f(1.0 if share_eff is None else share_eff), f(0.0 if sync is None else sync),
                out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
-               out["t_steady_iter_us"], waves, tail, util)
+               out["t_steady_iter_us"], waves, tail, util, not latency_only)
     out["waves"] = waves
     out["tail_tiles"] = tail
-    out["util"] = util
+    if not latency_only:
+        out["util"] = util
     return out
