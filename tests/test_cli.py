@@ -251,3 +251,18 @@ def test_empty_candidate_table_evaluates_to_empty_issue2():
 
     res = evaluate(pl.DataFrame(GOOD).head(0), "h100")
     assert res.height == 0 and "latency_us" in res.columns
+
+
+def test_malloc_arena_cap(monkeypatch):
+    """The CLI caps glibc's per-thread heap arenas (the bound threads' memory),
+    and leaves a user's MALLOC_ARENA_MAX alone."""
+    import platform
+    import sys
+
+    from tsbatch.cli import limit_malloc_arenas
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert limit_malloc_arenas() is False
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+        assert limit_malloc_arenas() is True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -433,8 +434,31 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+def limit_malloc_arenas(arenas: int = 1) -> bool:
+    """Cap glibc's heap arenas for this process (``mallopt(M_ARENA_MAX)``).
+
+    glibc gives each thread that allocates an arena of its own, which keeps
+    its high-water mark: the screen's bound threads made a ranked run over
+    1M-row batches peak 320 MB higher (1,651 against 1,328 MB; one arena:
+    1,325 MB, and no slower). Returns whether the cap was set: not off glibc
+    (``mallopt`` missing), nor when ``MALLOC_ARENA_MAX`` is set (the user's).
+    """
+    if os.environ.get("MALLOC_ARENA_MAX") or not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(-8, int(arenas)))  # -8: M_ARENA_MAX
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    limit_malloc_arenas()
     first = next((a for a in argv if not a.startswith("-")), None)
     known = {"evaluate", "sweep", "explain", "hw"}
     parser = build_parser(first if (first in known or first in PLUGINS) else None)
