@@ -239,24 +239,6 @@ def test_config_columns_fast_path_matches_row_loop(variant):
     assert _cfg_equal(_config_arrays(configs), slow)
 
 
-def test_dense_ids_small_path_matches_polars(monkeypatch):
-    """evaluate_plan's grouping of cache problems: the numpy path for small inputs
-    gives the polars path's ids and representatives."""
-    import tsbatch.evaluate as ev
-
-    rng = np.random.default_rng(4)
-    for n in (1, 2, 7, 60, 256):
-        keys = rng.integers(-3, 4, size=(n, 12)).astype(np.int64)
-        keys[:, 5] = rng.integers(-2**62, 2**62, n)
-        keys[n // 2::3] = keys[0]  # duplicate rows
-        keys[1::4, :6] = keys[0, :6]  # rows equal in their leading columns
-        small = ev._dense_ids(keys)
-        monkeypatch.setattr(ev, "_DENSE_IDS_NUMPY_ROWS", 0)
-        big = ev._dense_ids(keys)
-        monkeypatch.undo()
-        assert np.array_equal(small[0], big[0]) and np.array_equal(small[1], big[1])
-
-
 # --------------------------------------------------------------------------- Triton adapter
 
 

@@ -28,6 +28,7 @@ from tsbatch.kernels.envelope import (
 )
 from tsbatch.kernels.occupancy import REASON_TEXT, resident_tiles
 from tsbatch.kernels.reuse import cache_hit_rates
+from tsbatch.kernels.rowhash import RowIndex, dedup_rows
 from tsbatch.schema import text_full, to_polars, validate
 
 __all__ = ["FAMILIES", "RESULT_COLUMNS", "CacheMemo", "evaluate", "evaluate_plan", "resolve_hw",
@@ -103,40 +104,14 @@ def get_family(name: str) -> Family:
         raise InputError(f"unknown kernel family '{name}'; known: {', '.join(FAMILIES)}") from None
 
 
-#: up to this many rows, :func:`_dense_ids` sorts with numpy (a polars frame costs
-#: ~0.7 ms, most of a small prune round); above it polars is faster
-_DENSE_IDS_NUMPY_ROWS = 256
-
-
-def _dense_ids(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Group identical rows of an int64 matrix: (inverse ids, one representative each)."""
-    if keys.shape[0] == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    if keys.shape[0] <= _DENSE_IDS_NUMPY_ROWS:  # same ids, without a polars frame
-        srt = np.lexsort(keys.T[::-1])
-        s = keys[srt]
-        new = np.empty(s.shape[0], dtype=bool)
-        new[0] = True
-        np.any(s[1:] != s[:-1], axis=1, out=new[1:])
-        inv = np.empty(s.shape[0], dtype=np.int64)
-        inv[srt] = np.cumsum(new) - 1
-        rep = np.empty(int(inv[srt[-1]]) + 1, dtype=np.int64)
-        rep[inv] = np.arange(inv.shape[0], dtype=np.int64)
-        return inv, rep
-    frame = pl.DataFrame({f"c{j}": keys[:, j] for j in range(keys.shape[1])})
-    inv = frame.select(pl.struct(pl.all()).rank("dense")).to_series().to_numpy().astype(np.int64) - 1
-    rep = np.empty(int(inv.max()) + 1, dtype=np.int64)
-    rep[inv] = np.arange(inv.shape[0], dtype=np.int64)
-    return inv, rep
-
-
 class CacheMemo:
     """Results of solved cache problems, by key, shared by the chunks of a batch.
 
     A cache problem's results depend only on its key (every input of
     ``cache_hit_rates`` that varies by row) and on the GPU and sampling, which
     are fixed per memo; so a problem met again in a later chunk takes the
-    stored results, bit for bit. Lookups are one vectorized join per chunk.
+    stored results, bit for bit. Keys are found by exact value in a hash
+    index (:class:`~tsbatch.kernels.rowhash.RowIndex`).
     At most ``max_problems`` are kept (later ones are solved, not stored).
     The first call binds the memo to its GPU and sampling; a call with
     another raises ``ValueError`` instead of mixing results.
@@ -144,9 +119,8 @@ class CacheMemo:
 
     def __init__(self, max_problems: int = 2_000_000):
         self.max_problems = max_problems
-        self._frames: list[pl.DataFrame] = []
-        self._n = 0
-        self._known: pl.DataFrame | None = None
+        self._index: RowIndex | None = None
+        self._res: list[np.ndarray] = []  # h15, h2, dram: (capacity, T), first len(index) rows used
         self.bound_to: tuple | None = None
 
     def bind(self, hw: HwSpec, k_samples: int, wave_samples: int, max_lookback: int) -> None:
@@ -161,38 +135,38 @@ class CacheMemo:
                              f"max_lookback) = {self.bound_to[:4]}, not {sig[:4]} (or the "
                              f"same GPU with other cache sizes); use one memo per GPU and sampling")
 
-    @staticmethod
-    def _key_frame(keys: np.ndarray) -> pl.DataFrame:
-        return pl.DataFrame({f"k{j}": keys[:, j] for j in range(keys.shape[1])})
+    def __len__(self) -> int:
+        return 0 if self._index is None else len(self._index)
 
     def lookup(self, keys: np.ndarray, out: tuple) -> np.ndarray:
         """Fill ``out`` (arrays ``(u, T)``) where known; return the unknown rows."""
         u = keys.shape[0]
-        if self._n == 0 or u == 0:
+        if len(self) == 0 or u == 0:
             return np.arange(u, dtype=np.int64)
-        if self._known is None:
-            self._known = pl.concat(self._frames)
-            self._frames = [self._known]
-        q = self._key_frame(keys).with_row_index("_q")
-        hit = q.join(self._known, on=[c for c in q.columns if c != "_q"], how="inner")
-        qi = hit["_q"].to_numpy().astype(np.int64)
-        T = out[0].shape[1]
-        for a, name in enumerate(("h15", "h2", "dram")):
-            for t in range(T):
-                out[a][qi, t] = hit[f"{name}{t}"].to_numpy()
-        miss = np.ones(u, dtype=bool)
-        miss[qi] = False
-        return np.flatnonzero(miss)
+        at = self._index.find(keys)
+        hit = np.flatnonzero(at >= 0)
+        for dst, src in zip(out, self._res):
+            dst[hit] = src[at[hit]]
+        return np.flatnonzero(at < 0)
 
     def store(self, keys: np.ndarray, results: tuple) -> None:
-        if keys.shape[0] == 0 or self._n + keys.shape[0] > self.max_problems:
+        """Keep the results of problems not held yet (``keys`` distinct and new)."""
+        m = keys.shape[0]
+        n = len(self)
+        if m == 0 or n + m > self.max_problems:
             return
-        frame = self._key_frame(keys).with_columns(
-            [pl.Series(f"{name}{t}", r[:, t]) for name, r in zip(("h15", "h2", "dram"), results)
-             for t in range(r.shape[1])])
-        self._frames.append(frame)
-        self._known = None
-        self._n += keys.shape[0]
+        if self._index is None:
+            self._index = RowIndex(keys.shape[1])
+            self._res = [np.empty((0, r.shape[1])) for r in results]
+        if n + m > self._res[0].shape[0]:  # grow geometrically
+            cap = max(n + m, 2 * self._res[0].shape[0])
+            grown = [np.empty((cap, r.shape[1])) for r in self._res]
+            for g, r in zip(grown, self._res):
+                g[:n] = r[:n]
+            self._res = grown
+        self._index.add(keys)
+        for dst, src in zip(self._res, results):
+            dst[n:n + m] = src
 
 
 def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: int = 8,
@@ -216,7 +190,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
     tb = np.ascontiguousarray(plan.t_bytes, dtype=np.float64).view(np.int64)
     keys = np.column_stack([plan.g0, plan.g1, plan.g2, plan.order, plan.group, conc,
                             plan.ksteps, tb, plan.t_mask, plan.t_per_step])
-    inv, rep = _dense_ids(keys)
+    inv, rep = dedup_rows(keys)
     cap2 = hw.l2_bytes * hw.cal("l2_capacity_fraction")
     g15 = hw.l15_group_sms if hw.has_l15 else 0
     u = rep.shape[0]
