@@ -12,7 +12,8 @@ the sort by position.
 
 :func:`group_first_k` keeps the first ``k`` rows of each group by ``(key,
 position)`` and gives the ``k``-th key, in one pass: a group of at most
-``k`` rows is kept whole, unsorted.
+``k`` rows is kept whole, and a larger one is split around its ``k``-th
+row by quickselect, not sorted.
 The plain-Python twin of both is ``np.lexsort`` itself (tests/test_screen.py).
 """
 
@@ -139,12 +140,62 @@ def _group_first_k(gid, key, pos, k, ngroups):
                         last = r
                 kth[g] = key[last]
             continue
-        _sort_segment(order, a, b, key, pos, True, sk, sp, si)
+        if kg == 0:
+            continue
+        _select(order, a, b, kg, key, pos)
         for i in range(a, a + kg):
             keep[order[i]] = True
-        if kg > 0:
-            kth[g] = key[order[a + kg - 1]]
+        kth[g] = key[order[a + kg - 1]]
     return keep, kth
+
+
+@jit_exact
+def _less(key, pos, r, s):
+    """Row r before row s: by key (NaN last), then position, then index (the
+    order np.lexsort gives, total: no two rows are equal in it)."""
+    if _before(key[r], pos[r], key[s], pos[s], True):
+        return True
+    if _before(key[s], pos[s], key[r], pos[r], True):
+        return False
+    return r < s
+
+
+@jit_exact
+def _select(order, a, b, k, key, pos):
+    """Quickselect on ``order[a:b]``: its ``k`` first rows (in :func:`_less`
+    order) to ``order[a:a + k]``, unsorted, the ``k``-th of them last (at
+    ``a + k - 1``). Expected O(b - a), where a sort is O(n log n)."""
+    lo = a
+    hi = b - 1
+    t = a + k - 1
+    while lo < hi:
+        mid = (lo + hi) // 2           # median of three as the pivot
+        if _less(key, pos, order[mid], order[lo]):
+            order[mid], order[lo] = order[lo], order[mid]
+        if _less(key, pos, order[hi], order[lo]):
+            order[hi], order[lo] = order[lo], order[hi]
+        if _less(key, pos, order[hi], order[mid]):
+            order[hi], order[mid] = order[mid], order[hi]
+        pv = order[mid]
+        i = lo
+        j = hi
+        while i <= j:
+            while _less(key, pos, order[i], pv):
+                i += 1
+            while _less(key, pos, pv, order[j]):
+                j -= 1
+            if i <= j:
+                order[i], order[j] = order[j], order[i]
+                i += 1
+                j -= 1
+        if t <= j:
+            hi = j
+        elif t >= i:
+            lo = i
+        else:
+            break
+    # order[t] is now the k-th row; the rows before it are the k - 1 before it in
+    # _less order, and the k-th is the greatest of order[a:t + 1]
 
 
 def group_lexorder(gid: np.ndarray, key: np.ndarray, pos: np.ndarray | None = None) -> np.ndarray:
