@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     for i in range(max(args.repeats, n_cold)):
         for v, (cwd, extra) in variants.items():
             if i < n_cold:
-                cache = tmp / f"cache-{len(caches)}"
+                cache = tmp / f"cache-{list(variants).index(v)}-{i}"  # fresh for each cold run
                 cache.mkdir()
                 caches[v] = cache
                 colds[v].append(run(cwd, extra, cache))

@@ -137,11 +137,13 @@ def test_bound_threads_setting(monkeypatch):
     monkeypatch.setenv(screen.BOUND_THREADS_ENV, "0")
     assert screen.bound_threads() == 1
     monkeypatch.setenv(screen.BOUND_THREADS_ENV, "two")
-    with pytest.raises(ValueError, match="TSBATCH_BOUND_THREADS='two'"):
+    with pytest.raises(InputError, match="TSBATCH_BOUND_THREADS='two'"):
         screen.bound_threads()
-    monkeypatch.delenv(screen.BOUND_THREADS_ENV)
     monkeypatch.setattr(screen.numba, "threading_layer", lambda: "workqueue")
+    monkeypatch.setenv(screen.BOUND_THREADS_ENV, "3")
     assert screen.bound_threads() == 1  # not safe to call parallel kernels from threads
+    monkeypatch.delenv(screen.BOUND_THREADS_ENV)
+    assert screen.bound_threads() == 1
 
 
 def test_bound_errors_name_the_row_of_the_whole_frame(monkeypatch):

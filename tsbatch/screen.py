@@ -64,6 +64,7 @@ import polars as pl
 
 from kernels_catalog import gemm as gemm_family
 from kernels_catalog.base import TilePlan
+from tsbatch.errors import InputError
 from tsbatch.evaluate import CacheMemo, evaluate, get_family, resolve_hw
 from tsbatch.hw import HwSpec
 from tsbatch.kernels.envelope import R_DRAM, R_L15, R_L2, evaluate_envelopes
@@ -163,16 +164,17 @@ BOUND_THREADS_ENV = "TSBATCH_BOUND_THREADS"
 
 
 def bound_threads() -> int:
-    """Threads that bound slices at once: the usable cores, at most 4, where
-    numba's threading layer lets several threads call its parallel kernels
-    (OpenMP or TBB; the workqueue layer does not, and then 1); set
-    ``TSBATCH_BOUND_THREADS`` to choose."""
+    """Threads that bound slices at once: ``TSBATCH_BOUND_THREADS`` if set, else
+    the usable cores, at most 4; but always 1 unless numba's threading layer
+    lets several threads call its parallel kernels (OpenMP or TBB; the
+    workqueue layer does not)."""
     env = os.environ.get(BOUND_THREADS_ENV, "").strip()
+    want = None
     if env:
         try:
-            return max(1, int(env))
+            want = max(1, int(env))
         except ValueError:
-            raise ValueError(f"{BOUND_THREADS_ENV}={env!r}: expected a whole number of "
+            raise InputError(f"{BOUND_THREADS_ENV}={env!r}: expected a whole number of "
                              f"threads") from None
     try:
         layer = numba.threading_layer()
@@ -180,6 +182,8 @@ def bound_threads() -> int:
         return 1
     if layer not in ("omp", "tbb"):
         return 1
+    if want is not None:
+        return want
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(4, cores or 1))
 
