@@ -266,3 +266,37 @@ def test_malloc_arena_cap(monkeypatch):
     monkeypatch.delenv("MALLOC_ARENA_MAX")
     if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
         assert limit_malloc_arenas() is True
+
+
+def test_read_ahead_yields_in_order_one_ahead():
+    """The CLI's batch reader: results in order, the next read started only when
+    the current result is handed over (one ahead), errors raised in place."""
+    import threading
+
+    from tsbatch.io import read_ahead
+
+    started = []
+    gate = threading.Lock()
+
+    def reader(i):
+        def read():
+            with gate:
+                started.append(i)
+            if i == 3:
+                raise OSError("disk gone")
+            return i * 10
+        return read
+
+    it = read_ahead([reader(i) for i in range(5)])
+    assert next(it) == 0
+    assert next(it) == 10
+    import time
+
+    deadline = time.monotonic() + 10
+    while len(started) < 3 and time.monotonic() < deadline:  # read 2 runs on its thread
+        time.sleep(0.001)
+    assert started == [0, 1, 2]  # 2 is read while 10 is worked on; 3 not yet
+    assert next(it) == 20
+    with pytest.raises(OSError, match="disk gone"):
+        next(it)
+    assert list(read_ahead([])) == []

@@ -81,7 +81,7 @@ def cmd_evaluate(args) -> int:
     import polars as pl
 
     from tsbatch.evaluate import CacheMemo, evaluate, get_family, resolve_hw, sampling_metadata
-    from tsbatch.io import ParquetSink, provenance, sha256_file, write_parquet
+    from tsbatch.io import ParquetSink, provenance, read_ahead, sha256_file, write_parquet
     from tsbatch.rank import parse_top
     from tsbatch.schema import read_candidates
 
@@ -109,8 +109,10 @@ def cmd_evaluate(args) -> int:
     one = total <= args.batch_rows
 
     def stream():
-        return (pl.scan_parquet(args.candidates).slice(a, args.batch_rows).collect()
-                for a in range(0, total, args.batch_rows))
+        # the next batch is read on a thread while this one is worked on
+        return read_ahead([
+            (lambda a=a: pl.scan_parquet(args.candidates).slice(a, args.batch_rows).collect())
+            for a in range(0, total, args.batch_rows)])
 
     batches = [read_candidates(args.candidates)] if one else stream()
     meta = provenance(hw, args.family, {"candidates": sha256_file(args.candidates)},

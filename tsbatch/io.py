@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import polars as pl
@@ -141,3 +143,36 @@ def read_metadata(path: str | Path) -> dict[str, str]:
     """The ``tsbatch.*`` provenance entries of a Parquet file's metadata."""
     md = pl.read_parquet_metadata(path)
     return {k: v for k, v in md.items() if k.startswith("tsbatch.")}
+
+
+def read_ahead(reads: list[Callable[[], object]]) -> Iterator:
+    """Yield ``read()`` of each of ``reads`` in order, the next one running on a
+    thread while the consumer works on the current one (one read ahead, so at
+    most two results are held). A read's exception is raised where its result
+    would have been yielded. Parquet decoding releases the GIL, so the read of
+    batch ``i + 1`` overlaps the work on batch ``i``."""
+    box: list = [None]
+
+    def start(fn):
+        def run():
+            try:
+                box[0] = (True, fn())
+            except BaseException as exc:  # handed to the consumer
+                box[0] = (False, exc)
+
+        t = threading.Thread(target=run, name="tsbatch-read-ahead", daemon=True)
+        t.start()
+        return t
+
+    if not reads:
+        return
+    t = start(reads[0])
+    for i in range(len(reads)):
+        t.join()
+        ok, val = box[0]
+        box[0] = None
+        if not ok:
+            raise val
+        if i + 1 < len(reads):
+            t = start(reads[i + 1])
+        yield val
