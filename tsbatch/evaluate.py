@@ -29,7 +29,7 @@ from tsbatch.kernels.envelope import (
 from tsbatch.kernels.occupancy import REASON_TEXT, resident_tiles
 from tsbatch.kernels.reuse import cache_hit_rates
 from tsbatch.kernels.rowhash import RowIndex, dedup_rows
-from tsbatch.schema import text_full, to_polars, validate
+from tsbatch.schema import to_polars, validate
 
 __all__ = ["FAMILIES", "RESULT_COLUMNS", "CacheMemo", "evaluate", "evaluate_plan", "resolve_hw",
            "get_family"]
@@ -269,14 +269,22 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
     return out
 
 
+#: the bottleneck names, indexed by :func:`_bottleneck`'s codes
+_BOTTLENECK_NAMES = R_NAMES + ("latency", "launch", "")
+
+
+def _text(names, codes: np.ndarray) -> pl.Series:
+    """``names[codes]`` as a String series (a gather: no Python string per row)."""
+    return pl.Series(list(names), dtype=pl.String).gather(np.asarray(codes, dtype=np.int64))
+
+
 def _bottleneck(util: np.ndarray, lat: np.ndarray, launch: np.ndarray) -> np.ndarray:
-    names = np.array(R_NAMES + ("latency", "launch", ""), dtype=object)
+    """Per row: the code of its bottleneck in :data:`_BOTTLENECK_NAMES`."""
     idx = np.argmax(np.nan_to_num(util, nan=-1.0), axis=1)
     best = np.take_along_axis(np.nan_to_num(util, nan=0.0), idx[:, None], axis=1)[:, 0]
     idx = np.where(best < _BOTTLENECK_MIN_UTIL, N_RES, idx)
     idx = np.where((best < _BOTTLENECK_MIN_UTIL) & (launch > 0.5 * lat), N_RES + 1, idx)
-    idx = np.where(np.isfinite(lat), idx, N_RES + 2)
-    return names[idx]
+    return np.where(np.isfinite(lat), idx, N_RES + 2)
 
 
 def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: int = 4,
@@ -371,7 +379,7 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
         pick = np.arange(n, dtype=np.int64)
 
     reason = res["reason_code"][pick]
-    reason_text = np.array([REASON_TEXT[r] for r in range(len(REASON_TEXT))], dtype=object)[reason]
+    reason_text = _text([REASON_TEXT[r] for r in range(len(REASON_TEXT))], reason)
     util = res["util"][pick]
     latp = lat[pick]
     data = {
@@ -385,7 +393,7 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
         data[name] = res[name][pick]
     for j, r in enumerate(R_NAMES):
         data[f"util_{r}"] = util[:, j]
-    data["bottleneck"] = _bottleneck(util, latp, data["t_launch_us"])
+    data["bottleneck"] = _text(_BOTTLENECK_NAMES, _bottleneck(util, latp, data["t_launch_us"]))
     if m != n:  # the winning catalog tile of each library row, as text (vectorized)
         parts = {c: np.asarray(cols[c])[pick] for c in
                  ("block_m", "block_n", "block_k", "num_stages", "num_warps", "split_k")}
@@ -393,7 +401,7 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
             "{}x{}x{}/s{}/w{}/k{}", *[pl.col(c) for c in parts])).to_series()
         data["library_tile"] = np.where(is_lib, tile.to_numpy(), "").astype(object)
     else:
-        data["library_tile"] = text_full(n, "")
+        data["library_tile"] = pl.repeat("", n, dtype=pl.String, eager=True)
     out = pl.DataFrame({k: v for k, v in data.items()})
     out = out.with_columns(
         pl.col("latency_us").fill_nan(None),
