@@ -123,11 +123,15 @@ def validate(df: pl.DataFrame, family: Family, offset: int = 0) -> tuple[dict, n
         if c.kind == "int":
             if s.dtype not in _INT and s.dtype != pl.Null:
                 raise InputError(f"column '{c.name}' must be integer, got {s.dtype}")
-            arr = s.fill_null(0 if c.required else (c.default or 0)).cast(pl.Int64).to_numpy()
+            if has_null:
+                s = s.fill_null(0 if c.required else (c.default or 0))
+            arr = (s if s.dtype == pl.Int64 else s.cast(pl.Int64)).to_numpy()
         elif c.kind == "bool":
             if s.dtype not in (pl.Boolean, pl.Null):
                 raise InputError(f"column '{c.name}' must be boolean, got {s.dtype}")
-            arr = s.fill_null(bool(c.default)).to_numpy().astype(bool)
+            if has_null:
+                s = s.fill_null(bool(c.default))
+            arr = s.to_numpy().astype(bool, copy=False)
         elif c.kind == "str":
             if s.dtype not in (pl.String, pl.Categorical, pl.Enum, pl.Null):
                 raise InputError(f"column '{c.name}' must be text, got {s.dtype}")
