@@ -71,3 +71,11 @@ def test_row_index_rejects_other_widths():
         ix.add(np.zeros((1, 2), dtype=np.int64))
     with pytest.raises(ValueError, match="2-D"):
         dedup_rows(np.zeros(4, dtype=np.int64))
+
+
+def test_row_index_growth_stops_at_max_rows():
+    ix = RowIndex(2, max_rows=10)
+    for a in range(0, 12, 3):  # 12 rows: past the limit, still exact
+        ix.add(np.arange(2 * a, 2 * a + 6, dtype=np.int64).reshape(3, 2))
+    assert ix._rows.shape[0] == 12
+    assert ix.find(np.arange(24, dtype=np.int64).reshape(12, 2)).tolist() == list(range(12))

@@ -156,10 +156,10 @@ class CacheMemo:
         if m == 0 or n + m > self.max_problems:
             return
         if self._index is None:
-            self._index = RowIndex(keys.shape[1])
+            self._index = RowIndex(keys.shape[1], max_rows=self.max_problems)
             self._res = [np.empty((0, r.shape[1])) for r in results]
         if n + m > self._res[0].shape[0]:  # grow geometrically
-            cap = max(n + m, 2 * self._res[0].shape[0])
+            cap = max(n + m, min(2 * self._res[0].shape[0], self.max_problems))
             grown = [np.empty((cap, r.shape[1])) for r in self._res]
             for g, r in zip(grown, self._res):
                 g[:n] = r[:n]

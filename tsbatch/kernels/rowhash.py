@@ -135,10 +135,13 @@ class RowIndex:
 
     :meth:`add` appends rows (the caller keeps them distinct and new);
     :meth:`find` gives each query row's position in the order added, or -1.
+    ``max_rows``: the row store's growth stops there (more rows still fit,
+    stored exactly).
     """
 
-    def __init__(self, width: int):
+    def __init__(self, width: int, max_rows: int | None = None):
         self.width = int(width)
+        self.max_rows = max_rows  # the row store grows geometrically up to this many
         self._rows = np.zeros((0, self.width), dtype=np.uint64)
         self._n = 0
         self._slots = np.full(_table_size(0), -1, dtype=np.int64)
@@ -160,7 +163,10 @@ class RowIndex:
             return
         need = self._n + m
         if need > self._rows.shape[0]:  # grow the row store geometrically
-            rows = np.empty((max(need, 2 * self._rows.shape[0]), self.width), dtype=np.uint64)
+            cap = max(need, 2 * self._rows.shape[0])
+            if self.max_rows is not None:
+                cap = max(need, min(cap, self.max_rows))
+            rows = np.empty((cap, self.width), dtype=np.uint64)
             rows[:self._n] = self._rows[:self._n]
             self._rows = rows
         self._rows[self._n:need] = ku
