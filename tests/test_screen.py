@@ -468,3 +468,17 @@ def test_sweep_equals_rank_of_every_chunk(tmp_path, top):
     assert summary["kept"] == ref.height
     if top < 1.0:
         assert tm["rows_predicted"] < summary["candidates"]
+
+
+def test_rank_stream_releases_the_screen():
+    """rank_stream frees its running set once the result is made; the screen then
+    refuses more work instead of giving a wrong result."""
+    df = _many(40)
+    wl = [c for c in WL if c in df.columns]
+    scr = TopKScreen("h100", "gemm", wl, 0.05, workload_counts(df, wl))
+    out = scr.rank_stream(lambda: (df.slice(a, 30) for a in range(0, df.height, 30)))
+    assert out.equals(rank(evaluate(df, "h100"), wl, 0.05), null_equal=True)
+    assert scr._r_frames == [] and len(scr.memo) == 0
+    for call in (lambda: scr.add(df), scr.result):
+        with pytest.raises(RuntimeError, match="released by rank_stream"):
+            call()

@@ -362,6 +362,7 @@ class TopKScreen:
         self.n_infeasible = 0
         self.rounds = 0
         self._template: pl.DataFrame | None = None
+        self._released = False
         # the running set R: frames of evaluated rows (+ _pos, _wid) and their arrays;
         # rows pushed out are only marked dead (a merge touches only the workloads
         # of the rows that can enter), and dropped once they are a quarter of R
@@ -423,6 +424,7 @@ class TopKScreen:
     # ------------------------------------------------------------------ API
     def add(self, batch) -> None:
         """Screen the next batch of candidates (input order) into the running set."""
+        self._check_open()
         df = to_polars(batch)
         if self._template is None:
             self._template = df.head(0)
@@ -462,8 +464,10 @@ class TopKScreen:
         a threshold that is at least the global ``K``-th key, so the result
         is the same as :meth:`add`'s (the argument in the module docstring).
         ``progress(pass_name, rows)``, if given, is called after each batch of
-        each pass.
+        each pass. The screen's running set is released once the result is
+        made (``result(release=True)``): one stream per screen.
         """
+        self._check_open()
         lbs: list[np.ndarray] = []
         wids: list[np.ndarray] = []  # workload ids, kept in the least integer type
         wdt = np.min_scalar_type(max(self.k_w.shape[0] - 1, 0))
@@ -536,7 +540,10 @@ class TopKScreen:
             if at != sum(x.shape[0] for x in lbs):
                 raise RuntimeError("rank_stream: the batches changed between passes")
         self.n_rows += at
-        return self.result()
+        # the survey's arrays (~7 bytes a row of the input) are not needed to rank,
+        # and ranking is the run's peak: free them first
+        del lbs, wids, in_p_all
+        return self.result(release=True)
 
     def _screen_rows(self, df: pl.DataFrame, pos: np.ndarray, wid: np.ndarray, lb: np.ndarray,
                      infeas: np.ndarray, cand: np.ndarray, rounds: bool) -> None:
@@ -631,8 +638,13 @@ class TopKScreen:
             raise RuntimeError("screen: a row judged feasible by its occupancy is infeasible "
                                "in evaluate()")
 
-    def result(self) -> pl.DataFrame:
-        """``rank(evaluate(all rows added), workload, top)``, row for row."""
+    def result(self, release: bool = False) -> pl.DataFrame:
+        """``rank(evaluate(all rows added), workload, top)``, row for row.
+
+        ``release=True`` (the end of :meth:`rank_stream`) then frees the running
+        set and the cache memo, so that writing the result does not hold them
+        too; the screen takes no more batches after that."""
+        self._check_open()
         t0 = time.perf_counter()
         self._compact()
         if not self._r_frames:  # nothing predicted: no rows at all
@@ -645,7 +657,20 @@ class TopKScreen:
                                                           dtype=pl.Int64)).drop(_WID)
             out = rank(df, self.workload, self.top, order_col=_POS, count_col=COUNT_COL)
         self._tick("rank_s", t0)
+        if release:
+            self._released = True
+            self._r_frames = []
+            self._r_wid = np.zeros(0, dtype=np.int64)
+            self._r_key = np.zeros(0)
+            self._r_pos = np.zeros(0, dtype=np.int64)
+            self._r_alive = np.zeros(0, dtype=bool)
+            self.memo = CacheMemo(self.memo.max_problems)
         return out
+
+    def _check_open(self) -> None:
+        if self._released:
+            raise RuntimeError("this TopKScreen's running set was released by rank_stream; "
+                               "use a new screen")
 
 
 def screened_rank(candidates, hw: str | HwSpec, workload: list[str] | tuple[str, ...],
