@@ -28,7 +28,7 @@ from tsbatch.kernels.envelope import (
 )
 from tsbatch.kernels.occupancy import REASON_TEXT, resident_tiles
 from tsbatch.kernels.reuse import cache_hit_rates
-from tsbatch.kernels.rowhash import RowIndex, dedup_rows
+from tsbatch.kernels.rowhash import RowIndex, dedup_rows, grown
 from tsbatch.schema import to_polars, validate
 
 __all__ = ["FAMILIES", "RESULT_COLUMNS", "CacheMemo", "evaluate", "evaluate_plan", "resolve_hw",
@@ -158,12 +158,7 @@ class CacheMemo:
         if self._index is None:
             self._index = RowIndex(keys.shape[1], max_rows=self.max_problems)
             self._res = [np.empty((0, r.shape[1])) for r in results]
-        if n + m > self._res[0].shape[0]:  # grow geometrically
-            cap = max(n + m, min(2 * self._res[0].shape[0], self.max_problems))
-            grown = [np.empty((cap, r.shape[1])) for r in self._res]
-            for g, r in zip(grown, self._res):
-                g[:n] = r[:n]
-            self._res = grown
+        self._res = [grown(r, n, n + m, self.max_problems) for r in self._res]
         self._index.add(keys)
         for dst, src in zip(self._res, results):
             dst[n:n + m] = src

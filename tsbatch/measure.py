@@ -932,12 +932,10 @@ def kernel_resources(compiled) -> dict | None:
     if compiled is None:
         return None
     out = {}
-    for key, names in (("num_regs", ("n_regs",)), ("num_spills", ("n_spills",))):
-        for nm in names:
-            v = getattr(compiled, nm, None)
-            if isinstance(v, (int, float)) and v >= 0:
-                out[key] = int(v)
-                break
+    for key, nm in (("num_regs", "n_regs"), ("num_spills", "n_spills")):
+        v = getattr(compiled, nm, None)
+        if isinstance(v, (int, float)) and v >= 0:
+            out[key] = int(v)
     meta = getattr(compiled, "metadata", None)
     sh = getattr(meta, "shared", None) if meta is not None else None
     if sh is None:

@@ -268,18 +268,6 @@ def _group_starts(g: np.ndarray) -> np.ndarray:
     return np.arange(g.size, dtype=np.int64) - np.repeat(starts, lens)
 
 
-def _kth_key(gid: np.ndarray, key: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """Per group ``g``: the ``k[g]``-th smallest key (``+inf`` with fewer rows)."""
-    thr = np.full(k.shape[0], np.inf)
-    if gid.size == 0:
-        return thr
-    o = group_lexorder(gid, key)
-    g = gid[o]
-    at = np.flatnonzero(_group_starts(g) == k[g] - 1)
-    thr[g[at]] = key[o[at]]
-    return thr
-
-
 def _merge_first_k(r_wid, r_key, r_pos, r_alive, c_wid, c_key, c_pos, k):
     """Merge candidates into a running set holding the first ``k[g]`` rows of
     each group ``g`` by ``(key, pos)`` (its live rows: ``r_alive``).
@@ -363,15 +351,19 @@ class TopKScreen:
         self.rounds = 0
         self._template: pl.DataFrame | None = None
         self._released = False
-        # the running set R: frames of evaluated rows (+ _pos, _wid) and their arrays;
-        # rows pushed out are only marked dead (a merge touches only the workloads
-        # of the rows that can enter), and dropped once they are a quarter of R
+        self._empty_running_set()
+        self._thr = np.full(self.k_w.shape[0], np.inf)  # K-th key of R per workload
+
+    def _empty_running_set(self) -> None:
+        """The running set R: frames of evaluated rows (+ _pos, _wid) and their
+        arrays; rows pushed out are only marked dead (a merge touches only the
+        workloads of the rows that can enter), and dropped once they are a
+        quarter of R."""
         self._r_frames: list[pl.DataFrame] = []
         self._r_wid = np.zeros(0, dtype=np.int64)
         self._r_key = np.zeros(0)
         self._r_pos = np.zeros(0, dtype=np.int64)
         self._r_alive = np.zeros(0, dtype=bool)
-        self._thr = np.full(self.k_w.shape[0], np.inf)  # K-th key of R per workload
 
     @property
     def _R(self) -> pl.DataFrame | None:
@@ -566,7 +558,7 @@ class TopKScreen:
             # an upper estimate of the K-th key of (R + rows known so far): the least of
             # R's and the batch's own (the K-th of a union is at most either's)
             ev = np.flatnonzero(done)
-            thr = np.minimum(self._thr, _kth_key(wid[ev], key[ev], self.k_w))
+            thr = np.minimum(self._thr, group_first_k(wid[ev], key[ev], pos[ev], self.k_w)[1])
             need = np.flatnonzero(cand & ~infeas & ~done & (lb <= thr[wid]))
             if need.size == 0:
                 self._tick("screen_s", t0)
@@ -659,11 +651,7 @@ class TopKScreen:
         self._tick("rank_s", t0)
         if release:
             self._released = True
-            self._r_frames = []
-            self._r_wid = np.zeros(0, dtype=np.int64)
-            self._r_key = np.zeros(0)
-            self._r_pos = np.zeros(0, dtype=np.int64)
-            self._r_alive = np.zeros(0, dtype=bool)
+            self._empty_running_set()
             self.memo = CacheMemo(self.memo.max_problems)
         return out
 

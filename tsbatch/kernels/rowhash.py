@@ -20,7 +20,7 @@ import numpy as np
 
 from tsbatch.kernels._config import jit_exact, jit_scalar
 
-__all__ = ["dedup_rows", "RowIndex"]
+__all__ = ["dedup_rows", "RowIndex", "grown"]
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -110,6 +110,20 @@ def _table_size(n: int) -> int:
     return 1 << max(4, int(2 * max(n, 1) - 1).bit_length())
 
 
+def grown(a: np.ndarray, used: int, need: int, limit: int | None = None) -> np.ndarray:
+    """``a`` (its first ``used`` rows kept) with room for ``need`` rows: the same
+    array when it has it, else a new one of geometric capacity (twice the old,
+    but not past ``limit`` unless ``need`` is)."""
+    if need <= a.shape[0]:
+        return a
+    cap = max(need, 2 * a.shape[0])
+    if limit is not None:
+        cap = max(need, min(cap, limit))
+    out = np.empty((cap, *a.shape[1:]), dtype=a.dtype)
+    out[:used] = a[:used]
+    return out
+
+
 def _as_u64(keys: np.ndarray) -> np.ndarray:
     k = np.ascontiguousarray(keys, dtype=np.int64)
     if k.ndim != 2:
@@ -162,13 +176,7 @@ class RowIndex:
         if m == 0:
             return
         need = self._n + m
-        if need > self._rows.shape[0]:  # grow the row store geometrically
-            cap = max(need, 2 * self._rows.shape[0])
-            if self.max_rows is not None:
-                cap = max(need, min(cap, self.max_rows))
-            rows = np.empty((cap, self.width), dtype=np.uint64)
-            rows[:self._n] = self._rows[:self._n]
-            self._rows = rows
+        self._rows = grown(self._rows, self._n, need, self.max_rows)
         self._rows[self._n:need] = ku
         if 2 * need > self._slots.shape[0]:  # rebuild at a load factor of at most 1/2
             self._slots = np.full(_table_size(need), -1, dtype=np.int64)
