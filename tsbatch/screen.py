@@ -80,6 +80,7 @@ __all__ = ["lower_bound", "take_plan", "bound_rows", "bound_threads", "workload_
 COUNT_COL = "_wl_n"
 _POS = "_pos"
 _WID = "_wid"
+_ROW = "_r_row"  # a live row's place in the running set (result)
 
 
 # ----------------------------------------------------------------------------- bound
@@ -638,16 +639,29 @@ class TopKScreen:
         too; the screen takes no more batches after that."""
         self._check_open()
         t0 = time.perf_counter()
-        self._compact()
         if not self._r_frames:  # nothing predicted: no rows at all
             if self._template is None:
                 raise ValueError("no batch was added")
             out = rank(evaluate(self._template, self.hw, self.family, **self.sampling),
                        self.workload, self.top)
         else:
-            df = self._r_frames[0].with_columns(pl.Series(COUNT_COL, self.n_w[self._r_wid],
-                                                          dtype=pl.Int64)).drop(_WID)
-            out = rank(df, self.workload, self.top, order_col=_POS, count_col=COUNT_COL)
+            # rank a narrow frame (the columns rank() reads, the workload's count and
+            # each live row's place in the running set), then gather the kept rows'
+            # full columns once: the wide rows are copied once, not filtered and
+            # sorted (the running set at the end is the run's largest object)
+            wide = (pl.concat(self._r_frames, how="vertical") if len(self._r_frames) > 1
+                    else self._r_frames[0])
+            live = np.flatnonzero(self._r_alive)
+            wl = [c for c in self.workload if c in wide.columns]
+            narrow = wide.select(list(dict.fromkeys([*wl, "feasible", "latency_us", _POS])))[live]
+            narrow = narrow.with_columns(
+                pl.Series(COUNT_COL, self.n_w[self._r_wid[live]], dtype=pl.Int64),
+                pl.Series(_ROW, live, dtype=pl.Int64))
+            kept = rank(narrow, wl, self.top, order_col=_POS, count_col=COUNT_COL)
+            del narrow
+            out = (wide.drop(_WID, _POS)[kept.get_column(_ROW).to_numpy()]
+                   .with_columns(kept.get_column("rank")))
+            del wide
         self._tick("rank_s", t0)
         if release:
             self._released = True
