@@ -57,6 +57,11 @@ call, not pruned), which cost several times the probe itself. For the same
 reason every kernel here but the allocating ones (``_cache_one``, the batch)
 is compiled without numba's runtime (``jit_borrow``): its arrays are
 borrowed from the caller and nothing is counted.
+
+Counters that reach another kernel's arguments start as ``np.int64(0)``, not
+``0``: numba's type inference first meets them as the literal ``0`` and
+compiles the callee for that literal type, then again for ``int64`` (the only
+one then called), so a cold start compiled ``_hits_fast`` six times.
 """
 
 from __future__ import annotations
@@ -307,7 +312,7 @@ def _group_sig(gsig, gi, ngroups, lo, hi, nw, nsm, g0, gmb, g1, sigbuf, sig_tab,
     The runs' first programs come from ``rsc`` (:func:`_run_starts`), and a
     run crossing a panel goes on at the next panel's first program: no
     division per run."""
-    ns = 0
+    ns = np.int64(0)
     sh = np.int64(-3750763034362895579)
     if not gsig:
         return 0, sh, -1
@@ -423,7 +428,7 @@ def _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, ids, wts, h15, last_idx, 
     its accesses (rank of first touch), looked up in the pattern table or
     solved, then stored under the layout ``sigbuf[:ns]`` in slot ``sslot``
     (if ``>= 0``) with the per-position sums of its probabilities."""
-    m = 0
+    m = np.int64(0)
     nl = 0
     foot = 0.0
     hsh = np.int64(1469598103934665603)
@@ -657,7 +662,7 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                 kstr[t, d] = stride
                 stride *= gdim[d]
 
-    n_step = 0
+    n_step = np.int64(0)
     unit = 0.0
     once_bytes = 0.0
     for t in range(T):
@@ -894,7 +899,7 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
         size = g0 - first
         if size > gm:
             size = gm
-        j = 0
+        j = np.int64(0)
         for p in range(nw):
             pid = start + p
             if zorder:
@@ -916,7 +921,7 @@ def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff
         # ---- first touches in the step: bytes before them, new bytes vs previous wave
         run = 0.0
         newb = 0.0
-        nft = 0
+        nft = np.int64(0)
         for j in range(n):
             k = ids[j]
             if fstamp[k] != w:
@@ -1462,7 +1467,7 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
     run = 0.0
     newb = 0.0
     fresh_all = w - 1 < valid_from
-    nft = 0
+    nft = np.int64(0)
     ta, tb = _two_streams(T, clen)
     for t in range(T):
         nt = clen[t]
