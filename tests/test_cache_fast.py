@@ -193,9 +193,11 @@ def test_fast_equals_general_when_the_tables_overflow():
     _assert_same(cache_args(probs), **SAMPLINGS[0])
 
 
-def test_batch_order_does_not_change_results():
-    """The batch runs in a cost-balanced order; each problem's results are
-    those it gets alone."""
+@pytest.mark.parametrize("threads", [1, 3])
+def test_batch_order_does_not_change_results(monkeypatch, threads):
+    """The batch runs in a cost-balanced order, in shares on ``threads``
+    threads; each problem's results are those it gets alone."""
+    monkeypatch.setattr(reuse, "num_threads", lambda: threads)
     rng = np.random.default_rng(3)
     probs = [_problem(g0=int(rng.integers(1, 40)), g1=int(rng.integers(1, 40)),
                       order=int(rng.integers(0, 5)), conc=132 * int(rng.integers(1, 4)),
@@ -207,11 +209,17 @@ def test_batch_order_does_not_change_results():
             assert_allclose(a[i], b[0], rtol=0, atol=0)
 
 
-def test_balanced_order_is_a_permutation():
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_balanced_order_is_a_permutation(monkeypatch, threads):
+    """Every problem is in exactly one share; one share per thread (one for
+    a batch of fewer than two problems a thread)."""
+    monkeypatch.setattr(reuse, "num_threads", lambda: threads)
     for n in (0, 1, 3, 17, 1000):
         tiles = np.arange(n, dtype=np.int64)[::-1] * 7 % 101 + 1
-        perm = reuse._balanced_order(tiles, np.full(n, 132), np.full(n, 8))
+        perm, bounds = reuse._balanced_order(tiles, np.full(n, 132), np.full(n, 8))
         assert sorted(perm.tolist()) == list(range(n))
+        assert bounds[0] == 0 and bounds[-1] == n and bounds == sorted(bounds)
+        assert len(bounds) - 1 == (threads if n >= 2 * threads else 1)
 
 
 def _random_batch(rng, tbytes_choices=(64.0, 512.0, 2048.0, 8192.0)) -> tuple:

@@ -17,6 +17,7 @@ import random
 import subprocess
 import sys
 import warnings
+from unittest import mock
 
 import naive
 import numpy as np
@@ -30,7 +31,7 @@ from strategies import (
 )
 
 from tsbatch.hw import get_hw, list_hw
-from tsbatch.kernels import envelope, occupancy, order, reuse, sdcm
+from tsbatch.kernels import _threads, envelope, occupancy, order, reuse, sdcm
 from tsbatch.kernels.envelope import COMPUTE, N_RES, SHARED, evaluate_envelopes
 from tsbatch.kernels.sdcm import ZS_MAX_ABS_ERROR
 
@@ -587,6 +588,12 @@ def test_evaluate_envelopes_match_twin(cases):
     for k in ("latency_us", "t_prologue_us", "t_steady_us", "t_epilogue_us", "t_steady_iter_us",
               "waves", "tail_tiles"):
         assert np.array_equal(lean[k], out[k], equal_nan=True), k
+    # in shares of at most two rows on three threads: the same arrays, to the bit
+    with mock.patch.object(envelope, "ENVELOPE_SHARE_MIN", 1), \
+            mock.patch.object(_threads, "num_threads", lambda: 3):
+        split = _envelopes(cases)
+    for k in out:
+        assert np.array_equal(split[k], out[k], equal_nan=True), k
 
 
 @settings(max_examples=150, deadline=None)

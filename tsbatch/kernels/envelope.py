@@ -49,9 +49,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import prange
 
-from tsbatch.kernels._config import jit_parallel, jit_scalar
+from tsbatch.kernels._config import jit_scalar, jit_serial
+from tsbatch.kernels._threads import even_bounds, run_shares
 
 __all__ = [
     "R_NAMES",
@@ -215,13 +215,17 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     return T, tp, ts, te, s_it, full + (1 if tail > 0 else 0), tail
 
 
-@jit_parallel
+#: rows of the least share of an envelope batch given to a thread of its own
+ENVELOPE_SHARE_MIN = 1 << 15
+
+
+@jit_serial
 def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
                warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff, sync,
-               out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util):
-    n = tiles.shape[0]
+               out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util,
+               lo, hi):
     R = work_iter.shape[1] if want_util else 0
-    for i in prange(n):
+    for i in range(lo, hi):
         if p[i] <= 0 or tiles[i] <= 0:
             out_t[i] = math.nan
             out_pro[i] = math.nan
@@ -282,14 +286,15 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
     waves = np.empty(n, dtype=np.int64)
     tail = np.empty(n, dtype=np.int64)
     util = np.empty((0 if latency_only else n, N_RES), dtype=np.float64)
-    _envelopes(np.ascontiguousarray(work_iter, dtype=np.float64),
-               np.ascontiguousarray(work_epi, dtype=np.float64),
-               np.ascontiguousarray(rate, dtype=np.float64), SHARED, COMPUTE,
-               i(tiles), int(sms), i(p), i(ksteps), i(stages), f(warps_tile), float(warps_full),
-               f(lat), f(ovh_iter), f(ovh_tile), i(persistent), f(launch),
-               f(1.0 if share_eff is None else share_eff), f(0.0 if sync is None else sync),
-               out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
-               out["t_steady_iter_us"], waves, tail, util, not latency_only)
+    args = (np.ascontiguousarray(work_iter, dtype=np.float64),
+            np.ascontiguousarray(work_epi, dtype=np.float64),
+            np.ascontiguousarray(rate, dtype=np.float64), SHARED, COMPUTE,
+            i(tiles), int(sms), i(p), i(ksteps), i(stages), f(warps_tile), float(warps_full),
+            f(lat), f(ovh_iter), f(ovh_tile), i(persistent), f(launch),
+            f(1.0 if share_eff is None else share_eff), f(0.0 if sync is None else sync),
+            out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
+            out["t_steady_iter_us"], waves, tail, util, not latency_only)
+    run_shares(_envelopes, args, even_bounds(n, ENVELOPE_SHARE_MIN))
     out["waves"] = waves
     out["tail_tiles"] = tail
     if not latency_only:

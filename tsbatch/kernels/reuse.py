@@ -68,11 +68,10 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
-from numba import prange
 
-from tsbatch.kernels._config import jit_borrow, jit_parallel, jit_scalar, jit_serial
+from tsbatch.kernels._config import jit_borrow, jit_scalar, jit_serial
+from tsbatch.kernels._threads import num_threads, run_shares
 from tsbatch.kernels.order import ORDER_COL, ORDER_ROW, ORDER_ZORDER, launch_order, tile_coords
 from tsbatch.kernels.sdcm import hit_prob_gauss
 
@@ -1598,12 +1597,12 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
     return True
 
 
-@jit_parallel
-def _cache_batch(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
-                 cap2, assoc2, nsm, g15, cap15, assoc15, k_samples, max_waves,
-                 max_lookback, out_h15, out_h2, out_dram, fast, weights, perm):
-    n = g0.shape[0]
-    for ii in prange(n):
+@jit_serial
+def _cache_rows(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
+                cap2, assoc2, nsm, g15, cap15, assoc15, k_samples, max_waves,
+                max_lookback, out_h15, out_h2, out_dram, fast, weights, perm, lo, hi):
+    """Solve the problems ``perm[lo:hi]`` (one thread's share of a batch)."""
+    for ii in range(lo, hi):
         i = perm[ii]
         _cache_one(g0[i], g1[i], g2[i], order[i], group[i], conc[i], ksteps[i],
                    mask[i], per_step[i], tbytes[i], cap2[i], assoc2[i], nsm[i],
@@ -1652,27 +1651,32 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
     if n == 0:
         return h15, h2, dram
     conc_a = i64(conc)
-    perm = _balanced_order(g0 * i64(g1) * i64(g2), conc_a, i64(ksteps))
-    _cache_batch(g0, i64(g1), i64(g2), i64(order), i64(group), i64(conc), i64(ksteps),
-                 mask, i64(per_step).reshape(n, T), f64(tbytes).reshape(n, T),
-                 f64(cap2), f64(assoc2), i64(nsm), i64(g15), f64(cap15), f64(assoc15),
-                 int(k_samples), int(max(max_waves, 2)), int(max(max_lookback, 1)), h15, h2, dram,
-                 not general, bool(interior_weights), perm)
+    perm, bounds = _balanced_order(g0 * i64(g1) * i64(g2), conc_a, i64(ksteps))
+    args = (g0, i64(g1), i64(g2), i64(order), i64(group), conc_a, i64(ksteps),
+            mask, i64(per_step).reshape(n, T), f64(tbytes).reshape(n, T),
+            f64(cap2), f64(assoc2), i64(nsm), i64(g15), f64(cap15), f64(assoc15),
+            int(k_samples), int(max(max_waves, 2)), int(max(max_lookback, 1)), h15, h2, dram,
+            not general, bool(interior_weights), perm)
+    run_shares(_cache_rows, args, bounds)
     return h15, h2, dram
 
 
 def _balanced_order(tiles, conc, ksteps):
-    """A processing order of the problems that balances the row-parallel loop.
+    """A processing order of the problems, and its split among threads.
 
-    ``prange`` hands each thread one contiguous block of iterations, and the
-    problems arrive sorted by key (so by grid size): the costly ones would
-    all land on the last thread. Problems sorted by a cost estimate (tiles
-    analysed, bounded by the sampling) are dealt round-robin to the blocks.
+    Returns ``(perm, bounds)``: thread ``c`` solves ``perm[bounds[c]:bounds[c + 1]]``
+    (one share, ``bounds == [0, n]``, for one thread or a small batch). The
+    problems arrive sorted by key (so by grid size): contiguous shares would
+    give the costly ones all to the last thread. Problems sorted by a cost
+    estimate (tiles analysed, bounded by the sampling) are dealt round-robin
+    to the shares, one per thread (:mod:`tsbatch.kernels._threads`).
     """
     n = tiles.shape[0]
-    nt = max(1, int(numba.get_num_threads()))
+    nt = num_threads()
     if nt == 1 or n < 2 * nt:
-        return np.arange(n, dtype=np.int64)
+        return np.arange(n, dtype=np.int64), [0, n]
     cost = np.minimum(tiles, 40 * np.maximum(conc, 1)).astype(np.float64)
     srt = np.argsort(cost, kind="stable")
-    return np.ascontiguousarray(np.concatenate([srt[c::nt] for c in range(nt)]), dtype=np.int64)
+    shares = [srt[c::nt] for c in range(nt)]
+    bounds = np.cumsum([0] + [s.shape[0] for s in shares]).tolist()
+    return np.ascontiguousarray(np.concatenate(shares), dtype=np.int64), bounds

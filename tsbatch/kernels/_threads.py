@@ -1,0 +1,56 @@
+"""Row shares of a batch kernel, run on a pool of threads.
+
+A serial ``nogil`` kernel over rows ``lo:hi`` runs on several threads at once
+(the GIL is released while it runs), which gives the speed of a ``prange``
+kernel without compiling one: numba's parallel lowering of the cache model's
+and the envelope's row loops took ~18 and ~8 s of every cold start.
+The threads are numba's count (``numba.get_num_threads()``:
+``NUMBA_NUM_THREADS``, by default the cores); the pool is made once per
+process, on first need.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+
+__all__ = ["num_threads", "run_shares", "even_bounds"]
+
+_POOL: ThreadPoolExecutor | None = None
+_LOCK = threading.Lock()
+
+
+def num_threads() -> int:
+    return max(1, int(numba.get_num_threads()))
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    global _POOL
+    with _LOCK:
+        if _POOL is None or _POOL._max_workers < threads:
+            _POOL = ThreadPoolExecutor(threads, thread_name_prefix="tsbatch-rows")
+        return _POOL
+
+
+def even_bounds(n: int, min_share: int) -> list[int]:
+    """Contiguous shares of ``n`` rows, one per thread, none below ``min_share``
+    rows (``[0, n]``: one share)."""
+    k = max(1, min(num_threads(), n // max(min_share, 1)))
+    return [n * c // k for c in range(k + 1)]
+
+
+def run_shares(kernel, args: tuple, bounds: list[int]) -> None:
+    """``kernel(*args, lo, hi)`` for each share ``bounds[c]:bounds[c + 1]``: on
+    this thread for one share, else one share per pool thread (the first
+    error is raised once all have ended)."""
+    if len(bounds) <= 2:
+        kernel(*args, bounds[0], bounds[-1])
+        return
+    ex = _pool(len(bounds) - 1)
+    jobs = [ex.submit(kernel, *args, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    for j in jobs:
+        j.exception()  # wait for every share before raising any error
+    for j in jobs:
+        j.result()
