@@ -453,6 +453,11 @@ def test_resident_tiles_match_twin(name, blocks):
                                   hw.sm_max_threads, hw.sm_max_blocks, hw.max_threads_per_block)
         assert (r[i], why[i]) == want
         assert (r[i] > 0) == (why[i] == occupancy.REASON_OK)
+    # in shares of one or two rows on three threads: the same
+    with mock.patch.object(occupancy, "RESIDENT_SHARE_MIN", 1), \
+            mock.patch.object(_threads, "num_threads", lambda: 3):
+        r3, why3 = occupancy.resident_tiles(smem, regs, threads, hw)
+    assert np.array_equal(r3, r) and np.array_equal(why3, why)
 
 
 @settings(max_examples=300, deadline=None)

@@ -139,10 +139,10 @@ def test_bound_threads_setting(monkeypatch):
     monkeypatch.setenv(screen.BOUND_THREADS_ENV, "two")
     with pytest.raises(InputError, match="TSBATCH_BOUND_THREADS='two'"):
         screen.bound_threads()
-    monkeypatch.setattr(screen.numba, "threading_layer", lambda: "workqueue")
-    monkeypatch.setenv(screen.BOUND_THREADS_ENV, "3")
-    assert screen.bound_threads() == 1  # not safe to call parallel kernels from threads
     monkeypatch.delenv(screen.BOUND_THREADS_ENV)
+    monkeypatch.setattr(screen.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert screen.bound_threads() == 4  # the usable cores, at most 4
+    monkeypatch.setattr(screen.os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert screen.bound_threads() == 1
 
 

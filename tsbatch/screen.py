@@ -58,7 +58,6 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import numba
 import numpy as np
 import polars as pl
 
@@ -149,14 +148,13 @@ def bound_rows(df: pl.DataFrame, hw: HwSpec, family: str = "gemm") -> tuple[np.n
     if df.height <= BOUND_CHUNK:
         return _bound_slice(df, hw, family, 0)
     starts = range(0, df.height, BOUND_CHUNK)
-    first = _bound_slice(df.slice(0, BOUND_CHUNK), hw, family, 0)  # starts numba's threads
-    threads = min(bound_threads(), len(starts) - 1)
-    rest = lambda a: _bound_slice(df.slice(a, BOUND_CHUNK), hw, family, a)  # noqa: E731
+    threads = min(bound_threads(), len(starts))
+    one = lambda a: _bound_slice(df.slice(a, BOUND_CHUNK), hw, family, a)  # noqa: E731
     if threads > 1:
         with ThreadPoolExecutor(threads, thread_name_prefix="tsbatch-bound") as ex:
-            parts = [first, *ex.map(rest, starts[1:])]
+            parts = list(ex.map(one, starts))
     else:
-        parts = [first, *map(rest, starts[1:])]
+        parts = list(map(one, starts))
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
@@ -166,25 +164,16 @@ BOUND_THREADS_ENV = "TSBATCH_BOUND_THREADS"
 
 def bound_threads() -> int:
     """Threads that bound slices at once: ``TSBATCH_BOUND_THREADS`` if set, else
-    the usable cores, at most 4; but always 1 unless numba's threading layer
-    lets several threads call its parallel kernels (OpenMP or TBB; the
-    workqueue layer does not)."""
+    the usable cores, at most 4. The bound calls no parallel numba kernel
+    (their row loops run on :mod:`tsbatch.kernels._threads`), so any numba
+    threading layer allows it."""
     env = os.environ.get(BOUND_THREADS_ENV, "").strip()
-    want = None
     if env:
         try:
-            want = max(1, int(env))
+            return max(1, int(env))
         except ValueError:
             raise InputError(f"{BOUND_THREADS_ENV}={env!r}: expected a whole number of "
                              f"threads") from None
-    try:
-        layer = numba.threading_layer()
-    except ValueError:  # no parallel kernel has run yet
-        return 1
-    if layer not in ("omp", "tbb"):
-        return 1
-    if want is not None:
-        return want
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(4, cores or 1))
 

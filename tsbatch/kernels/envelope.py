@@ -216,7 +216,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
 
 
 #: rows of the least share of an envelope batch given to a thread of its own
-ENVELOPE_SHARE_MIN = 1 << 15
+ENVELOPE_SHARE_MIN = 1 << 16
 
 
 @jit_serial

@@ -10,9 +10,9 @@ resident at all is infeasible; the reason code says which limit failed.
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
 
-from tsbatch.kernels._config import jit_parallel, jit_scalar
+from tsbatch.kernels._config import jit_scalar, jit_serial
+from tsbatch.kernels._threads import even_bounds, run_shares
 
 __all__ = [
     "REASON_OK",
@@ -74,11 +74,15 @@ def resident_one(smem_block, regs_thread, threads, warp_size, sm_smem, smem_bloc
     return r, REASON_OK
 
 
-@jit_parallel
+#: rows of the least share of a batch given to a thread of its own
+RESIDENT_SHARE_MIN = 1 << 16
+
+
+@jit_serial
 def _resident_batch(smem_block, regs_thread, threads, warp_size, sm_smem, smem_block_max,
                     smem_reserved, sm_regs, reg_unit, sm_max_warps, sm_max_threads,
-                    sm_max_blocks, max_threads_block, out_r, out_reason):
-    for i in prange(smem_block.shape[0]):
+                    sm_max_blocks, max_threads_block, out_r, out_reason, lo, hi):
+    for i in range(lo, hi):
         r, why = resident_one(smem_block[i], regs_thread[i], threads[i], warp_size, sm_smem,
                               smem_block_max, smem_reserved, sm_regs, reg_unit, sm_max_warps,
                               sm_max_threads, sm_max_blocks, max_threads_block)
@@ -95,9 +99,10 @@ def resident_tiles(smem_block, regs_thread, threads, hw, warp_size=32):
     n = smem_block.shape[0]
     out_r = np.empty(n, dtype=np.int64)
     out_reason = np.empty(n, dtype=np.int64)
-    _resident_batch(smem_block, np.ascontiguousarray(regs_thread, dtype=np.int64),
-                    np.ascontiguousarray(threads, dtype=np.int64), warp_size,
-                    hw.sm_smem_bytes, hw.smem_per_block_bytes, hw.smem_reserved_per_block_bytes,
-                    hw.sm_registers, hw.register_alloc_unit, hw.sm_max_warps, hw.sm_max_threads,
-                    hw.sm_max_blocks, hw.max_threads_per_block, out_r, out_reason)
+    args = (smem_block, np.ascontiguousarray(regs_thread, dtype=np.int64),
+            np.ascontiguousarray(threads, dtype=np.int64), warp_size,
+            hw.sm_smem_bytes, hw.smem_per_block_bytes, hw.smem_reserved_per_block_bytes,
+            hw.sm_registers, hw.register_alloc_unit, hw.sm_max_warps, hw.sm_max_threads,
+            hw.sm_max_blocks, hw.max_threads_per_block, out_r, out_reason)
+    run_shares(_resident_batch, args, even_bounds(n, RESIDENT_SHARE_MIN))
     return out_r, out_reason
