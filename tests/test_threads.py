@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -50,3 +53,40 @@ def test_run_shares_raises_a_share_error_after_all_ended():
     with pytest.raises(ValueError, match="share 0 failed"):
         _threads.run_shares(kernel, (), [0, 1, 2, 3])
     assert sorted(done) == [1, 2]
+
+
+@pytest.mark.skipif(sys.platform == "win32" or not hasattr(os, "fork"), reason="needs fork")
+def test_run_shares_in_a_forked_child(monkeypatch):
+    """A child forked after the pool ran work gets a pool of its own (the
+    parent's threads are not in the child)."""
+    monkeypatch.setattr(_threads, "num_threads", lambda: 2)
+    seen = np.zeros(10, dtype=np.int64)
+
+    def kernel(out, lo, hi):
+        out[lo:hi] += 1
+
+    both = threading.Barrier(2, timeout=10)
+
+    def together(out, lo, hi):  # both shares at once: the pool holds two threads
+        both.wait()
+        kernel(out, lo, hi)
+
+    _threads.run_shares(together, (seen,), [0, 5, 10])
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if both shares ran
+        try:
+            got = np.zeros(10, dtype=np.int64)
+            _threads.run_shares(kernel, (got,), [0, 5, 10])
+            os._exit(0 if (got == 1).all() else 1)
+        finally:
+            os._exit(2)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 30.0:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child's shares did not finish (the pool hung)")

@@ -6,11 +6,13 @@ kernel without compiling one: numba's parallel lowering of the cache model's
 and the envelope's row loops took ~18 and ~8 s of every cold start.
 The threads are numba's count (``numba.get_num_threads()``:
 ``NUMBA_NUM_THREADS``, by default the cores); the pool is made once per
-process, on first need.
+process, on first need (and again in a forked child). A kernel run here must
+not itself wait on the pool.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,6 +22,18 @@ __all__ = ["num_threads", "run_shares", "even_bounds"]
 
 _POOL: ThreadPoolExecutor | None = None
 _LOCK = threading.Lock()
+
+
+def _forget_pool() -> None:
+    """In a forked child: the parent's pool threads do not exist there, and a
+    pool that believes it has idle threads would queue work forever."""
+    global _POOL, _LOCK
+    _POOL = None
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def num_threads() -> int:
