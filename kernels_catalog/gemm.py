@@ -219,7 +219,15 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
             smem_reads = bki * eb * (wg_n * bmi + wg_m * bni)
         else:
             smem_reads = bki * eb * (wn * bmi + wm * bni)
-        work_iter[i, R_SMEM] = (smem_reads + ab_elems * eb) + sp * 4.0 * th * 2.0
+        # spilled accumulator registers live in local memory (L1, which shares the
+        # SM's SRAM and its bandwidth with shared memory): every MMA instruction
+        # along K reads and writes the whole accumulator, so each spilled 4-byte
+        # register is loaded and stored once per instruction step of the tile's
+        # BK: BK / 16 steps for 2-byte operands (32 bytes of K per MMA), BK / 8
+        # for TF32, BK / 32 for 1-byte, BK for FMA (one K element per step)
+        ksub = 32 // eb if tc else 1
+        passes = (bki + ksub - 1) // ksub
+        work_iter[i, R_SMEM] = (smem_reads + ab_elems * eb) + sp * 4.0 * th * 2.0 * passes
         c_bytes = float(bmi * bni * ob)
         # split-K partials: fp32 atomics, read and write
         work_epi[i, R_L2] = bmi * bni * 4.0 * 2.0 if sk > 1 else c_bytes
@@ -248,7 +256,8 @@ def lower(cols: dict, hw) -> TilePlan:
     the accumulator, the MMA fragments and a fixed base, capped by the SM's
     registers per thread (the excess spills); per iteration the MMA FLOPs,
     the A and B tile bytes rounded up to 32-byte sectors of their contiguous
-    runs, the shared-memory traffic; per tile the C store (fp32 atomics,
+    runs, the shared-memory traffic (with the spilled registers' loads and
+    stores at every MMA step along ``BK``, through L1); per tile the C store (fp32 atomics,
     read and written, under split-K).
     """
     i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731

@@ -493,7 +493,8 @@ def gemm_lower_one(row: dict, hw) -> dict:
         "mma_path": "wgmma" if wgmma else ("mma_sync" if on_tc else "fma"),
         "tensor_core": flops if on_tc else 0.0, "cuda_core": 0.0 if on_tc else flops,
         "l2_iter": a_fetch + b_fetch,
-        "smem": smem_reads + (bm * bk + bk * bn) * eb + spill * 8.0 * threads,
+        "smem": smem_reads + (bm * bk + bk * bn) * eb
+        + spill * 8.0 * threads * math.ceil(bk / (32 // eb if on_tc else 1)),
         "t_bytes": (a_fetch, b_fetch, c_bytes),
         "l2_epi": bm * bn * 8.0 if split > 1 else c_bytes,
         "dram_epi": bm * bn * 4.0 if split > 1 else c_bytes,

@@ -11,9 +11,10 @@ from tsbatch.hw import HwSpec
 from tsbatch.kernels.envelope import R_NAMES
 
 #: what is known of spilling configurations; said by ``explain`` and ``sweep``
-SPILL_CAVEAT = ("the model's spill cost is not validated: on an H200, Triton 3.6 tiles that "
-                "spill 128-800 registers ran 3-12x slower than predicted "
-                "(bench/measured/h200-2026-11-30/spills)")
+SPILL_CAVEAT = ("the model prices spilled accumulator registers (loaded and stored through L1 at "
+                "every MMA step) but counts fewer of them than Triton 3.6 spills (41 against "
+                "128-242 at 256 accumulator registers a thread), so on an H200 such tiles ran "
+                "1.9-7x slower than predicted (python bench/spills.py)")
 
 __all__ = ["explain_text"]
 
