@@ -225,7 +225,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
                out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util,
                lo, hi):
     R = work_iter.shape[1] if want_util else 0
-    for i in range(lo, hi):
+    for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: no wraparound check per access
         if p[i] <= 0 or tiles[i] <= 0:
             out_t[i] = math.nan
             out_pro[i] = math.nan

@@ -82,7 +82,7 @@ RESIDENT_SHARE_MIN = 1 << 16
 def _resident_batch(smem_block, regs_thread, threads, warp_size, sm_smem, smem_block_max,
                     smem_reserved, sm_regs, reg_unit, sm_max_warps, sm_max_threads,
                     sm_max_blocks, max_threads_block, out_r, out_reason, lo, hi):
-    for i in range(lo, hi):
+    for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: no wraparound check per access
         r, why = resident_one(smem_block[i], regs_thread[i], threads[i], warp_size, sm_smem,
                               smem_block_max, smem_reserved, sm_regs, reg_unit, sm_max_warps,
                               sm_max_threads, sm_max_blocks, max_threads_block)
