@@ -454,7 +454,7 @@ def test_resident_tiles_match_twin(name, blocks):
         assert (r[i], why[i]) == want
         assert (r[i] > 0) == (why[i] == occupancy.REASON_OK)
     # in shares of one or two rows on three threads: the same
-    with mock.patch.object(occupancy, "RESIDENT_SHARE_MIN", 1), \
+    with mock.patch.object(_threads, "MIN_SHARE", 1), \
             mock.patch.object(_threads, "num_threads", lambda: 3):
         r3, why3 = occupancy.resident_tiles(smem, regs, threads, hw)
     assert np.array_equal(r3, r) and np.array_equal(why3, why)
@@ -594,7 +594,7 @@ def test_evaluate_envelopes_match_twin(cases):
               "waves", "tail_tiles"):
         assert np.array_equal(lean[k], out[k], equal_nan=True), k
     # in shares of at most two rows on three threads: the same arrays, to the bit
-    with mock.patch.object(envelope, "ENVELOPE_SHARE_MIN", 1), \
+    with mock.patch.object(_threads, "MIN_SHARE", 1), \
             mock.patch.object(_threads, "num_threads", lambda: 3):
         split = _envelopes(cases)
     for k in out:

@@ -20,15 +20,21 @@ import numba
 
 __all__ = ["num_threads", "run_shares", "even_bounds"]
 
+#: rows of the least share given to a thread of its own (:func:`even_bounds`): a
+#: bound slice (64k rows, tsbatch.screen) runs its kernels on its own thread
+MIN_SHARE = 1 << 16
+
 _POOL: ThreadPoolExecutor | None = None
+_POOL_SIZE = 0
 _LOCK = threading.Lock()
 
 
 def _forget_pool() -> None:
     """In a forked child: the parent's pool threads do not exist there, and a
     pool that believes it has idle threads would queue work forever."""
-    global _POOL, _LOCK
+    global _POOL, _POOL_SIZE, _LOCK
     _POOL = None
+    _POOL_SIZE = 0
     _LOCK = threading.Lock()
 
 
@@ -41,16 +47,19 @@ def num_threads() -> int:
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:
-    global _POOL
+    global _POOL, _POOL_SIZE
     with _LOCK:
-        if _POOL is None or _POOL._max_workers < threads:
+        if _POOL is None or _POOL_SIZE < threads:
             _POOL = ThreadPoolExecutor(threads, thread_name_prefix="tsbatch-rows")
+            _POOL_SIZE = threads
         return _POOL
 
 
-def even_bounds(n: int, min_share: int) -> list[int]:
+def even_bounds(n: int, min_share: int | None = None) -> list[int]:
     """Contiguous shares of ``n`` rows, one per thread, none below ``min_share``
-    rows (``[0, n]``: one share)."""
+    (default :data:`MIN_SHARE`) rows (``[0, n]``: one share)."""
+    if min_share is None:
+        min_share = MIN_SHARE
     k = max(1, min(num_threads(), n // max(min_share, 1)))
     return [n * c // k for c in range(k + 1)]
 

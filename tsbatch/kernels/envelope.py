@@ -215,10 +215,6 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     return T, tp, ts, te, s_it, full + (1 if tail > 0 else 0), tail
 
 
-#: rows of the least share of an envelope batch given to a thread of its own
-ENVELOPE_SHARE_MIN = 1 << 16
-
-
 @jit_serial
 def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
                warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff, sync,
@@ -294,7 +290,7 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
             f(1.0 if share_eff is None else share_eff), f(0.0 if sync is None else sync),
             out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
             out["t_steady_iter_us"], waves, tail, util, not latency_only)
-    run_shares(_envelopes, args, even_bounds(n, ENVELOPE_SHARE_MIN))
+    run_shares(_envelopes, args, even_bounds(n))
     out["waves"] = waves
     out["tail_tiles"] = tail
     if not latency_only:

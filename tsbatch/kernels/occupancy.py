@@ -74,10 +74,6 @@ def resident_one(smem_block, regs_thread, threads, warp_size, sm_smem, smem_bloc
     return r, REASON_OK
 
 
-#: rows of the least share of a batch given to a thread of its own
-RESIDENT_SHARE_MIN = 1 << 16
-
-
 @jit_serial
 def _resident_batch(smem_block, regs_thread, threads, warp_size, sm_smem, smem_block_max,
                     smem_reserved, sm_regs, reg_unit, sm_max_warps, sm_max_threads,
@@ -104,5 +100,5 @@ def resident_tiles(smem_block, regs_thread, threads, hw, warp_size=32):
             hw.sm_smem_bytes, hw.smem_per_block_bytes, hw.smem_reserved_per_block_bytes,
             hw.sm_registers, hw.register_alloc_unit, hw.sm_max_warps, hw.sm_max_threads,
             hw.sm_max_blocks, hw.max_threads_per_block, out_r, out_reason)
-    run_shares(_resident_batch, args, even_bounds(n, RESIDENT_SHARE_MIN))
+    run_shares(_resident_batch, args, even_bounds(n))
     return out_r, out_reason
