@@ -1,0 +1,182 @@
+"""Evaluate a frame of collective candidates: validate, plan once per configuration, run the kernel.
+
+Candidate columns follow ``../shared/data/collectives``: ``system`` (a
+``hw/systems`` file stem or alias), ``collective`` (:data:`COLLECTIVES`),
+``num_gpus``, ``gpus_per_node`` (optional: as many as the system has, up to
+``num_gpus``), ``bytes`` (nccl-tests' size: the per-rank buffer of an
+all-reduce, the full gathered / scattered buffer of an all-gather /
+reduce-scatter, a rank's whole send buffer of an all-to-all, the message of a
+send/recv), and optional ``algorithm``, ``protocol``, ``channels`` forcing
+NCCL's choices (null or ``auto``: choose as NCCL does).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+
+from tsbatch.collectives.nccl import PROTOCOLS
+from tsbatch.collectives.plan import COLLECTIVES, VALID_ALGORITHMS, Plan, build_plan, bus_factor
+from tsbatch.collectives.systems import get_system
+from tsbatch.errors import InputError
+from tsbatch.kernels.alphabeta import evaluate_rows
+
+__all__ = ["RESULT_COLUMNS", "validate", "evaluate", "plans_to_arrays"]
+
+RESULT_COLUMNS = ("latency_us", "feasible", "infeasible_reason", "algorithm_used", "protocol_used",
+                  "stages", "bottleneck_link", "alg_bw_gbps", "bus_bw_gbps")
+
+_ALL_ALGOS = sorted({a for v in VALID_ALGORITHMS.values() for a in v})
+
+
+def _require(df: pl.DataFrame, col: str, kind: str, where: str) -> None:
+    if col not in df.columns:
+        raise InputError(f"{where}: missing column '{col}' (collective candidates need "
+                         "system, collective, num_gpus, bytes)")
+    t = df.schema[col]
+    ok = (t.is_integer() if kind == "int" else t in (pl.String, pl.Categorical, pl.Enum))
+    if kind == "int" and t.is_float():
+        ok = bool(df[col].drop_nulls().pipe(lambda s: (s == s.round(0)).all()))
+    if not ok:
+        raise InputError(f"{where}: column '{col}' has type {t}, expected {'an integer' if kind == 'int' else 'a string'}")
+    if df[col].null_count():
+        raise InputError(f"{where}: column '{col}' has null values")
+
+
+def validate(frame: pl.DataFrame, where: str = "candidates") -> pl.DataFrame:
+    """Check and normalise the candidate columns; raise :class:`InputError` naming the problem."""
+    for c in ("system", "collective"):
+        _require(frame, c, "str", where)
+    for c in ("num_gpus", "bytes"):
+        _require(frame, c, "int", where)
+    df = frame
+    systems = {s: get_system(s) for s in df["system"].cast(pl.String).unique().to_list()}
+    bad = sorted(set(df["collective"].cast(pl.String).unique().to_list()) - set(COLLECTIVES))
+    if bad:
+        raise InputError(f"{where}: column 'collective' has unknown value(s) {bad}; known: {', '.join(COLLECTIVES)}")
+    for c in ("num_gpus", "bytes"):
+        if (df[c] <= 0).any():
+            raise InputError(f"{where}: column '{c}' must be positive (found {df[c].min()})")
+    if "gpus_per_node" in df.columns:
+        _require(df, "gpus_per_node", "int", where)
+        if (df["gpus_per_node"] <= 0).any():
+            raise InputError(f"{where}: column 'gpus_per_node' must be positive")
+        gpn = pl.col("gpus_per_node").cast(pl.Int64)
+    else:
+        per = {k: s.gpus_per_node for k, s in systems.items()}
+        gpn = pl.min_horizontal(pl.col("system").cast(pl.String).replace_strict(per, return_dtype=pl.Int64),
+                                pl.col("num_gpus").cast(pl.Int64))
+    cols = [pl.col("system").cast(pl.String).replace_strict({k: s.key for k, s in systems.items()},
+                                                            return_dtype=pl.String).alias("_system"),
+            gpn.alias("_gpn")]
+    for c, choices in (("algorithm", _ALL_ALGOS), ("protocol", PROTOCOLS)):
+        if c in df.columns:
+            if df.schema[c] not in (pl.String, pl.Categorical, pl.Enum, pl.Null):
+                raise InputError(f"{where}: column '{c}' has type {df.schema[c]}, expected a string")
+            vals = pl.col(c).cast(pl.String).str.to_lowercase()
+            vals = pl.when(vals == "auto").then(None).otherwise(vals)
+            got = set(df.select(vals.alias("v"))["v"].drop_nulls().unique().to_list())
+            if got - set(choices):
+                raise InputError(f"{where}: column '{c}' has unknown value(s) {sorted(got - set(choices))}; "
+                                 f"known: {', '.join(choices)} (or auto)")
+            cols.append(vals.alias(f"_{c}"))
+        else:
+            cols.append(pl.lit(None, dtype=pl.String).alias(f"_{c}"))
+    if "channels" in df.columns:
+        if not (df.schema["channels"].is_integer() or df.schema["channels"] == pl.Null):
+            raise InputError(f"{where}: column 'channels' has type {df.schema['channels']}, expected an integer")
+        if (df["channels"].drop_nulls() <= 0).any():
+            raise InputError(f"{where}: column 'channels' must be positive")
+        cols.append(pl.col("channels").cast(pl.Int64).alias("_channels"))
+    else:
+        cols.append(pl.lit(None, dtype=pl.Int64).alias("_channels"))
+    return df.with_columns(cols)
+
+
+_KEY = ["_system", "collective", "num_gpus", "_gpn", "_algorithm", "_protocol", "_channels"]
+
+
+def plans_to_arrays(plans: list[Plan]) -> dict:
+    """Concatenate plans into the kernel's CSR arrays (link ids offset per plan)."""
+    plan_var_ptr = [0]
+    var_base, var_eff, var_cap, var_stage_ptr = [], [], [], [0]
+    st_alpha, st_reps, st_load_ptr = [], [], [0]
+    ld_link, ld_frac, link_bw = [], [], []
+    var_index = []  # (plan, variant)
+    for pi, plan in enumerate(plans):
+        off = len(link_bw)
+        if plan.topology is not None:
+            link_bw.extend(plan.topology.bw)
+        for vi, v in enumerate(plan.variants):
+            var_base.append(v.base_us)
+            var_eff.append(v.proto_eff)
+            var_cap.append(v.cap_gbps)
+            var_index.append((pi, vi))
+            for alpha, reps, loads in v.kernel_stages():
+                st_alpha.append(alpha)
+                st_reps.append(reps)
+                for lk, f in loads.items():
+                    ld_link.append(off + lk)
+                    ld_frac.append(f)
+                st_load_ptr.append(len(ld_link))
+            var_stage_ptr.append(len(st_alpha))
+        plan_var_ptr.append(len(var_base))
+    i64 = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+    f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
+    return dict(plan_var_ptr=i64(plan_var_ptr), var_base_us=f64(var_base), var_stage_ptr=i64(var_stage_ptr),
+                var_proto_eff=f64(var_eff), var_cap_gbps=f64(var_cap), stage_alpha_us=f64(st_alpha),
+                stage_reps=f64(st_reps), stage_load_ptr=i64(st_load_ptr), load_link=i64(ld_link),
+                load_frac=f64(ld_frac), link_bw_gbps=f64(link_bw), var_index=var_index)
+
+
+def evaluate(frame: pl.DataFrame, hw=None, *, where: str = "candidates") -> pl.DataFrame:
+    """Predict every row; input columns first, then :data:`RESULT_COLUMNS`.
+
+    ``hw`` is ignored (a collective names its system per row); it is accepted
+    so the family fits :class:`kernels_catalog.base.Family`'s ``evaluate``.
+    """
+    df = validate(frame, where)
+    keys = df.select(_KEY).unique(maintain_order=True).with_row_index("_plan")
+    plans = [build_plan(r[0], r[1], int(r[2]), int(r[3]), r[4], r[5], None if r[6] is None else int(r[6]))
+             for r in keys.select(_KEY).iter_rows()]
+    arrays = plans_to_arrays(plans)
+    feasible_plan = np.array([p.feasible for p in plans], dtype=bool)
+    joined = df.join(keys, on=_KEY, how="left", nulls_equal=True, maintain_order="left")
+    plan_idx = joined["_plan"].to_numpy().astype(np.int64)
+    row_plan = np.where(feasible_plan[plan_idx], plan_idx, -1)
+    nbytes = joined["bytes"].to_numpy().astype(np.float64)
+    var_index = arrays.pop("var_index")
+    lat, var, link, _bw = evaluate_rows(row_plan, np.full(len(row_plan), -1, dtype=np.int64), nbytes, **arrays)
+    # per-variant and per-link labels, looked up by index (no per-row Python)
+    v_algo = np.array([plans[p].variants[v].algorithm for p, v in var_index] + [None], dtype=object)
+    v_proto = np.array([plans[p].variants[v].protocol for p, v in var_index] + [None], dtype=object)
+    v_stages = np.array([plans[p].variants[v].n_stages for p, v in var_index] + [0], dtype=np.int64)
+    l_cls = []
+    for p in plans:
+        if p.topology is not None:
+            l_cls.extend(p.topology.cls)
+    l_cls = np.array(l_cls + [None], dtype=object)
+    reasons = np.array([p.reason or None for p in plans], dtype=object)
+    feasible = row_plan >= 0
+    n = joined["num_gpus"].to_numpy()
+    coll = joined["collective"].to_numpy()
+    factor = np.ones(len(n))
+    for c in COLLECTIVES:
+        m = coll == c
+        if m.any():
+            factor[m] = np.array([bus_factor(c, int(x)) for x in np.unique(n[m])])[np.searchsorted(np.unique(n[m]), n[m])]
+    alg_bw = np.where(feasible, nbytes / np.where(feasible, lat, 1.0) / 1e3, np.nan)
+    out = frame.with_columns(
+        pl.Series("latency_us", np.where(feasible, lat, np.nan)),
+        pl.Series("feasible", feasible),
+        pl.Series("infeasible_reason", np.where(feasible, None, reasons[plan_idx]), dtype=pl.String),
+        pl.Series("algorithm_used", v_algo[var], dtype=pl.String),
+        pl.Series("protocol_used", v_proto[var], dtype=pl.String),
+        pl.Series("stages", v_stages[var], dtype=pl.Int64),
+        pl.Series("bottleneck_link", l_cls[link], dtype=pl.String),
+        pl.Series("alg_bw_gbps", alg_bw),
+        pl.Series("bus_bw_gbps", alg_bw * factor),
+    )
+    return out

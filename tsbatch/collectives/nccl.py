@@ -1,0 +1,122 @@
+"""NCCL's tuning model: base latencies, per-hop latencies, protocol bandwidth factors.
+
+Facts read from NVIDIA NCCL ``src/graph/tuning.cc`` (version 2.19, commit
+b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2, function ``ncclTopoTuneModel``);
+no code copied. NCCL predicts a collective as ``latency + bytes / bandwidth``
+per (algorithm, protocol) and runs the fastest; its tables are:
+
+- ``baseLat[algo][proto]``: fixed cost per call (us); Tree {6.8, 14, 0},
+  Ring {6.6, 14, 8.4}, NVLS 0 (LL, LL128, Simple).
+- ``hwLat[hw][algo][proto]``: latency per step (us) on NVLink / PCI / network;
+  Ring NVLink {0.6, 1.9, 3.4}, PCI {1.0, 2.5, 5.7}, NET {2.7, 4.0, 14.0};
+  Tree NVLink {0.6, 1.25, 28}, PCI {1.0, 1.9, 28}, NET {5.0, 8.5, 28};
+  NVLS Simple: NVLink 23, NET 18.
+- Protocol bandwidth refinements of the bus bandwidth: Ring LL x 1/4 (all-reduce
+  or several nodes, else 1/3), capped at ``llMaxBw`` (87.7 GB/s on one Ampere
+  or Hopper node, 22.5 on two nodes, 19.0 beyond); Ring LL128 x 0.92 (0.7 with
+  under 2 GPUs per node), capped at channels x ``perChMaxRingLL128Bw`` (20 GB/s
+  Ampere, 36.7 Hopper); Tree x 0.92 capped at channels x ``perChMaxTreeBw``
+  (Ampere 24 / 23.6 / 17.8, Hopper 38.7 / 41.4 / 36.0 for 1 / 2 / more nodes),
+  Tree LL x 1/3.8 (cap ``llMaxBw``), Tree LL128 x 7/9 on one node, 120/128 on
+  several (cap channels x ``perChMaxTreeLL128Bw``: 20 Ampere, 36.7 Hopper).
+- LL128 is enabled by default only on NVLink systems of one compute capability.
+
+tsbatch keeps NCCL's *latencies* and *protocol factors* but replaces NCCL's
+single bus bandwidth by the routed Eq. 11 serialization over the system's
+links, so the stage decomposition, not a table, carries the topology.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["PROTOCOLS", "ALGORITHMS", "HW_LAT_US", "BASE_LAT_US", "proto_bandwidth",
+           "hop_latency_us", "arch_index"]
+
+PROTOCOLS = ("ll", "ll128", "simple")
+#: algorithms tsbatch decomposes; "nccl" ones are those NCCL's tuner chooses among
+ALGORITHMS = ("ring", "tree", "nvls", "recursive_doubling", "rabenseifner", "direct")
+
+#: hwLat[hw class][algorithm kind][protocol], us (NCCL 2.19)
+HW_LAT_US = {
+    "nvlink": {"ring": (0.6, 1.9, 3.4), "tree": (0.6, 1.25, 28.0), "nvls": (0.0, 0.0, 23.0)},
+    "pci": {"ring": (1.0, 2.5, 5.7), "tree": (1.0, 1.9, 28.0), "nvls": (0.0, 0.0, 0.0)},
+    "net": {"ring": (2.7, 4.0, 14.0), "tree": (5.0, 8.5, 28.0), "nvls": (0.0, 0.0, 18.0)},
+}
+#: baseLat[algorithm kind][protocol], us (NCCL 2.19)
+BASE_LAT_US = {"ring": (6.6, 14.0, 8.4), "tree": (6.8, 14.0, 0.0), "nvls": (0.0, 0.0, 0.0)}
+
+_LL_MAX_BW = (87.7, 22.5, 19.0)  # Ampere / Hopper, by nodes 1 / 2 / more
+_RING_LL128_PER_CH = {"ampere": 20.0, "hopper": 36.7, "blackwell": 36.7}
+_TREE_PER_CH = {"ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0),
+                "blackwell": (38.7, 41.4, 36.0)}
+_TREE_LL128_PER_CH = {"ampere": (20.0, 20.0, 20.0), "hopper": (36.7, 36.7, 29.0),
+                      "blackwell": (36.7, 36.7, 29.0)}
+
+
+def arch_index(arch: str) -> str:
+    """NCCL's compute-capability row: Blackwell takes Hopper's (newest in the 2.19 tables)."""
+    return arch if arch in _RING_LL128_PER_CH else "ampere"
+
+
+def _nodes_index(nodes: int) -> int:
+    return 0 if nodes <= 1 else (1 if nodes == 2 else 2)
+
+
+def kind_of(algorithm: str) -> str:
+    """NCCL table row of an algorithm: ring-like, tree-like or NVLS."""
+    if algorithm in ("tree",):
+        return "tree"
+    if algorithm == "nvls":
+        return "nvls"
+    return "ring"
+
+
+def proto_bandwidth(algorithm: str, protocol: str, collective: str, nodes: int, ppn: float,
+                    channels: int, arch: str) -> tuple[float, float]:
+    """(efficiency, per-link cap GB/s) of a protocol, from NCCL's refinements.
+
+    The efficiency multiplies every link's achieved bandwidth; the cap bounds
+    it (``inf``: none). Algorithms NCCL does not tune (recursive doubling,
+    Rabenseifner, direct all-to-all, point-to-point) take the ring factors.
+    """
+    p = PROTOCOLS.index(protocol)
+    kind = kind_of(algorithm)
+    ni = _nodes_index(nodes)
+    a = arch_index(arch)
+    inf = math.inf
+    if kind == "nvls":
+        return 1.0, inf
+    if kind == "tree":
+        eff, cap = 0.92, channels * _TREE_PER_CH[a][ni]
+        if p == 0:
+            return eff / 3.8, min(cap, _LL_MAX_BW[ni])
+        if p == 1:
+            return eff * (7.0 / 9.0 if nodes == 1 else 120.0 / 128.0), min(cap, channels * _TREE_LL128_PER_CH[a][ni])
+        return eff, cap
+    if p == 0:
+        f = 0.25 if (nodes > 1 or collective == "all_reduce") else 1.0 / 3.0
+        return f, _LL_MAX_BW[ni]
+    if p == 1:
+        return (0.7 if ppn < 2 else 0.92), channels * _RING_LL128_PER_CH[a]
+    return 1.0, inf
+
+
+def hop_latency_us(link_class: str, alpha_ll_us: float, algorithm: str, protocol: str) -> float:
+    """Per-hop latency of a link class under an algorithm and protocol.
+
+    The system file gives the class's LL hop latency (``alpha_us``); LL128 and
+    Simple scale it by NCCL's ratios for that hardware class, so a system file
+    that changes ``alpha_us`` changes every protocol consistently.
+    """
+    kind = kind_of(algorithm)
+    table = HW_LAT_US[link_class]
+    ref = table["ring"][0]
+    p = PROTOCOLS.index(protocol)
+    return alpha_ll_us * table[kind][p] / ref
+
+
+def base_latency_us(system_base_us: float, algorithm: str, protocol: str) -> float:
+    """NCCL's base latency of the algorithm and protocol, scaled by the system's Ring/LL base."""
+    kind = kind_of(algorithm)
+    return system_base_us * BASE_LAT_US[kind][PROTOCOLS.index(protocol)] / BASE_LAT_US["ring"][0]

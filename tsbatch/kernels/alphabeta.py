@@ -1,0 +1,183 @@
+"""α–β stage cost of routed collectives (TileSight §3.6, Eq. 11), batched over rows.
+
+A collective is planned once per distinct configuration (system, collective,
+GPU count, GPUs per node, algorithm, protocol, channels) by
+:mod:`tsbatch.collectives.plan` into *variants* (one algorithm–protocol pair
+each), a variant into ordered *stages*, and a stage into its per-link *loads*:
+the bytes that the stage's logical exchanges route through each link, per byte
+of message. A row is one message size on one plan. For each row and each of its
+plan's variants the kernel evaluates Eq. 11 stage by stage,
+
+``T_k = alpha_k + max_l beta_l(v) * B_{l,k}``,  ``T = base(v) + sum_k reps_k * T_k``
+
+with ``B_{l,k} = load_frac * bytes`` and the link's inverse bandwidth under the
+variant's protocol, ``beta_l(v) = 1 / min(bw_l * proto_eff(v), cap(v))``
+(``cap`` is the protocol's per-link ceiling from NCCL's tuning model), and
+keeps the fastest variant (the plan's automatic choice) unless the row forces
+one. ``reps_k`` counts identical stages (ring steps), which the paper evaluates
+once and multiplies. Stages of a pipelined algorithm (tree, in-switch
+reduction, point-to-point) run concurrently in chunks: the planner merges
+their loads into one stage whose ``alpha`` is the sum of theirs.
+
+Everything here is arrays in, arrays out; no polars, no files.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tsbatch.kernels._config import jit_serial
+from tsbatch.kernels._threads import even_bounds, run_shares
+
+__all__ = ["stage_times", "evaluate_rows", "MIN_SHARE_ROWS"]
+
+#: rows per thread share below which one thread does all the work
+MIN_SHARE_ROWS = 1 << 16
+
+
+@jit_serial
+def _variant_time(v, nbytes, var_base_us, var_stage_ptr, var_proto_eff, var_cap_gbps,
+                  stage_alpha_us, stage_reps, stage_load_ptr, load_link, load_frac, link_bw_gbps):
+    """Eq. 11 summed over the stages of variant ``v`` for one message size.
+
+    Returns (time_us, bottleneck link id, bandwidth-term us of the variant).
+    """
+    t = var_base_us[v]
+    eff = var_proto_eff[v]
+    cap = var_cap_gbps[v]
+    best_link = -1
+    best_term = -1.0
+    bw_total = 0.0
+    for k in range(var_stage_ptr[v], var_stage_ptr[v + 1]):
+        worst = 0.0
+        worst_link = -1
+        for j in range(stage_load_ptr[k], stage_load_ptr[k + 1]):
+            lk = load_link[j]
+            bw = link_bw_gbps[lk] * eff
+            if bw > cap:
+                bw = cap
+            # bytes / (GB/s * 1e3) = microseconds
+            term = load_frac[j] * nbytes / (bw * 1e3)
+            if term > worst:
+                worst = term
+                worst_link = lk
+        st = stage_reps[k] * worst
+        bw_total += st
+        if st > best_term:
+            best_term = st
+            best_link = worst_link
+        t += stage_reps[k] * (stage_alpha_us[k] + worst)
+    return t, best_link, bw_total
+
+
+@jit_serial
+def _rows(row_plan, row_var, nbytes, plan_var_ptr, var_base_us, var_stage_ptr,
+          var_proto_eff, var_cap_gbps, stage_alpha_us, stage_reps, stage_load_ptr, load_link,
+          load_frac, link_bw_gbps, out_us, out_var, out_link, out_bw_us, lo, hi):
+    for i in range(lo, hi):
+        p = row_plan[i]
+        if p < 0:
+            out_us[i] = np.nan
+            out_var[i] = -1
+            out_link[i] = -1
+            out_bw_us[i] = np.nan
+            continue
+        forced = row_var[i]
+        best_t = np.inf
+        best_v = -1
+        best_l = -1
+        best_b = np.nan
+        for v in range(plan_var_ptr[p], plan_var_ptr[p + 1]):
+            if forced >= 0 and v != forced:
+                continue
+            t, lk, b = _variant_time(v, nbytes[i], var_base_us, var_stage_ptr, var_proto_eff,
+                                     var_cap_gbps, stage_alpha_us, stage_reps, stage_load_ptr,
+                                     load_link, load_frac, link_bw_gbps)
+            if t < best_t:
+                best_t = t
+                best_v = v
+                best_l = lk
+                best_b = b
+        if best_v < 0:
+            out_us[i] = np.nan
+        else:
+            out_us[i] = best_t
+        out_var[i] = best_v
+        out_link[i] = best_l
+        out_bw_us[i] = best_b
+
+
+def stage_times(nbytes: float, stage_alpha_us: np.ndarray, stage_reps: np.ndarray,
+                stage_load_ptr: np.ndarray, load_link: np.ndarray, load_frac: np.ndarray,
+                link_bw_gbps: np.ndarray, proto_eff: float = 1.0,
+                cap_gbps: float = np.inf) -> np.ndarray:
+    """Per-stage Eq. 11 times (us, one repetition each) of one variant: for ``explain``."""
+    out = np.empty(stage_alpha_us.shape[0], dtype=np.float64)
+    for k in range(out.shape[0]):
+        worst = 0.0
+        for j in range(stage_load_ptr[k], stage_load_ptr[k + 1]):
+            bw = min(link_bw_gbps[load_link[j]] * proto_eff, cap_gbps)
+            worst = max(worst, load_frac[j] * nbytes / (bw * 1e3))
+        out[k] = stage_alpha_us[k] + worst
+    return out
+
+
+def evaluate_rows(row_plan, row_var, nbytes, plan_var_ptr, var_base_us, var_stage_ptr,
+                  var_proto_eff, var_cap_gbps, stage_alpha_us, stage_reps, stage_load_ptr,
+                  load_link, load_frac, link_bw_gbps, *, threads: int | None = None):
+    """Predict every row: the fastest (or forced) variant of its plan under Eq. 11.
+
+    Parameters
+    ----------
+    row_plan : int64 (n,)
+        Plan index of each row; ``-1`` marks an infeasible row (NaN out).
+    row_var : int64 (n,)
+        Global variant index a row forces, ``-1`` for the plan's automatic
+        choice (the fastest of its variants).
+    nbytes : float64 (n,)
+        Message size in bytes.
+    plan_var_ptr, var_stage_ptr, stage_load_ptr : int64
+        CSR offsets: plan -> variants, variant -> stages, stage -> link loads.
+    var_base_us, var_proto_eff, var_cap_gbps : float64 (n_var,)
+        Per variant: fixed cost (software base latency and launch), protocol
+        bandwidth efficiency and per-link bandwidth ceiling in GB/s.
+    stage_alpha_us, stage_reps : float64 (n_stage,)
+        Per stage: routed hop latency and how many identical stages it stands for.
+    load_link : int64, load_frac : float64 (n_load,)
+        Link id and bytes routed through it per message byte.
+    link_bw_gbps : float64 (n_link,)
+        Achieved one-direction bandwidth of every link.
+
+    Returns
+    -------
+    latency_us, variant, bottleneck_link, bandwidth_us : ndarray
+        Time, chosen global variant, the link whose serialization dominates
+        the slowest stage, and the summed serialization (bandwidth) term.
+
+    Notes
+    -----
+    Eq. 11 of TileSight: a stage costs its routed hop latency plus the
+    serialization of its bottleneck link; a collective is the ordered sum of
+    its stages. Time never falls when a link's bandwidth falls: every term is
+    non-increasing in ``link_bw_gbps`` and a minimum over variants keeps that.
+    """
+    n = int(nbytes.shape[0])
+    args = [np.ascontiguousarray(a, dtype=np.int64) for a in (row_plan, row_var)]
+    args.append(np.ascontiguousarray(nbytes, dtype=np.float64))
+    args.append(np.ascontiguousarray(plan_var_ptr, dtype=np.int64))
+    args.append(np.ascontiguousarray(var_base_us, dtype=np.float64))
+    args.append(np.ascontiguousarray(var_stage_ptr, dtype=np.int64))
+    args += [np.ascontiguousarray(a, dtype=np.float64) for a in (var_proto_eff, var_cap_gbps,
+                                                                    stage_alpha_us, stage_reps)]
+    args.append(np.ascontiguousarray(stage_load_ptr, dtype=np.int64))
+    args.append(np.ascontiguousarray(load_link, dtype=np.int64))
+    args += [np.ascontiguousarray(a, dtype=np.float64) for a in (load_frac, link_bw_gbps)]
+    out_us = np.empty(n, dtype=np.float64)
+    out_var = np.empty(n, dtype=np.int64)
+    out_link = np.empty(n, dtype=np.int64)
+    out_bw = np.empty(n, dtype=np.float64)
+    if n == 0:
+        return out_us, out_var, out_link, out_bw
+    bounds = [0, n] if threads == 1 else even_bounds(n, MIN_SHARE_ROWS)
+    run_shares(_rows, (*args, out_us, out_var, out_link, out_bw), bounds)
+    return out_us, out_var, out_link, out_bw
