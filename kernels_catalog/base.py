@@ -80,6 +80,17 @@ class TilePlan:
     share_eff: np.ndarray | None = None
     #: per-row barrier stall per loop iteration (us), hidden by other resident tiles
     sync_us: np.ndarray | None = None
+    #: per-row chain of one iteration's best issue order (us, one issue stream at
+    #: the SM's full rates; :mod:`tsbatch.kernels.dag`), None: no chain
+    chain_us: np.ndarray | None = None
+    #: per-row issue streams per tile that interleave their chains (None: 1)
+    streams: np.ndarray | None = None
+    #: per-row index of the winning legal order (None: the family has one order)
+    order_idx: np.ndarray | None = None
+    #: per-row 1-based index into ``rules`` of a rule the row breaks (0: none);
+    #: such a row is infeasible with that rule's text as its reason
+    blocked: np.ndarray | None = None
+    rules: tuple = ()
 
     def __len__(self) -> int:
         return int(self.g0.shape[0])
@@ -92,8 +103,16 @@ class Family:
     name: str
     columns: tuple[Column, ...]
     workload_columns: tuple[str, ...]
-    lower: Callable[..., TilePlan]
+    lower: Callable[..., TilePlan] | None
     doc: str = ""
+    #: a family that is not a tile grid on one GPU (collectives) evaluates its
+    #: validated frame itself: ``evaluate(frame: polars.DataFrame, hw) -> frame``
+    #: with the input columns followed by its result columns (``latency_us``,
+    #: ``feasible``, ``infeasible_reason`` at least); ``lower`` is then None
+    evaluate: Callable | None = None
+    #: the family's tile program (:class:`kernels_catalog.program.TileProgram`),
+    #: for the families lowered from one
+    program: object = None
 
     def column(self, name: str) -> Column:
         for c in self.columns:

@@ -331,7 +331,7 @@ def resident_one(smem_block, regs_thread, threads, warp_size, sm_smem, smem_bloc
 # ----------------------------------------------------------------------
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0,
-                 sync=0.0):
+                 sync=0.0, chain=0.0, streams=1.0):
     """``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store)`` of one SM's share."""
     frac = min(1.0, p * warps_tile / warps_full)  # compute issue-slot fraction
     groups_share = p * warps_tile > warps_full  # several issue groups on the tensor cores
@@ -358,6 +358,8 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     comp = max(comp_times) + ovh_iter
     if sync > 0.0:  # barrier stall, run under the other resident tiles' work
         comp = max(comp, (comp + sync) / p)
+    if chain > 0.0:  # the p tiles' issue streams interleave their iteration chains
+        comp = max(comp, chain / (p * streams))
     mem = max(mem_times)
     epi = max(epi_times)
     tiles = persist_tiles if persist_tiles > 0 else p
@@ -373,7 +375,8 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
 
 
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
-              warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0):
+              warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
+              chain=0.0, streams=1.0):
     """``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``: full waves
     of ``sms * p`` tiles, then a tail of fewer tiles on fewer SMs (recomputed);
     a persistent grid is one run of ``ceil(tiles / sms)`` tiles per SM."""
@@ -382,7 +385,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     if persistent:
         per_sm = math.ceil(tiles / sms)
         res = envelope_one(*args, p, min(sms, tiles), ksteps, stages, warps_tile, warps_full,
-                           lat, ovh_iter, ovh_tile, per_sm, share_eff, sync)
+                           lat, ovh_iter, ovh_tile, per_sm, share_eff, sync, chain, streams)
         return (*res[:5], math.ceil(tiles / conc), tiles % conc)
     full, tail = divmod(tiles, conc)
     total = [0.0, 0.0, 0.0, 0.0]
@@ -390,7 +393,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     store = 0.0
     if full:
         res = envelope_one(*args, p, sms, ksteps, stages, warps_tile, warps_full, lat,
-                           ovh_iter, ovh_tile, 0, share_eff, sync)
+                           ovh_iter, ovh_tile, 0, share_eff, sync, chain, streams)
         steady_iter = res[4]
         store = res[5]
         h = min(res[1], store)  # a wave's prologue under the stores before it
@@ -401,7 +404,8 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         total[3] += full * res[3]
     if tail:
         res = envelope_one(*args, math.ceil(tail / sms), min(tail, sms), ksteps, stages,
-                           warps_tile, warps_full, lat, ovh_iter, ovh_tile, 0, share_eff, sync)
+                           warps_tile, warps_full, lat, ovh_iter, ovh_tile, 0, share_eff, sync,
+                           chain, streams)
         for i in range(4):
             total[i] += res[i]
         if not full:

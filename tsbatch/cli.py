@@ -91,7 +91,6 @@ def cmd_evaluate(args) -> int:
     hw = resolve_hw(args.hw)
     out = _out_path(args.output)
     top = parse_top(args.top)
-    fam = get_family(args.family)
     sampling = _sampling(args)
     try:
         scan = pl.scan_parquet(args.candidates)
@@ -102,6 +101,12 @@ def cmd_evaluate(args) -> int:
     except Exception:
         read_candidates(args.candidates)  # raises the descriptive InputError
         raise
+    if args.family is None:
+        from tsbatch.evaluate import detect_family
+
+        args.family = detect_family(names)
+    fam = get_family(args.family)
+    args.family = fam  # a program file is read once
     # stream batches: memory stays bounded by --batch-rows, not the file; a
     # file of one batch is read at once. Each batch is read when it is needed
     # (a slice of the scan): collect_batches reads ahead of a slow consumer and
@@ -115,7 +120,7 @@ def cmd_evaluate(args) -> int:
             for a in range(0, total, args.batch_rows)])
 
     batches = [read_candidates(args.candidates)] if one else stream()
-    meta = provenance(hw, args.family, {"candidates": sha256_file(args.candidates)},
+    meta = provenance(hw, fam.name, {"candidates": sha256_file(args.candidates)},
                       extra={"top_fraction": str(top), **sampling_metadata(sampling)})
     ranked = bool(args.rank or args.top)
     t0 = time.perf_counter()
@@ -303,17 +308,90 @@ def _single_row(args):
     return pl.DataFrame(row)
 
 
+def _assigned_row(fam, assigns: list[str]):
+    """One candidate row from ``KEY=VALUE`` words, typed by the family's columns."""
+    import polars as pl
+
+    kinds = {c.name: c.kind for c in fam.columns}
+    row = {}
+    for a in assigns:
+        if "=" not in a:
+            raise InputError(f"expected KEY=VALUE, got {a!r} ({fam.name} columns: "
+                             f"{', '.join(kinds)})")
+        k, v = a.split("=", 1)
+        k = k.strip().replace("-", "_")
+        if k not in kinds:
+            raise InputError(f"{k!r} is not a {fam.name} column; columns: {', '.join(kinds)}")
+        kind = kinds[k]
+        try:
+            if kind == "int":
+                row[k] = [int(v)]
+            elif kind == "float":
+                row[k] = [float(v)]
+            elif kind == "bool":
+                if v.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                    raise ValueError(v)
+                row[k] = [v.lower() in ("1", "true", "yes")]
+            else:
+                row[k] = [v]
+        except ValueError:
+            raise InputError(f"{k}={v!r}: expected {kind}") from None
+    return pl.DataFrame(row)
+
+
 def cmd_explain(args) -> int:
-    from tsbatch.evaluate import evaluate, resolve_hw
+    from tsbatch.evaluate import evaluate, get_family, resolve_hw
     from tsbatch.explain import explain_text
 
     hw = resolve_hw(args.hw)
-    df = _single_row(args)
-    res = evaluate(df, hw, "gemm")
+    fam = get_family(args.family)
+    if fam.name == "gemm" and not args.assign:
+        df = _single_row(args)
+    elif args.candidates:
+        df = _single_row(args)
+    else:
+        df = _assigned_row(fam, args.assign)
+    res = evaluate(df, hw, fam)
     if args.json:
         print(json.dumps(res.row(0, named=True), default=str, indent=2))
     else:
-        print(explain_text(res.row(0, named=True), hw))
+        print(explain_text(res.row(0, named=True), hw, fam))
+    return 0
+
+
+# ----------------------------------------------------------------------------- families
+def cmd_families(args) -> int:
+    from tsbatch.evaluate import FAMILIES, get_family
+
+    fams = [get_family(args.name)] if args.name else list(FAMILIES.values())
+    for fam in fams:
+        prog = fam.program
+        head = fam.doc.strip().splitlines()[0] if fam.doc.strip() else ""
+        print(f"{fam.name}: {head}")
+        req = [c.name for c in fam.columns if c.required]
+        opt = [f"{c.name}={c.default}" for c in fam.columns if not c.required]
+        print(f"  required: {', '.join(req)}")
+        if opt:
+            print(f"  optional: {', '.join(opt)}")
+        print(f"  workload: {', '.join(fam.workload_columns)}")
+        if prog is not None:
+            body = prog.body
+            print(f"  tile program ({prog.source}): {len(prog.actions)} actions, "
+                  f"{len(body)} in the loop body, {prog.orders().shape[0]} legal orders")
+            if args.name or args.verbose:
+                for a in prog.actions:
+                    what = (f"tensor {a.tensor}" if a.tensor else "") + (
+                        ("; " if a.tensor and a.uses else "")
+                        + ", ".join(f"{r} {e.text}" for r, e in a.uses))
+                    dep = f"  after {', '.join(a.deps)}" if a.deps else ""
+                    asy = " (async)" if a.is_async else ""
+                    print(f"    [{a.phase}] {a.name}{asy}: {what}{dep}")
+                for f in prog.footprints:
+                    print(f"    footprint {f.name} in {f.placement}: {f.bytes.text} bytes")
+                for t in prog.tensors:
+                    print(f"    tensor {t.name}: {t.bytes.text} bytes per {t.cadence}, "
+                          f"reused along grid dims {list(t.reuse)}")
+        print()
     return 0
 
 
@@ -377,7 +455,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                       "block_m, block_n, block_k, num_stages, num_warps, ...)")
     e.add_argument("--hw", required=True, help="GPU name (see 'tsbatch hw')")
     e.add_argument("-o", "--output", required=True, help="output Parquet file")
-    e.add_argument("--family", default="gemm")
+    e.add_argument("--family", default=None,
+                   help="kernel family (tsbatch families) or a tile program FILE.toml; "
+                        "default: the family whose columns the file has")
     e.add_argument("--rank", action="store_true", help="add per-workload ranks")
     e.add_argument("--top", default=None, help="keep only the top fraction per workload, e.g. 5%%")
     e.add_argument("--batch-rows", type=int, default=1_000_000,
@@ -415,8 +495,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                    "envelope phases, occupancy, cache hit rates and bottleneck.")
     x.add_argument("--hw", required=True)
     x.add_argument("--json", action="store_true", help="print the result row as JSON")
+    x.add_argument("--family", default="gemm",
+                   help="kernel family (tsbatch families) or a tile program FILE.toml; "
+                        "its columns are given as KEY=VALUE")
+    x.add_argument("assign", nargs="*", metavar="KEY=VALUE",
+                   help="candidate columns of a non-GEMM family, e.g. batch=8 heads=32 "
+                        "seq_len=4096 head_dim=128 dtype=float16 block_m=128 block_n=64 "
+                        "num_stages=3 num_warps=8")
     _add_config_options(x)
     x.set_defaults(func=cmd_explain)
+
+    fm = sub.add_parser("families", help="list the kernel families and their columns",
+                        description="List the kernel families: candidate columns, workload "
+                                    "columns, tile-action DAG and its legal orders.")
+    fm.add_argument("name", nargs="?", help="one family (or a tile program FILE.toml) in detail")
+    fm.add_argument("-v", "--verbose", action="store_true", help="every family's DAG")
+    fm.set_defaults(func=cmd_families)
 
     h = sub.add_parser("hw", help="list known GPUs or show one spec")
     h.add_argument("name", nargs="?")
@@ -462,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     limit_malloc_arenas()
     first = next((a for a in argv if not a.startswith("-")), None)
-    known = {"evaluate", "sweep", "explain", "hw"}
+    known = {"evaluate", "sweep", "explain", "hw", "families"}
     parser = build_parser(first if (first in known or first in PLUGINS) else None)
     args = parser.parse_args(argv)
     try:

@@ -21,6 +21,7 @@ import polars as pl
 
 from kernels_catalog import gemm as gemm_family
 from kernels_catalog.base import Family, TilePlan
+from kernels_catalog.catalog import family_from_file, program_families
 from tsbatch.errors import InputError
 from tsbatch.hw import HwSpec, UnknownHardwareError, get_hw
 from tsbatch.kernels.envelope import (
@@ -32,9 +33,21 @@ from tsbatch.kernels.rowhash import RowIndex, dedup_rows, grown
 from tsbatch.schema import to_polars, validate
 
 __all__ = ["FAMILIES", "RESULT_COLUMNS", "CacheMemo", "evaluate", "evaluate_plan", "resolve_hw",
-           "get_family"]
+           "get_family", "detect_family", "residency"]
 
-FAMILIES: dict[str, Family] = {"gemm": gemm_family.FAMILY}
+FAMILIES: dict[str, Family] = {"gemm": gemm_family.FAMILY, **program_families()}
+
+
+def _register_optional() -> None:
+    """Families whose modules may be absent from a partial checkout."""
+    try:
+        from kernels_catalog.collectives import FAMILY as collective  # noqa: PLC0415
+    except ImportError:
+        return
+    FAMILIES.setdefault(collective.name, collective)
+
+
+_register_optional()
 
 #: result columns and their meaning (units in the names)
 RESULT_COLUMNS = {
@@ -61,6 +74,9 @@ RESULT_COLUMNS = {
     "bottleneck": "the resource with the highest utilization ('latency' when none "
                   "exceeds 60 %: fill/latency bound; 'launch' when launch dominates)",
     "library_tile": "for library rows, the catalog tile that won (BMxBNxBK/stages/warps/split)",
+    "steady_order": "the legal issue order of the loop body that won (its synchronous actions, "
+                    "Eq. 5)",
+    "t_chain_us": "that order's chain: one iteration of one issue stream at full rates (us)",
 }
 
 _BOTTLENECK_MIN_UTIL = 0.6
@@ -97,11 +113,55 @@ def resolve_hw(hw: str | HwSpec) -> HwSpec:
         raise InputError(str(exc)) from None
 
 
-def get_family(name: str) -> Family:
+def get_family(name: "str | Family") -> Family:
+    """A family by name, a :class:`Family` as it is, or the family of a tile
+    program in a TOML file (a name ending in ``.toml``)."""
+    if isinstance(name, Family):
+        return name
+    if str(name).endswith(".toml"):
+        return family_from_file(name)
     try:
         return FAMILIES[name]
     except KeyError:
-        raise InputError(f"unknown kernel family '{name}'; known: {', '.join(FAMILIES)}") from None
+        raise InputError(f"unknown kernel family '{name}'; known: {', '.join(FAMILIES)} "
+                         f"(or a tile program FILE.toml)") from None
+
+
+def detect_family(columns) -> str:
+    """The family whose required columns a candidate table has (GEMM first)."""
+    names = set(columns)
+    for fam in FAMILIES.values():
+        if all(c.name in names for c in fam.columns if c.required and c.name not in
+               ("block_m", "block_n", "block_k", "num_stages", "num_warps")):
+            return fam.name
+    raise InputError(f"no kernel family matches the columns {sorted(names)}; known: "
+                     f"{', '.join(FAMILIES)} (tsbatch families lists their columns)")
+
+
+def residency(plan: TilePlan, hw: HwSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Resident tiles per SM and reason codes, with the program's rules applied:
+    a row breaking rule ``k`` gets ``p = 0`` and code ``len(REASON_TEXT) + k - 1``."""
+    p, reason = resident_tiles(plan.smem_block, plan.regs_thread, plan.threads, hw)
+    if plan.blocked is not None and plan.blocked.any():
+        b = plan.blocked > 0
+        p = np.where(b, 0, p)
+        reason = np.where(b, len(REASON_TEXT) + plan.blocked - 1, reason)
+    return p, reason
+
+
+def reason_names(plan: TilePlan) -> list[str]:
+    """The text of every reason code :func:`residency` gives for ``plan``."""
+    return [REASON_TEXT[r] for r in range(len(REASON_TEXT))] + list(plan.rules)
+
+
+def order_names(plan: TilePlan, fam: Family) -> tuple[list[str], np.ndarray]:
+    """The winning legal order of each row as ``(names, codes)``."""
+    prog = fam.program
+    if prog is None:
+        return [""], np.zeros(len(plan), dtype=np.int64)
+    k = prog.orders().shape[0]
+    codes = plan.order_idx if plan.order_idx is not None else np.zeros(len(plan), dtype=np.int64)
+    return [prog.order_names(i) for i in range(k)], codes
 
 
 class CacheMemo:
@@ -173,7 +233,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
     supplies the cache problems solved by earlier calls and keeps the new ones.
     """
     t0 = time.perf_counter()
-    p, reason = resident_tiles(plan.smem_block, plan.regs_thread, plan.threads, hw)
+    p, reason = residency(plan, hw)
     rows = len(plan)
     sms = hw.sm_count
     t1 = time.perf_counter()
@@ -222,7 +282,8 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
     env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, plan.g0 * plan.g1 * plan.g2,
                              sms, p, plan.ksteps, plan.stages, plan.warps, plan.warps_full,
                              plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us, plan.persistent,
-                             plan.launch_us, share_eff=plan.share_eff, sync=plan.sync_us)
+                             plan.launch_us, share_eff=plan.share_eff, sync=plan.sync_us,
+                             chain=plan.chain_us, streams=plan.streams)
     t3 = time.perf_counter()
 
     tiles = plan.g0 * plan.g1 * plan.g2
@@ -331,9 +392,11 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
         The input columns followed by :data:`RESULT_COLUMNS`, row order kept.
     """
     t0 = time.perf_counter()
-    spec = resolve_hw(hw)
     fam = get_family(family)
     df = to_polars(candidates)
+    if fam.evaluate is not None:  # not a tile grid on one GPU (collectives)
+        return fam.evaluate(df, hw)
+    spec = resolve_hw(hw)
     if lower_hook is None and chunk_rows > 0 and df.height > chunk_rows:
         memo = cache_memo if cache_memo is not None else CacheMemo()
         parts = [evaluate(df.slice(a, chunk_rows), spec, family, k_samples=k_samples,
@@ -349,7 +412,7 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
     if lower_hook is not None:
         cols = lower_hook(cols)
     n = df.height
-    if is_lib.any():
+    if is_lib.any() and fam.name == "gemm":
         cols, parent = gemm_family.expand_library(cols, is_lib, spec.arch)
     else:
         parent = np.arange(n, dtype=np.int64)
@@ -374,7 +437,7 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
         pick = np.arange(n, dtype=np.int64)
 
     reason = res["reason_code"][pick]
-    reason_text = _text([REASON_TEXT[r] for r in range(len(REASON_TEXT))], reason)
+    reason_text = _text(reason_names(plan), reason)
     util = res["util"][pick]
     latp = lat[pick]
     data = {
@@ -389,6 +452,10 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
     for j, r in enumerate(R_NAMES):
         data[f"util_{r}"] = util[:, j]
     data["bottleneck"] = _text(_BOTTLENECK_NAMES, _bottleneck(util, latp, data["t_launch_us"]))
+    onames, ocodes = order_names(plan, fam)
+    data["steady_order"] = _text(onames, ocodes[pick])
+    data["t_chain_us"] = (plan.chain_us[pick] if plan.chain_us is not None
+                          else np.zeros(n))
     if m != n:  # the winning catalog tile of each library row, as text (vectorized)
         parts = {c: np.asarray(cols[c])[pick] for c in
                  ("block_m", "block_n", "block_k", "num_stages", "num_warps", "split_k")}
@@ -404,6 +471,7 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
         pl.col("bottleneck").cast(pl.String),
         pl.col("infeasible_reason").cast(pl.String),
         pl.col("library_tile").cast(pl.String),
+        pl.col("steady_order").cast(pl.String),
     )
     drop = [c for c in out.columns if c in df.columns]
     result = pl.concat([df.drop(drop), out], how="horizontal")

@@ -41,19 +41,49 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{100.0 * float(x):5.1f} %"
 
 
-def explain_text(row: dict, hw: HwSpec) -> str:
+def _header(row: dict, family) -> str:
+    if family is None or family.name == "gemm":
+        return (f"GEMM {row['m']}x{row['n']}x{row['k']} {row['dtype']}  tile "
+                f"{row['block_m']}x{row['block_n']}x{row['block_k']}  stages {row['num_stages']}  "
+                f"warps {row['num_warps']}  order {row.get('raster', 'grouped')}"
+                f"(group_m {row.get('group_m', 8)})  split_k {row.get('split_k', 1)}")
+    wl = [c for c in family.workload_columns]
+    sched = [c.name for c in family.columns if c.name not in wl]
+    fmt = lambda names: "  ".join(f"{c} {row[c]}" for c in names if c in row)  # noqa: E731
+    return f"{family.name}: {fmt(wl)}\n  schedule: {fmt(sched)}"
+
+
+def _order_lines(row: dict, family) -> list[str]:
+    prog = getattr(family, "program", None) if family is not None else None
+    if prog is None:
+        return []
+    n = prog.orders().shape[0]
+    out = [f"Steady state: best of {n} legal issue order(s) of the loop body "
+           f"({len(prog.body)} actions):",
+           f"  {row['steady_order']}",
+           f"  chain of one iteration (one issue stream, full rates) {row['t_chain_us'] * 1e3:.1f} ns"
+           f" against {row['t_steady_iter_us'] * 1e3:.1f} ns per step with the SM's streams "
+           f"interleaved"]
+    crit = "the order's chain (dependent actions in series)" if (
+        row["t_chain_us"] > 0 and row["t_steady_iter_us"] > 0
+        and row["t_chain_us"] / max(row["resident_tiles"], 1) >= 0.999 * row["t_steady_iter_us"]
+    ) else f"{row['bottleneck']} (resource sums)"
+    out.append(f"  critical: {crit}")
+    return out
+
+
+def explain_text(row: dict, hw: HwSpec, family=None) -> str:
+    """The report of one evaluated row (``family``: its :class:`Family`; GEMM when None)."""
     lines = []
-    cfg = (f"GEMM {row['m']}x{row['n']}x{row['k']} {row['dtype']}  tile "
-           f"{row['block_m']}x{row['block_n']}x{row['block_k']}  stages {row['num_stages']}  "
-           f"warps {row['num_warps']}  order {row.get('raster', 'grouped')}"
-           f"(group_m {row.get('group_m', 8)})  split_k {row.get('split_k', 1)}")
+    cfg = _header(row, family)
     lines.append(f"{cfg}\non {hw.name} ({hw.sm_count} SMs)")
     lines.append("")
     if not row["feasible"]:
         lines.append(f"INFEASIBLE: {row['infeasible_reason']}")
         return "\n".join(lines)
     lat = row["latency_us"]
-    lines.append(f"Predicted latency      {lat:10.2f} us   ({row['achieved_tflops']:.1f} TFLOPS useful)")
+    tf = row["achieved_tflops"]
+    lines.append(f"Predicted latency      {lat:10.2f} us   ({0.0 if tf is None else tf:.1f} TFLOPS useful)")
     lines.append(f"  prologue (fill)      {row['t_prologue_us']:10.2f} us")
     lines.append(f"  steady state         {row['t_steady_us']:10.2f} us   "
                  f"({row['t_steady_iter_us'] * 1e3:.1f} ns per reduction step per SM)")
@@ -64,6 +94,7 @@ def explain_text(row: dict, hw: HwSpec) -> str:
     lines.append(f"Occupancy: {row['resident_tiles']} resident tile-blocks per SM, "
                  f"pipeline depth (loads in flight) d = resident x (stages - 1) = {row['pipeline_depth']}; "
                  f"{row['waves']} wave(s){tail}.")
+    lines.extend(_order_lines(row, family))
     lines.append(f"MMA path: {row['mma_path']}"
                  + (f"; about {row['register_spill']} registers/thread spill" if row["register_spill"] else ""))
     if row["register_spill"]:

@@ -38,8 +38,16 @@ def sha256_file(path: str | Path) -> str:
 
 
 def _catalog_hash(family: str) -> str:
+    """A hash of what defines a family: its tile program file (and the engine's
+    lowering), or its catalog module."""
     import importlib
 
+    from tsbatch.evaluate import get_family  # noqa: PLC0415 (evaluate imports io lazily)
+
+    prog = getattr(get_family(family), "program", None)
+    if prog is not None and Path(prog.source).is_file():
+        low = importlib.import_module("kernels_catalog.lowering")
+        return sha256_bytes((sha256_file(prog.source) + sha256_file(low.__file__)).encode())
     mod = importlib.import_module(f"kernels_catalog.{family}")
     return sha256_file(mod.__file__)
 

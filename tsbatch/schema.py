@@ -95,13 +95,15 @@ def validate(df: pl.DataFrame, family: Family, offset: int = 0) -> tuple[dict, n
     cols: dict[str, np.ndarray] = {}
     names = set(df.columns)
     is_lib = np.zeros(n, dtype=bool)
-    if "backend" in names:
+    if "backend" in names and any(c.name == "backend" for c in family.columns):
         b = df.get_column("backend")
         if b.dtype not in (pl.String, pl.Categorical, pl.Enum):
             raise InputError(f"column 'backend' must be text, got {b.dtype}")
         is_lib = (b.cast(pl.String).fill_null("triton") == "cublas").to_numpy()
     any_lib = bool(is_lib.any())
-    tile_cols = ("block_m", "block_n", "block_k", "num_stages", "num_warps")
+    # library rows (GEMM's backend == 'cublas') carry no tile columns
+    tile_cols = (("block_m", "block_n", "block_k", "num_stages", "num_warps")
+                 if any(c.name == "backend" for c in family.columns) else ())
     missing = [c.name for c in family.columns if c.required and c.name not in names
                and not (c.name in tile_cols and n > 0 and is_lib.all())]
     if missing:
@@ -110,7 +112,7 @@ def validate(df: pl.DataFrame, family: Family, offset: int = 0) -> tuple[dict, n
                          f"{', '.join(repr(m) for m in missing)}; {family.name} candidates need: {need}")
     for c in family.columns:
         if c.name not in names:
-            if c.name in tile_cols:
+            if c.name in tile_cols and c.required:
                 cols[c.name] = np.zeros(n, dtype=np.int64)
                 continue
             cols[c.name] = (text_full(n, c.default) if c.kind == "str"

@@ -64,11 +64,10 @@ import polars as pl
 from kernels_catalog import gemm as gemm_family
 from kernels_catalog.base import TilePlan
 from tsbatch.errors import InputError
-from tsbatch.evaluate import CacheMemo, evaluate, get_family, resolve_hw
+from tsbatch.evaluate import CacheMemo, evaluate, get_family, residency, resolve_hw
 from tsbatch.hw import HwSpec
 from tsbatch.kernels.envelope import R_DRAM, R_L15, R_L2, evaluate_envelopes
 from tsbatch.kernels.groupsort import group_first_k, group_lexorder
-from tsbatch.kernels.occupancy import resident_tiles
 from tsbatch.rank import rank
 from tsbatch.schema import to_polars, validate
 
@@ -182,12 +181,12 @@ def _bound_slice(df: pl.DataFrame, hw: HwSpec, family: str, offset: int):
     fam = get_family(family)
     cols, is_lib = validate(df, fam, offset)
     n = df.height
-    if is_lib.any():
+    if is_lib.any() and fam.name == "gemm":
         cols, parent = gemm_family.expand_library(cols, is_lib, hw.arch)
     else:
         parent = np.arange(n, dtype=np.int64)
     plan = fam.lower(cols, hw)
-    p, _ = resident_tiles(plan.smem_block, plan.regs_thread, plan.threads, hw)
+    p, _ = residency(plan, hw)
     ok = np.flatnonzero(p > 0)
     # every row is bounded as if one tile were resident (no copy of the plan), and
     # the infeasible rows' values are then dropped

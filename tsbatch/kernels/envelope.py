@@ -82,7 +82,8 @@ COMPUTE = np.array([1, 1, 1, 1, 0, 0, 0, 0], dtype=np.int64)
 
 @jit_scalar
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
-                 warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0, sync=0.0):
+                 warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0, sync=0.0,
+                 chain=0.0, streams=1.0):
     """Envelope of one SM's share of one wave (or of a persistent run).
 
     Returns ``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store)`` in
@@ -90,7 +91,10 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     ``T_store`` is the part of ``T_epi`` spent on the tiles' epilogue work
     (output stores), which the next wave's prologue can run under.
     ``persist_tiles > 0`` models a persistent program running that many
-    tiles back to back: its stores drain inside the loop.
+    tiles back to back: its stores drain inside the loop. ``chain`` is the
+    critical path of one iteration in one issue stream at the SM's full rates
+    (0: none beyond the resource sums) and ``streams`` the issue streams per
+    tile; the ``p * streams`` streams on the SM interleave their chains.
     """
     f = p * warps_tile / warps_full
     shared_units = f > 1.0  # several issue groups share the tensor cores
@@ -129,6 +133,12 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         # max(p comp, comp + sync))
         hid = (comp + sync) / p
         comp = comp if comp > hid else hid
+    if chain > 0.0:
+        # the best issue order's chain of one iteration (tsbatch.kernels.dag): the
+        # p tiles' `streams` issue streams each interleave their chains
+        q = p * streams
+        c = chain / q if q > 0.0 else chain
+        comp = comp if comp > c else c
     tiles = persist_tiles if persist_tiles > 0 else p  # tiles this SM runs
     n_it = tiles * ksteps
     # loads in flight: each tile prefetches stages - 1 iterations ahead
@@ -161,7 +171,8 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
 
 @jit_scalar
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
-              warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0):
+              warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
+              chain=0.0, streams=1.0):
     """Whole-grid time by waves (Algorithm 2): full waves plus a recomputed tail.
 
     Returns ``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``.
@@ -172,7 +183,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         active = sms if tiles > sms else tiles
         t, a, b, c, s, _ = envelope_one(work_iter, work_epi, rate, shared, compute, p, active,
                                         ksteps, stages, warps_tile, warps_full, lat, ovh_iter,
-                                        ovh_tile, per_sm, share_eff, sync)
+                                        ovh_tile, per_sm, share_eff, sync, chain, streams)
         return t, a, b, c, s, (tiles + conc - 1) // conc, tiles % conc
     full = tiles // conc
     tail = tiles - full * conc
@@ -185,7 +196,8 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     if full > 0:
         t, a, b, c, s, store = envelope_one(work_iter, work_epi, rate, shared, compute, p, sms,
                                             ksteps, stages, warps_tile, warps_full, lat,
-                                            ovh_iter, ovh_tile, 0, share_eff, sync)
+                                            ovh_iter, ovh_tile, 0, share_eff, sync, chain,
+                                            streams)
         # stores retire asynchronously: the next wave's prologue (load latency
         # and pipeline fill) runs under the previous wave's output stores. Written
         # as one wave plus (full - 1) waves less the hidden part, not full waves
@@ -202,7 +214,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         pt = (tail + sms - 1) // sms
         t, a, b, c, s, _ = envelope_one(work_iter, work_epi, rate, shared, compute, pt, active,
                                         ksteps, stages, warps_tile, warps_full, lat, ovh_iter,
-                                        ovh_tile, 0, share_eff, sync)
+                                        ovh_tile, 0, share_eff, sync, chain, streams)
         T += t
         tp += a
         ts += b
@@ -218,7 +230,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
 @jit_serial
 def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
                warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff, sync,
-               out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util,
+               chain, streams, out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util,
                lo, hi):
     R = work_iter.shape[1] if want_util else 0
     for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: no wraparound check per access
@@ -236,7 +248,8 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
         t, a, b, c, s, wv, tl = wave_time(work_iter[i], work_epi[i], rate[i], shared, compute,
                                           tiles[i], sms, p[i], ksteps[i], stages[i],
                                           warps_tile[i], warps_full, lat[i], ovh_iter[i],
-                                          ovh_tile[i], persistent[i], share_eff[i], sync[i])
+                                          ovh_tile[i], persistent[i], share_eff[i], sync[i],
+                                          chain[i], streams[i])
         total = t + launch[i]
         out_t[i] = total
         out_pro[i] = a
@@ -259,7 +272,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
 
 def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages, warps_tile,
                        warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff=None, sync=None,
-                       latency_only=False):
+                       latency_only=False, chain=None, streams=None):
     """Batched :func:`wave_time` plus launch time and per-resource utilization.
 
     ``work_iter``, ``work_epi``, ``rate`` are ``(n, N_RES)``; rates in work
@@ -268,7 +281,9 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
 
     ``share_eff`` (per row, default 1) scales the tensor-core rate when
     several issue groups share an SM (:func:`envelope_one`); leaving it out
-    can only make times shorter, so a caller computing a lower bound may.
+    can only make times shorter, so a caller computing a lower bound may;
+    the same holds for ``chain`` (per row, default 0: no chain beyond the
+    resource sums) with ``streams`` issue streams per tile (default 1).
 
     Returns a dict of arrays: ``latency_us, t_prologue_us, t_steady_us,
     t_epilogue_us, t_steady_iter_us, waves, tail_tiles, util`` (n, N_RES);
@@ -288,6 +303,7 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
             i(tiles), int(sms), i(p), i(ksteps), i(stages), f(warps_tile), float(warps_full),
             f(lat), f(ovh_iter), f(ovh_tile), i(persistent), f(launch),
             f(1.0 if share_eff is None else share_eff), f(0.0 if sync is None else sync),
+            f(0.0 if chain is None else chain), f(1.0 if streams is None else streams),
             out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
             out["t_steady_iter_us"], waves, tail, util, not latency_only)
     run_shares(_envelopes, args, even_bounds(n))

@@ -1,0 +1,277 @@
+"""Lowering a :class:`~kernels_catalog.program.TileProgram` for a batch of rows.
+
+Every quantity is a numpy expression over whole columns (no Python loop per
+row); the only compiled step is the best-order search over the program's
+legal orders (:func:`tsbatch.kernels.dag.best_orders`), generic over
+programs. What the plan holds, per row:
+
+- grid ``g0 x g1 x g2`` and launch order from ``[grid]``; ``ksteps`` loop
+  iterations, ``stages``, ``warps`` (``threads = 32 warps``);
+- tensors: block bytes, reuse masks and cadence for the cache model; a
+  once-per-tile tensor's bytes go to L2 and DRAM once per tile;
+- footprints: shared memory per block (the ``smem`` placements), registers
+  per thread (the ``registers`` placements over the threads, plus
+  ``base_registers``), capped by the GPU's limit with the excess recorded
+  as spilled (and its local-memory traffic charged to shared memory/L1,
+  ``spill_passes`` times per iteration); ``tmem`` must fit Blackwell's
+  256 KiB of tensor memory per SM;
+- work: body actions' uses per iteration, prologue and epilogue actions'
+  once per tile, tensor-core work on CUDA cores when the dtype has no
+  tensor-core path;
+- rates as the GEMM family's (tensor cores at the dtype's rate, times
+  ``mma_sync_fraction`` off the warpgroup path, times ``tc_efficiency``);
+- the chain: each body action's duration at the SM's full rates is the
+  longest of its resources' times (an action's own resources pipeline);
+  asynchronous actions and tensor moves take none; the best order's chain
+  and its index per row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kernels_catalog.base import Column, Family, TilePlan
+from kernels_catalog.program import TileProgram
+from tsbatch.kernels.envelope import (
+    N_RES, R_CUDA, R_DRAM, R_L15, R_L2, R_NAMES, R_SFU, R_SMEM, R_TC,
+)
+from tsbatch.kernels.order import ORDER_NAMES, ORDER_PERSISTENT
+
+__all__ = ["lower_program", "family_from_program", "program_env", "TMEM_BYTES_PER_SM"]
+
+#: Blackwell tensor memory per SM: 128 lanes x 512 columns x 4 bytes (CUDA PTX ISA,
+#: "Tensor Memory", tcgen05)
+TMEM_BYTES_PER_SM = 128 * 512 * 4
+
+_RES = {name: i for i, name in enumerate(R_NAMES)}
+
+
+def _hw_names(hw) -> dict:
+    return {
+        "sm_count": float(hw.sm_count), "warp_size": 32.0, "clock_mhz": hw.rate("clock_mhz"),
+        "smem_per_block_bytes": float(hw.smem_per_block_bytes),
+        "sm_smem_bytes": float(hw.sm_smem_bytes),
+        "max_registers_per_thread": float(hw.max_registers_per_thread),
+        "sm_registers": float(hw.sm_registers), "l2_bytes": float(hw.l2_bytes),
+        "is_hopper": float(hw.mma == "wgmma"), "is_blackwell": float(hw.mma == "tcgen05"),
+    }
+
+
+def program_env(prog: TileProgram, cols: dict, hw) -> dict:
+    """The columns, dtype numbers, GPU numbers and every ``[let]`` of ``prog``
+    evaluated on the batch (arrays of the batch's length)."""
+    n = len(np.asarray(cols["dtype"]))
+    env: dict = {}
+    for c in prog.columns:
+        v = np.asarray(cols[c.name])
+        if c.kind == "int":
+            v = v.astype(np.int64, copy=False)
+        elif c.kind == "float":
+            v = v.astype(np.float64, copy=False)
+        elif c.kind == "bool":
+            v = v.astype(np.bool_, copy=False)
+        env[c.name] = v
+    names = list(prog.dtypes)
+    code = _codes(np.asarray(cols["dtype"], dtype=object), {d: i for i, d in enumerate(names)})
+    eb = np.array([float(prog.dtypes[d]["eb"]) for d in names])
+    ob = np.array([float(prog.dtypes[d].get("ob", prog.dtypes[d]["eb"])) for d in names])
+    tc = np.array([1.0 if prog.dtypes[d]["tc"] else 0.0 for d in names])
+    env["eb"], env["ob"], env["tc"] = eb[code], ob[code], tc[code]
+    env["_dtype_code"] = code
+    env.update(_hw_names(hw))
+    for name, e in prog.lets:
+        env[name] = np.broadcast_to(e(env), (n,))
+    return env
+
+
+def _codes(values: np.ndarray, table: dict) -> np.ndarray:
+    if values.size and (values == values[0]).all():
+        return np.full(values.shape[0], table[values[0]], dtype=np.int64)
+    return np.fromiter(map(table.__getitem__, values), dtype=np.int64, count=values.shape[0])
+
+
+def _arr(e, env, n, dtype=np.float64):
+    return np.ascontiguousarray(np.broadcast_to(e(env), (n,)), dtype=dtype)
+
+
+def _rates(hw, n: int) -> np.ndarray:
+    sms = hw.sm_count
+    rate = np.zeros((n, N_RES), dtype=np.float64)
+    rate[:, R_CUDA] = hw.rate("fp32_tflops") * 1e6 / sms
+    rate[:, R_SFU] = hw.rate("sfu_tops") * 1e6 / sms
+    rate[:, R_SMEM] = hw.smem_bytes_per_clk * hw.rate("clock_mhz")
+    rate[:, R_L15] = hw.rate("l15_bw_tbps") * 1e6 / sms if hw.has_l15 else 0.0
+    rate[:, R_L2] = hw.rate("l2_bw_tbps") * 1e6 * hw.cal("l2_efficiency")
+    rate[:, R_DRAM] = hw.rate("dram_bw_tbps") * 1e6 * hw.cal("dram_efficiency")
+    return rate
+
+
+def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
+    """Lower validated candidate columns of ``prog``'s family to a :class:`TilePlan`."""
+    from tsbatch.kernels.dag import best_orders  # noqa: PLC0415
+
+    env = program_env(prog, cols, hw)
+    n = env["eb"].shape[0]
+    i64 = np.int64
+    g = [np.maximum(_arr(e, env, n, i64), 0) for e in prog.grid]
+    ksteps = np.maximum(_arr(prog.steps, env, n, i64), 1)
+    stages = np.maximum(_arr(prog.stages, env, n, i64), 1)
+    warps = np.maximum(_arr(prog.warps, env, n, i64), 1)
+    threads = warps * 32
+    env["warps_"] = warps
+    wg = _arr(prog.wgmma, env, n) > 0
+
+    # ---- tensors
+    T = len(prog.tensors)
+    t_bytes = np.zeros((n, max(T, 1)), dtype=np.float64)
+    t_mask = np.zeros((n, max(T, 1)), dtype=np.int64)
+    t_per_step = np.zeros((n, max(T, 1)), dtype=np.int64)
+    work_iter = np.zeros((n, N_RES), dtype=np.float64)
+    work_epi = np.zeros((n, N_RES), dtype=np.float64)
+    for j, t in enumerate(prog.tensors):
+        b = _arr(t.bytes, env, n)
+        t_bytes[:, j] = b
+        t_mask[:, j] = t.mask
+        t_per_step[:, j] = 1 if t.cadence == "step" else 0
+        if t.cadence == "tile":
+            work_epi[:, R_L2] += b
+            work_epi[:, R_DRAM] += b
+        else:
+            work_iter[:, R_L2] += b  # split by the cache model later
+
+    # ---- work of the actions
+    on_tc = env["tc"] > 0
+    body = prog.body
+    dur_work = np.zeros((n, len(body), N_RES), dtype=np.float64)  # body work per action
+    bi = {a.name: k for k, a in enumerate(body)}
+    for a in prog.actions:
+        for r, e in a.uses:
+            w = _arr(e, env, n)
+            col = _RES[r]
+            target = work_iter if a.phase == "body" else work_epi
+            if col == R_TC:
+                target[:, R_TC] += np.where(on_tc, w, 0.0)
+                target[:, R_CUDA] += np.where(on_tc, 0.0, w)
+            else:
+                target[:, col] += w
+            if a.phase == "body" and not a.is_async:
+                k = bi[a.name]
+                if col == R_TC:
+                    dur_work[:, k, R_TC] += np.where(on_tc, w, 0.0)
+                    dur_work[:, k, R_CUDA] += np.where(on_tc, 0.0, w)
+                else:
+                    dur_work[:, k, col] += w
+
+    # ---- footprints
+    smem = np.zeros(n, dtype=np.float64)
+    regb = np.zeros(n, dtype=np.float64)
+    tmem = np.zeros(n, dtype=np.float64)
+    for f in prog.footprints:
+        b = _arr(f.bytes, env, n)
+        if f.placement == "smem":
+            smem += b
+        elif f.placement == "registers":
+            regb += b
+        elif f.placement == "tmem":
+            tmem += b
+    want = np.ceil(regb / (4.0 * threads)) + _arr(prog.base_registers, env, n)
+    cap = np.minimum(float(hw.max_registers_per_thread),
+                     np.floor(hw.sm_registers / threads / 8) * 8)
+    regs = np.minimum(want, cap).astype(np.int64)
+    spill = np.maximum(want - cap, 0.0)
+    passes = _arr(prog.spill_passes, env, n)
+    work_iter[:, R_SMEM] += spill * 4.0 * threads * 2.0 * passes
+
+    # ---- rates
+    rate = _rates(hw, n)
+    sms = hw.sm_count
+    tc_key = [prog.dtypes[d]["tc"] or "float16" for d in prog.dtypes]
+    tc_tab = np.array([hw.tc_tflops(k) * 1e6 / sms for k in tc_key])
+    rate[:, R_TC] = (tc_tab[env["_dtype_code"]] * np.where(wg, 1.0, hw.mma_sync_fraction)
+                     * hw.cal("tc_efficiency"))
+
+    # ---- rules (and tensor memory outside Blackwell)
+    rules = [r.reason for r in prog.rules]
+    blocked = np.zeros(n, dtype=np.int64)
+    for k, r in enumerate(prog.rules):
+        hit = np.broadcast_to(np.asarray(r.when(env), dtype=bool), (n,))
+        blocked = np.where((blocked == 0) & hit, k + 1, blocked)
+    if prog.footprints and any(f.placement == "tmem" for f in prog.footprints):
+        cap_t = TMEM_BYTES_PER_SM if hw.mma == "tcgen05" else 0
+        rules.append("tensor memory (TMEM) footprint exceeds the SM's "
+                     f"{cap_t // 1024} KiB" if cap_t else "tensor memory (TMEM) exists only on "
+                     "Blackwell")
+        blocked = np.where((blocked == 0) & (tmem > cap_t), len(rules), blocked)
+
+    # ---- chain of the best order
+    rate_row = rate.copy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t_res = np.where(rate_row[:, None, :] > 0, dur_work / rate_row[:, None, :], 0.0)
+    dur = t_res.max(axis=2) if len(body) else np.zeros((n, 0))
+    if prog.has_chain() and n:
+        res_mask = np.array([sum(1 << _RES[r] for r, _ in a.uses) if not a.is_async else 0
+                             for a in body], dtype=np.int64)
+        # tensor-core work of a dtype without tensor cores runs on CUDA cores
+        res_mask_fma = np.array([(m & ~(1 << R_TC)) | ((1 << R_CUDA) if m & (1 << R_TC) else 0)
+                                 for m in res_mask], dtype=np.int64)
+        preds = prog.body_preds()
+        pred_mask = np.array([sum(1 << p for p in ps) for ps in preds], dtype=np.int64)
+        orders = prog.orders()
+        chain = np.zeros(n)
+        best = np.zeros(n, dtype=np.int64)
+        for sel, rm in ((on_tc, res_mask), (~on_tc, res_mask_fma)):
+            idx = np.flatnonzero(sel)
+            if idx.size:
+                c, b = best_orders(dur[idx], rm, pred_mask, orders)
+                chain[idx] = c
+                best[idx] = b
+    else:
+        chain = dur.max(axis=1) if len(body) else np.zeros(n)
+        best = np.zeros(n, dtype=np.int64)
+
+    if prog.streams is not None:
+        streams = np.maximum(_arr(prog.streams, env, n), 1e-9)
+    else:
+        streams = warps / float(hw.warp_schedulers)
+    order_code = ORDER_NAMES[prog.order]
+    cyc = 1.0 / hw.rate("clock_mhz")
+    launches = _arr(prog.launches, env, n) if prog.launches is not None else np.ones(n)
+    useful = (_arr(prog.useful_flops, env, n) if prog.useful_flops is not None
+              else g[0] * g[1] * g[2] * (ksteps * work_iter[:, R_TC] + work_epi[:, R_TC]))
+    extra = {"mma_path": np.array(["fma", "mma_sync", "wgmma"], dtype=object)[
+        np.where(wg & on_tc, 2, on_tc.astype(np.int64))],
+        "register_spill": spill.astype(np.int64), "tiles": g[0] * g[1] * g[2],
+        "program": prog}
+    for name, e in prog.extra_outputs:
+        extra[name] = _arr(e, env, n)
+    return TilePlan(
+        g0=g[0], g1=g[1], g2=g[2], order=np.full(n, order_code, dtype=np.int64),
+        group=np.maximum(_arr(prog.group, env, n, i64), 1), ksteps=ksteps, stages=stages,
+        smem_block=np.ceil(smem).astype(np.int64), regs_thread=regs, threads=threads,
+        warps=warps, t_mask=t_mask[:, :T], t_per_step=t_per_step[:, :T], t_bytes=t_bytes[:, :T],
+        work_iter=work_iter, work_epi=work_epi, rate=rate, warps_full=float(hw.warp_schedulers),
+        lat_us=np.full(n, hw.cal("mem_latency_us")),
+        ovh_iter_us=np.full(n, hw.cal("iter_overhead_cycles") * cyc),
+        ovh_tile_us=np.full(n, hw.cal("tile_overhead_cycles") * cyc),
+        launch_us=hw.launch_us * launches,
+        persistent=np.full(n, int(order_code == ORDER_PERSISTENT), dtype=np.int64),
+        useful_flops=np.asarray(useful, dtype=np.float64),
+        share_eff=np.where(wg, hw.cal("wgmma_share_efficiency"), 1.0),
+        sync_us=np.full(n, hw.cal("iter_sync_cycles") * cyc),
+        chain_us=chain, streams=streams, order_idx=best, blocked=blocked, rules=tuple(rules),
+        extra=extra)
+
+
+def family_from_program(prog: TileProgram) -> Family:
+    """The :class:`Family` of a tile program: its columns, workload and lowering."""
+    cols = tuple(prog.columns)
+    workload = prog.workload or tuple(c.name for c in cols if c.name not in _SCHEDULE_HINTS)
+    return Family(name=prog.name, columns=cols, workload_columns=workload,
+                  lower=lambda c, hw, _p=prog: lower_program(_p, c, hw), doc=prog.doc,
+                  program=prog)
+
+
+#: column names taken as schedule (not workload) when a program names no workload
+_SCHEDULE_HINTS = {"block_m", "block_n", "block_k", "num_stages", "num_warps", "group_m"}
+
+assert Column  # re-exported for programs built in Python
