@@ -213,8 +213,16 @@ def _attention_predictor(frame: pl.DataFrame, hw: str) -> pl.DataFrame:
     return evaluate(frame, hw, family="attention")
 
 
+def _collective_predictor(frame: pl.DataFrame, hw: str) -> pl.DataFrame:
+    # collectives name their system per row (column 'system'); hw is the group label only
+    from kernels_catalog.collectives import evaluate
+
+    return evaluate(frame)
+
+
 #: Default predictor per family. Families absent here are reported as skipped.
-PREDICTORS: dict[str, Predictor] = {"gemm": _gemm_predictor, "attention": _attention_predictor}
+PREDICTORS: dict[str, Predictor] = {"gemm": _gemm_predictor, "attention": _attention_predictor,
+                                    "collective": _collective_predictor}
 
 
 # ----------------------------------------------------------------------
@@ -358,7 +366,15 @@ def _select_problems(
     return df.join(chosen, on=problem_cols, how="left").filter(pl.col("_chosen").fill_null(False)).drop("_chosen")
 
 
+#: collectives under this size are reported apart (the latency-bound regime)
+COLLECTIVE_LATENCY_BYTES = 1 << 20
+
+
 def _dtype_label(spec: FamilySpec) -> pl.Expr:
+    if spec.name == "collective":
+        # no dtype: the group label is the regime, latency-bound (< 1 MiB) or not
+        return (pl.when(pl.col("bytes") < COLLECTIVE_LATENCY_BYTES).then(pl.lit("lt_1MiB"))
+                .otherwise(pl.lit("ge_1MiB")).alias("dtype"))
     if "dtype" not in spec.problem_cols:
         return pl.lit("n/a").alias("dtype")
     if "tf32" in spec.problem_cols:
@@ -420,6 +436,9 @@ def load_measured(
         df = _prepare(df, spec, path)
         if spec.has_gpu:
             df = _attach_gpu(df, path, hw)
+        elif "system" in df.columns and hw is None:
+            # collectives: the group's 'gpu' label is the measured system
+            df = df.with_columns(pl.col("system").cast(pl.String).alias("_hw"))
         else:
             df = df.with_columns(pl.lit(hw or "n/a").alias("_hw"))
         t = pl.col(spec.time_col)

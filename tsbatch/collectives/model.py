@@ -17,7 +17,7 @@ import math
 import numpy as np
 import polars as pl
 
-from tsbatch.collectives.nccl import PROTOCOLS
+from tsbatch.collectives.nccl import PROTOCOLS, TREE_CORRECTION
 from tsbatch.collectives.plan import COLLECTIVES, VALID_ALGORITHMS, Plan, build_plan, bus_factor
 from tsbatch.collectives.systems import get_system
 from tsbatch.errors import InputError
@@ -102,6 +102,7 @@ def plans_to_arrays(plans: list[Plan]) -> dict:
     """Concatenate plans into the kernel's CSR arrays (link ids offset per plan)."""
     plan_var_ptr = [0]
     var_base, var_eff, var_cap, var_stage_ptr = [], [], [], [0]
+    sel_lat, sel_inv, sel_tree, sel_max = [], [], [], []
     st_alpha, st_reps, st_load_ptr = [], [], [0]
     ld_link, ld_frac, link_bw = [], [], []
     var_index = []  # (plan, variant)
@@ -113,6 +114,10 @@ def plans_to_arrays(plans: list[Plan]) -> dict:
             var_base.append(v.base_us)
             var_eff.append(v.proto_eff)
             var_cap.append(v.cap_gbps)
+            sel_lat.append(v.sel_lat_us)
+            sel_inv.append(v.sel_inv_bw)
+            sel_tree.append(v.sel_tree)
+            sel_max.append(v.sel_max_bytes)
             var_index.append((pi, vi))
             for alpha, reps, loads in v.kernel_stages():
                 st_alpha.append(alpha)
@@ -128,7 +133,9 @@ def plans_to_arrays(plans: list[Plan]) -> dict:
     return dict(plan_var_ptr=i64(plan_var_ptr), var_base_us=f64(var_base), var_stage_ptr=i64(var_stage_ptr),
                 var_proto_eff=f64(var_eff), var_cap_gbps=f64(var_cap), stage_alpha_us=f64(st_alpha),
                 stage_reps=f64(st_reps), stage_load_ptr=i64(st_load_ptr), load_link=i64(ld_link),
-                load_frac=f64(ld_frac), link_bw_gbps=f64(link_bw), var_index=var_index)
+                load_frac=f64(ld_frac), link_bw_gbps=f64(link_bw), var_sel_lat_us=f64(sel_lat),
+                var_sel_inv_bw=f64(sel_inv), var_sel_tree=i64(sel_tree), var_sel_max_bytes=f64(sel_max),
+                tree_corr=f64(TREE_CORRECTION), var_index=var_index)
 
 
 def evaluate(frame: pl.DataFrame, hw=None, *, where: str = "candidates") -> pl.DataFrame:

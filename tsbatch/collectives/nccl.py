@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["PROTOCOLS", "ALGORITHMS", "HW_LAT_US", "BASE_LAT_US", "proto_bandwidth",
-           "hop_latency_us", "arch_index"]
+__all__ = ["PROTOCOLS", "ALGORITHMS", "HW_LAT_US", "BASE_LAT_US", "TREE_CORRECTION",
+           "P2P_LL_THRESHOLD_BYTES", "proto_bandwidth", "hop_latency_us", "base_latency_us",
+           "selection_model", "arch_index", "kind_of"]
 
 PROTOCOLS = ("ll", "ll128", "simple")
 #: algorithms tsbatch decomposes; "nccl" ones are those NCCL's tuner chooses among
@@ -52,6 +53,55 @@ _TREE_PER_CH = {"ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0),
                 "blackwell": (38.7, 41.4, 36.0)}
 _TREE_LL128_PER_CH = {"ampere": (20.0, 20.0, 20.0), "hopper": (36.7, 36.7, 29.0),
                       "blackwell": (36.7, 36.7, 29.0)}
+
+
+#: treeCorrectionFactor[protocol][log2(bytes / 64)], NCCL 2.19 ``ncclTopoGetAlgoTime``:
+#: tree bandwidth multipliers for sizes 64 B ... 256 MiB (1 beyond)
+TREE_CORRECTION = (
+    (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
+    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
+    (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
+)
+#: NCCL_P2P_LL_THRESHOLD default: point-to-point messages up to this size use LL
+P2P_LL_THRESHOLD_BYTES = 16384
+#: network post overhead per inter-node ring step (us; x3 for Simple), NCCL 2.19 getNetOverhead (x86)
+NET_OVERHEAD_US = 1.0
+
+
+def selection_model(algorithm: str, protocol: str, collective: str, n: int, nodes: int,
+                    bus_bw_gbps: float, channels: int, arch: str, intra_hw: str,
+                    system_base_us: float, alpha_ll: dict) -> tuple[float, float]:
+    """NCCL's own (latency us, algorithm bandwidth GB/s) of one algorithm and protocol.
+
+    ``bus_bw_gbps`` stands for NCCL's ``nChannels x bwIntra`` (its topology
+    search result): tsbatch passes the bus bandwidth of the routed ring.
+    ``alpha_ll`` maps hardware class -> the system's LL hop latency.
+    """
+    p = PROTOCOLS.index(protocol)
+    kind = kind_of(algorithm)
+    ppn = n / nodes
+    eff, cap = proto_bandwidth(algorithm, protocol, collective, nodes, ppn, channels, arch)
+    bus = min(bus_bw_gbps * eff, cap)
+    if kind == "ring":
+        nsteps = 2 * (n - 1) if collective == "all_reduce" else n - 1
+        ratio = n / nsteps
+    elif kind == "tree":
+        ratio = 0.5
+    else:
+        ratio = 5.0 / 6.0
+    lat = base_latency_us(system_base_us, algorithm, protocol)
+    intra = hop_latency_us(intra_hw, alpha_ll.get(intra_hw, HW_LAT_US[intra_hw]["ring"][0]), algorithm, protocol)
+    inter = hop_latency_us("net", alpha_ll.get("net", HW_LAT_US["net"]["ring"][0]), algorithm, protocol)
+    if kind == "ring":
+        n_inter = (2 * nodes if nodes > 1 else 0) if collective == "all_reduce" else nodes - 1
+        if nodes > 1:
+            intra = max(intra, NET_OVERHEAD_US * (3 if protocol == "simple" else 1))
+        lat += (nsteps - n_inter) * intra + n_inter * inter
+    elif kind == "tree":
+        lat += 2 * ((ppn - 1) * intra + math.log2(nodes) * inter) if nodes > 1 else 2 * (ppn - 1) * intra
+    else:
+        lat = intra + (inter if nodes > 1 else 0.0)
+    return lat, bus * ratio
 
 
 def arch_index(arch: str) -> str:

@@ -106,6 +106,11 @@ class Variant:
     base_us: float = 0.0
     proto_eff: float = 1.0
     cap_gbps: float = math.inf
+    #: NCCL's own prediction, used only to choose the variant (nccl.selection_model)
+    sel_lat_us: float = 0.0
+    sel_inv_bw: float = 0.0  # us per byte
+    sel_tree: int = -1  # protocol row of NCCL's tree correction, -1: none
+    sel_max_bytes: float = math.inf
 
     @property
     def n_stages(self) -> int:
@@ -208,8 +213,13 @@ class Topology:
             net = sy.net
             bw = sy.link_bw_gbps("net")
             ns, nd = self.node(s), self.node(d)
-            return [self._link(("nic_out", ns, self.nic(self.local(s))), bw, "net", "net", net.alpha_us),
-                    self._link(("nic_in", nd, self.nic(self.local(d))), bw, "net", "net", net.alpha_us)]
+            out = [self._link(("nic_out", ns, self.nic(self.local(s))), bw, "net", "net", net.alpha_us),
+                   self._link(("nic_in", nd, self.nic(self.local(d))), bw, "net", "net", net.alpha_us)]
+            cap = sy.calibration.get("net_node_bw_gbps", 0.0)
+            if cap > 0:  # a node's whole network share (calibrated; 0: the NICs' sum, no cap)
+                out.append(self._link(("node_out", ns), cap, "net_node", "net", net.alpha_us))
+                out.append(self._link(("node_in", nd), cap, "net_node", "net", net.alpha_us))
+            return out
         nv = sy.nvlink
         if nv is not None and nv.topology == "switched":
             bw = sy.link_bw_gbps("nvlink")
@@ -444,6 +454,12 @@ def build_plan(system_key: str, collective: str, n: int, gpn: int, algorithm: st
     arch = _gpu_arch(system.gpu)
     variants: list[Variant] = []
     reasons = []
+    bus_bw = _ring_bus_bw(topo, collective) if collective not in ("send_recv", "all_to_all") else 0.0
+    intra_hw = "nvlink" if (system.nvlink is not None and all(
+        topo.intra_is_nvlink(r, r + 1) for r in range(n - 1) if topo.node(r) == topo.node(r + 1))) else "pci"
+    alpha_ll = {"nvlink": system.nvlink.alpha_us if system.nvlink else 0.6,
+                "pci": system.pcie.alpha_us if system.pcie else 1.0,
+                "net": system.net.alpha_us if system.net else 2.7}
     for a in algos:
         got = stages_for(topo, collective, a)
         if isinstance(got, str):
@@ -462,8 +478,34 @@ def build_plan(system_key: str, collective: str, n: int, gpn: int, algorithm: st
             base = (nccl.base_latency_us(system.base_latency_us, a, p)
                     if collective not in ("send_recv", "all_to_all") else 0.0)
             base += system.cal("launch_overhead_us") + system.cal("rank_skew_us") * math.log2(n)
-            variants.append(Variant(a, p, _cost(topo, stages, a, p), pipelined, base, eff, cap))
+            var = Variant(a, p, _cost(topo, stages, a, p), pipelined, base, eff, cap)
+            if collective in ("send_recv", "all_to_all"):
+                # NCCL point-to-point: LL up to NCCL_P2P_LL_THRESHOLD, Simple beyond
+                ll = p == "ll"
+                var.sel_lat_us = 0.0 if ll else 1.0
+                var.sel_max_bytes = (nccl.P2P_LL_THRESHOLD_BYTES * (n - 1) if collective == "all_to_all"
+                                     else nccl.P2P_LL_THRESHOLD_BYTES) if ll else math.inf
+            elif a in ("ring", "tree", "nvls"):
+                lat, bw = nccl.selection_model(a, p, collective, n, topo.nodes, bus_bw, ch, arch,
+                                               intra_hw, system.base_latency_us, alpha_ll)
+                var.sel_lat_us = lat
+                var.sel_inv_bw = 1.0 / (bw * 1e3) if bw > 0 else math.inf
+                var.sel_tree = nccl.PROTOCOLS.index(p) if a == "tree" else -1
+            variants.append(var)
     return Plan(system, collective, n, gpn, topo, variants, "; ".join(reasons) if not variants else "")
+
+
+def _ring_bus_bw(topo: Topology, collective: str) -> float:
+    """Bus bandwidth (GB/s) of the routed ring under Simple: what NCCL's topology
+    search would report as ``nChannels x bwIntra`` for this job."""
+    coll = collective if collective in ("all_gather", "reduce_scatter") else "all_reduce"
+    got = stages_for(topo, coll, "ring")
+    stages = _cost(topo, got[0], "ring", "simple")
+    w = 0.0  # us per message byte
+    for s in stages:
+        w += s.reps * max(f / (topo.bw[lk] * 1e3) for lk, f in s.loads.items())
+    nsteps = 2 * (topo.n - 1) if coll == "all_reduce" else topo.n - 1
+    return nsteps / topo.n / (w * 1e3)
 
 
 @lru_cache(maxsize=None)

@@ -19,11 +19,15 @@ from pathlib import Path
 from tsbatch.errors import InputError
 
 __all__ = ["LinkClass", "System", "systems_dir", "load_system_file", "get_system", "list_systems",
-           "CALIBRATION_KEYS"]
+           "CALIBRATION_KEYS", "OPTIONAL_CALIBRATION_KEYS"]
 
 #: the per-system calibrated constants every system file declares
 CALIBRATION_KEYS = ("launch_overhead_us", "rank_skew_us", "nvlink_efficiency",
                     "pcie_efficiency", "net_efficiency")
+
+#: calibrated constants a system may add: net_node_bw_gbps caps a node's total
+#: network bandwidth per direction (a shared uplink or host limit; absent: no cap)
+OPTIONAL_CALIBRATION_KEYS = ("net_node_bw_gbps",)
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,9 @@ def load_system_file(path: str | Path) -> System:
     if classes["nvlink"] is None and classes["pcie"] is None:
         raise InputError(f"{path}: a system needs an intra-node link (links.nvlink or links.pcie)")
     calibration = {k: num(cal_doc, k, "calibration") for k in CALIBRATION_KEYS}
+    for k in OPTIONAL_CALIBRATION_KEYS:
+        if k in cal_doc:
+            calibration[k] = num(cal_doc, k, "calibration")
     gpn = int(num(sysd, "gpus_per_node", "system"))
     max_nodes = int(num(sysd, "max_nodes", "system", default=1.0))
     if classes["net"] is None:

@@ -12,9 +12,12 @@ plan's variants the kernel evaluates Eq. 11 stage by stage,
 
 with ``B_{l,k} = load_frac * bytes`` and the link's inverse bandwidth under the
 variant's protocol, ``beta_l(v) = 1 / min(bw_l * proto_eff(v), cap(v))``
-(``cap`` is the protocol's per-link ceiling from NCCL's tuning model), and
-keeps the fastest variant (the plan's automatic choice) unless the row forces
-one. ``reps_k`` counts identical stages (ring steps), which the paper evaluates
+(``cap`` is the protocol's per-link ceiling from NCCL's tuning model). Which
+variant runs is NCCL's decision, made by NCCL's own tuning model
+(``latency + bytes / bandwidth`` per algorithm and protocol, with the bus
+bandwidth taken from the routed topology): the kernel picks the variant that
+model ranks first for the row's size, unless the row forces one, and costs
+that variant by Eq. 11. ``reps_k`` counts identical stages (ring steps), which the paper evaluates
 once and multiplies. Stages of a pipelined algorithm (tree, in-switch
 reduction, point-to-point) run concurrently in chunks: the planner merges
 their loads into one stage whose ``alpha`` is the sum of theirs.
@@ -71,9 +74,29 @@ def _variant_time(v, nbytes, var_base_us, var_stage_ptr, var_proto_eff, var_cap_
 
 
 @jit_serial
+def _select_time(v, nbytes, var_sel_lat_us, var_sel_inv_bw, var_sel_tree, var_sel_max_bytes,
+                 tree_corr):
+    """NCCL's own predicted time of variant ``v`` (its tuner's choice criterion)."""
+    if nbytes > var_sel_max_bytes[v]:
+        return np.inf
+    inv = var_sel_inv_bw[v]
+    p = var_sel_tree[v]
+    if p >= 0:
+        x = nbytes / 64.0
+        lg = 0
+        while x >= 2.0 and lg < 64:
+            x *= 0.5
+            lg += 1
+        if lg < tree_corr.shape[1]:
+            inv = inv / tree_corr[p, lg]
+    return var_sel_lat_us[v] + nbytes * inv
+
+
+@jit_serial
 def _rows(row_plan, row_var, nbytes, plan_var_ptr, var_base_us, var_stage_ptr,
           var_proto_eff, var_cap_gbps, stage_alpha_us, stage_reps, stage_load_ptr, load_link,
-          load_frac, link_bw_gbps, out_us, out_var, out_link, out_bw_us, lo, hi):
+          load_frac, link_bw_gbps, var_sel_lat_us, var_sel_inv_bw, var_sel_tree,
+          var_sel_max_bytes, tree_corr, out_us, out_var, out_link, out_bw_us, lo, hi):
     for i in range(lo, hi):
         p = row_plan[i]
         if p < 0:
@@ -82,29 +105,29 @@ def _rows(row_plan, row_var, nbytes, plan_var_ptr, var_base_us, var_stage_ptr,
             out_link[i] = -1
             out_bw_us[i] = np.nan
             continue
-        forced = row_var[i]
-        best_t = np.inf
-        best_v = -1
-        best_l = -1
-        best_b = np.nan
-        for v in range(plan_var_ptr[p], plan_var_ptr[p + 1]):
-            if forced >= 0 and v != forced:
-                continue
-            t, lk, b = _variant_time(v, nbytes[i], var_base_us, var_stage_ptr, var_proto_eff,
-                                     var_cap_gbps, stage_alpha_us, stage_reps, stage_load_ptr,
-                                     load_link, load_frac, link_bw_gbps)
-            if t < best_t:
-                best_t = t
-                best_v = v
-                best_l = lk
-                best_b = b
+        best_v = row_var[i]
+        if best_v < 0:
+            # the variant NCCL's tuning model predicts fastest
+            best_s = np.inf
+            for v in range(plan_var_ptr[p], plan_var_ptr[p + 1]):
+                ts = _select_time(v, nbytes[i], var_sel_lat_us, var_sel_inv_bw, var_sel_tree,
+                                  var_sel_max_bytes, tree_corr)
+                if ts < best_s:
+                    best_s = ts
+                    best_v = v
         if best_v < 0:
             out_us[i] = np.nan
-        else:
-            out_us[i] = best_t
+            out_var[i] = -1
+            out_link[i] = -1
+            out_bw_us[i] = np.nan
+            continue
+        t, lk, b = _variant_time(best_v, nbytes[i], var_base_us, var_stage_ptr, var_proto_eff,
+                                 var_cap_gbps, stage_alpha_us, stage_reps, stage_load_ptr,
+                                 load_link, load_frac, link_bw_gbps)
+        out_us[i] = t
         out_var[i] = best_v
-        out_link[i] = best_l
-        out_bw_us[i] = best_b
+        out_link[i] = lk
+        out_bw_us[i] = b
 
 
 def stage_times(nbytes: float, stage_alpha_us: np.ndarray, stage_reps: np.ndarray,
@@ -124,8 +147,9 @@ def stage_times(nbytes: float, stage_alpha_us: np.ndarray, stage_reps: np.ndarra
 
 def evaluate_rows(row_plan, row_var, nbytes, plan_var_ptr, var_base_us, var_stage_ptr,
                   var_proto_eff, var_cap_gbps, stage_alpha_us, stage_reps, stage_load_ptr,
-                  load_link, load_frac, link_bw_gbps, *, threads: int | None = None):
-    """Predict every row: the fastest (or forced) variant of its plan under Eq. 11.
+                  load_link, load_frac, link_bw_gbps, var_sel_lat_us, var_sel_inv_bw,
+                  var_sel_tree, var_sel_max_bytes, tree_corr, *, threads: int | None = None):
+    """Predict every row: the variant NCCL's tuner picks (or the forced one), costed by Eq. 11.
 
     Parameters
     ----------
@@ -133,7 +157,10 @@ def evaluate_rows(row_plan, row_var, nbytes, plan_var_ptr, var_base_us, var_stag
         Plan index of each row; ``-1`` marks an infeasible row (NaN out).
     row_var : int64 (n,)
         Global variant index a row forces, ``-1`` for the plan's automatic
-        choice (the fastest of its variants).
+        choice: the variant with the least *selection* time
+        ``sel_lat + bytes * sel_inv_bw`` (NCCL's tuning model, with its tree
+        correction factor ``tree_corr[protocol, log2(bytes / 64)]`` where
+        ``sel_tree >= 0``), among those with ``bytes <= sel_max_bytes``.
     nbytes : float64 (n,)
         Message size in bytes.
     plan_var_ptr, var_stage_ptr, stage_load_ptr : int64
@@ -147,6 +174,11 @@ def evaluate_rows(row_plan, row_var, nbytes, plan_var_ptr, var_base_us, var_stag
         Link id and bytes routed through it per message byte.
     link_bw_gbps : float64 (n_link,)
         Achieved one-direction bandwidth of every link.
+    var_sel_lat_us, var_sel_inv_bw, var_sel_max_bytes : float64, var_sel_tree : int64 (n_var,)
+        NCCL's predicted latency (us), inverse bandwidth (us per byte),
+        largest eligible size, and tree-correction protocol row (-1: none).
+    tree_corr : float64 (3, m)
+        NCCL's tree correction factors by protocol and power-of-two size.
 
     Returns
     -------
@@ -171,7 +203,11 @@ def evaluate_rows(row_plan, row_var, nbytes, plan_var_ptr, var_base_us, var_stag
                                                                     stage_alpha_us, stage_reps)]
     args.append(np.ascontiguousarray(stage_load_ptr, dtype=np.int64))
     args.append(np.ascontiguousarray(load_link, dtype=np.int64))
-    args += [np.ascontiguousarray(a, dtype=np.float64) for a in (load_frac, link_bw_gbps)]
+    args += [np.ascontiguousarray(a, dtype=np.float64) for a in (load_frac, link_bw_gbps,
+                                                                    var_sel_lat_us, var_sel_inv_bw)]
+    args.append(np.ascontiguousarray(var_sel_tree, dtype=np.int64))
+    args.append(np.ascontiguousarray(var_sel_max_bytes, dtype=np.float64))
+    args.append(np.ascontiguousarray(tree_corr, dtype=np.float64))
     out_us = np.empty(n, dtype=np.float64)
     out_var = np.empty(n, dtype=np.int64)
     out_link = np.empty(n, dtype=np.int64)

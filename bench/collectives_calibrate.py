@@ -1,0 +1,111 @@
+"""Calibrate a system file's few collective constants on measured NCCL times.
+
+    .venv/bin/python bench/collectives_calibrate.py dgx_a100 ../shared/data/collectives/*.parquet
+
+Reads the measured files whose ``system`` column resolves to the named system
+and searches, one constant at a time (coordinate descent over a fixed grid,
+three sweeps), the values that minimise the mean per-file WMAPE:
+
+- ``launch_overhead_us``, ``rank_skew_us`` on rows under 64 KiB (the latency regime);
+- ``nvlink_efficiency``, ``pcie_efficiency``, ``net_efficiency`` and
+  (``--node-cap``) ``net_node_bw_gbps`` on rows of at least 1 MiB.
+
+Nothing is fitted per message size, per GPU count or per file: one value per
+constant for the system. It prints the values to copy into
+``hw/systems/<system>.toml`` with the rows and files they were fitted on; it
+writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import numpy as np
+import polars as pl
+
+from tsbatch.collectives import plan as plan_mod
+from tsbatch.collectives.model import evaluate
+from tsbatch.collectives.systems import get_system
+
+GRIDS = {
+    "launch_overhead_us": np.arange(0.0, 60.1, 1.0),
+    "rank_skew_us": np.arange(0.0, 30.1, 0.5),
+    "nvlink_efficiency": np.arange(0.40, 1.201, 0.01),
+    "pcie_efficiency": np.arange(0.30, 1.001, 0.01),
+    "net_efficiency": np.arange(0.05, 1.001, 0.01),
+    "net_node_bw_gbps": np.arange(5.0, 200.1, 1.0),
+}
+
+
+def _load(paths, key):
+    parts = []
+    for p in paths:
+        d = pl.read_parquet(p)
+        d = d.filter(pl.col("system").map_elements(lambda s: get_system(s).key == key, return_dtype=pl.Boolean))
+        if d.height:
+            d = (d.group_by(["system", "collective", "num_gpus", "gpus_per_node", "bytes"])
+                 .agg(pl.col("time_ms_median").median()).with_columns(file=pl.lit(str(p))))
+            parts.append(d)
+    return pl.concat(parts) if parts else None
+
+
+def _score(frame, system, cal):
+    sys_ = dataclasses.replace(system, calibration={**system.calibration, **cal})
+    plan_mod.build_plan.cache_clear()
+    orig = plan_mod.get_system
+    plan_mod.get_system = lambda name: sys_ if name == system.key else orig(name)
+    try:
+        out = evaluate(frame)
+    finally:
+        plan_mod.get_system = orig
+        plan_mod.build_plan.cache_clear()
+    meas = out["time_ms_median"].to_numpy() * 1e3
+    pred = out["latency_us"].to_numpy()
+    files = out["file"].to_numpy()
+    w = []
+    for f in np.unique(files):
+        m = files == f
+        w.append(np.abs(pred[m] - meas[m]).sum() / meas[m].sum())
+    return float(np.mean(w)) * 100
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("system")
+    ap.add_argument("measured", nargs="+")
+    ap.add_argument("--node-cap", action="store_true", help="also fit net_node_bw_gbps")
+    args = ap.parse_args(argv)
+    system = get_system(args.system)
+    frame = _load(args.measured, system.key)
+    if frame is None:
+        print(f"no measured rows for {system.key}", file=sys.stderr)
+        return 2
+    small = frame.filter(pl.col("bytes") < 65536)
+    large = frame.filter(pl.col("bytes") >= 1 << 20)
+    cal = dict(system.calibration)
+    keys_large = ["nvlink_efficiency", "pcie_efficiency", "net_efficiency"]
+    if args.node_cap:
+        keys_large.append("net_node_bw_gbps")
+        cal.setdefault("net_node_bw_gbps", 100.0)
+    used = {"nvlink": system.nvlink is not None, "pcie": system.pcie is not None, "net": system.net is not None}
+    keys_large = [k for k in keys_large if used.get(k.split("_")[0], True)]
+    for _ in range(3):
+        for k in keys_large:
+            scores = [(_score(large, system, {**cal, k: v}), v) for v in GRIDS[k]]
+            cal[k] = float(min(scores)[1])
+        for k in ("launch_overhead_us", "rank_skew_us"):
+            scores = [(_score(small, system, {**cal, k: v}), v) for v in GRIDS[k]]
+            cal[k] = float(min(scores)[1])
+    print(f"{system.key}: fitted on {frame['file'].n_unique()} file(s), {small.height} rows < 64 KiB, "
+          f"{large.height} rows >= 1 MiB")
+    for k, v in cal.items():
+        print(f"  {k} = {v:g}")
+    print(f"  mean per-file WMAPE: >=1 MiB {_score(large, system, cal):.2f} %, "
+          f"<64 KiB {_score(small, system, cal):.2f} %, all {_score(frame, system, cal):.2f} %")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
