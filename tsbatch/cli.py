@@ -434,6 +434,7 @@ PLUGINS = {
     "simulate": "tsbatch.sim.cli",
     "measure": "tsbatch.measure",
     "calibrate": "tsbatch.measure",
+    "comm": "tsbatch.collectives.cli",
 }
 
 

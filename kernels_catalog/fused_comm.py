@@ -1,0 +1,304 @@
+"""Fused compute–communication families: AllGather+GEMM, GEMM+ReduceScatter, Ulysses attention.
+
+TileSight §3.6: a tensor- or sequence-parallel mapping partitions a tile
+grid and its tensors over GPUs; a tile that needs a tensor tile placed on
+another GPU gains a remote access, realised as a collective, whose α–β cost
+(:mod:`tsbatch.collectives`) overlaps the local compute through the
+prologue–steady–epilogue envelope. Here the remote accesses are *inferred*
+from the placement (:func:`infer_remote_accesses`: which GEMM operand is
+sharded along which dimension), never written per family, and the work is
+cut into ``chunks`` along the output rows so that the communication of one
+chunk overlaps the compute of another:
+
+- ``ag_gemm`` (sequence-parallel column-linear): ``A[m, k]`` sharded by rows,
+  ``B[k, n]`` by columns; every rank needs all of A, so A is all-gathered,
+  chunk by chunk, before the local GEMM ``m x n/tp x k`` consumes it.
+  Envelope (communication leads): ``T = comm_1 + (c - 1) max(gemm_c, comm_c) + gemm_c``.
+- ``gemm_rs`` (row-linear): ``A[m, k]`` and ``B[k, n]`` both sharded along
+  ``k``; the local GEMM ``m x n x k/tp`` yields a partial ``C`` that is
+  reduce-scattered by rows, chunk by chunk.
+  Envelope (compute leads): ``T = gemm_1 + (c - 1) max(gemm_c, comm_c) + comm_c``.
+- ``ulysses`` (DeepSpeed-Ulysses sequence parallelism): Q, K, V sharded by
+  sequence are re-sharded by heads with all-to-alls, attention runs on
+  ``heads / sp`` heads over the whole sequence, and an all-to-all returns O
+  to sequence sharding; chunked over heads (the all-to-alls of one head
+  group overlap the attention of another).
+
+Contention: while a chunk's collective runs, its NCCL channels occupy one SM
+each, so an overlapped GEMM or attention chunk runs on ``SMs - channels``
+SMs: its time is scaled by ``SMs / (SMs - channels)`` in the steady state
+(the first compute chunk of ``gemm_rs`` and the last of ``ag_gemm`` run
+alone). Memory-bandwidth contention is not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+
+from kernels_catalog.base import Column, Family
+from tsbatch.errors import InputError
+
+__all__ = ["AG_GEMM", "GEMM_RS", "ULYSSES", "FAMILIES", "infer_remote_accesses", "evaluate_fused",
+           "RESULT_COLUMNS", "ELEM_BYTES"]
+
+ELEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float8": 1}
+_OUT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float8": 2}
+
+RESULT_COLUMNS = ("latency_us", "feasible", "infeasible_reason", "compute_us", "comm_us",
+                  "chunk_compute_us", "chunk_comm_us", "exposed_comm_us", "overlap_pct",
+                  "comm_collective", "comm_algorithm", "comm_protocol", "comm_bottleneck_link")
+
+
+# ------------------------------------------------------------------ placement
+def infer_remote_accesses(a_shard: str | None, b_shard: str | None, out_shard: str | None) -> list[dict]:
+    """Remote tensor accesses of a tensor-parallel GEMM ``C[m,n] = A[m,k] @ B[k,n]``.
+
+    Each operand is sharded along one of its dimensions (or replicated:
+    ``None``) over the TP group. The rule is producer–consumer placement:
+
+    - A and B both sharded along ``k``: every rank owns a partial sum of all of
+      C, which must be reduced: a ``reduce_scatter`` (C sharded by ``m``) or an
+      ``all_reduce`` (C replicated), after the GEMM, of ``m n`` output elements;
+    - A sharded along ``m`` while B is sharded along ``n`` (or replicated with C
+      replicated): the local GEMM needs every row of A: an ``all_gather`` of A
+      (``m k`` elements) before the GEMM;
+    - A sharded along ``m`` with B replicated and C sharded by ``m``: local.
+
+    Returns dicts ``{collective, tensor, when: "before"|"after", elements: (dims)}``
+    and the local GEMM's divided dimensions under key ``"local"``.
+    """
+    acc: list[dict] = []
+    local = {"m": False, "n": False, "k": False}  # dims divided by tp in the local GEMM
+    if a_shard == "k" and b_shard == "k":
+        local["k"] = True
+        coll = "reduce_scatter" if out_shard == "m" else "all_reduce"
+        acc.append({"collective": coll, "tensor": "C", "when": "after", "elements": ("m", "n")})
+    elif a_shard == "m":
+        if b_shard == "n" or out_shard is None:
+            acc.append({"collective": "all_gather", "tensor": "A", "when": "before", "elements": ("m", "k")})
+            if b_shard == "n":
+                local["n"] = True
+        else:
+            local["m"] = True
+    elif b_shard == "n":
+        local["n"] = True
+    else:
+        raise InputError(f"unsupported GEMM placement A:{a_shard} B:{b_shard} C:{out_shard}")
+    return acc + [{"local": local}]
+
+
+#: placements of the two GEMM families (A shard, B shard, C shard)
+PLACEMENT = {"ag_gemm": ("m", "n", "n"), "gemm_rs": ("k", "k", "m")}
+
+
+# ------------------------------------------------------------------ columns
+_COMMON = (
+    Column("system", "str", "hw/systems file stem or alias"),
+    Column("num_gpus", "int", "tensor/sequence-parallel degree (GPUs)", positive=True),
+    Column("gpus_per_node", "int", "GPUs per node (default: the system's, up to num_gpus)",
+           required=False, positive=True),
+    Column("chunks", "int", "communication chunks overlapped with compute (1: none)",
+           required=False, default=1, positive=True),
+    Column("algorithm", "str", "force the collective's algorithm", required=False),
+    Column("protocol", "str", "force the collective's protocol", required=False),
+)
+_GEMM_COLS = (
+    Column("m", "int", "rows of A and C (global)", positive=True),
+    Column("n", "int", "columns of B and C (global)", positive=True),
+    Column("k", "int", "reduction length (global)", positive=True),
+    Column("dtype", "str", "input element type", choices=tuple(ELEM_BYTES)),
+    Column("block_m", "int", "GEMM tile rows", positive=True),
+    Column("block_n", "int", "GEMM tile columns", positive=True),
+    Column("block_k", "int", "GEMM reduction step", positive=True),
+    Column("num_stages", "int", "GEMM pipeline stages", positive=True),
+    Column("num_warps", "int", "GEMM warps per block", positive=True),
+)
+_ATTN_COLS = (
+    Column("batch", "int", "batch", positive=True),
+    Column("heads", "int", "query heads (global)", positive=True),
+    Column("seq_len", "int", "sequence length (global)", positive=True),
+    Column("head_dim", "int", "head dimension", positive=True),
+    Column("dtype", "str", "element type", choices=("float16", "bfloat16")),
+    Column("block_m", "int", "attention query tile", positive=True),
+    Column("block_n", "int", "attention key tile", positive=True),
+    Column("num_stages", "int", "pipeline stages", positive=True),
+    Column("num_warps", "int", "warps per block", positive=True),
+    Column("causal", "bool", "causal mask", required=False, default=False),
+)
+
+
+def _need(df: pl.DataFrame, cols, family: str) -> pl.DataFrame:
+    for c in cols:
+        if c.name not in df.columns:
+            if c.required:
+                raise InputError(f"{family} candidates: missing column '{c.name}'")
+            if c.default is not None:
+                df = df.with_columns(pl.lit(c.default).alias(c.name))
+        elif c.positive and df.schema[c.name].is_numeric() and (df[c.name].drop_nulls() <= 0).any():
+            raise InputError(f"{family} candidates: column '{c.name}' must be positive")
+    if "dtype" in df.columns:
+        bad = set(df["dtype"].unique().to_list()) - set(ELEM_BYTES)
+        if bad:
+            raise InputError(f"{family} candidates: column 'dtype' has unknown value(s) {sorted(bad)}")
+    return df
+
+
+def _gpu_of(systems: np.ndarray) -> np.ndarray:
+    from tsbatch.collectives.systems import get_system
+
+    keys = {s: get_system(s).gpu for s in np.unique(systems)}
+    return np.array([keys[s] for s in systems], dtype=object)
+
+
+def _eval_compute(frame: pl.DataFrame, gpus: np.ndarray, family: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(latency_us, feasible, sm_count) of per-chunk compute rows, one evaluator call per GPU."""
+    from tsbatch.evaluate import evaluate
+    from tsbatch.hw import get_hw
+
+    lat = np.full(frame.height, np.nan)
+    ok = np.zeros(frame.height, dtype=bool)
+    sms = np.ones(frame.height)
+    for g in np.unique(gpus):
+        idx = np.nonzero(gpus == g)[0]
+        out = evaluate(frame[idx], g, family=family)
+        lat[idx] = out["latency_us"].to_numpy()
+        ok[idx] = out["feasible"].to_numpy()
+        sms[idx] = float(get_hw(g).sm_count)
+    return lat, ok, sms
+
+
+def _envelope(first: np.ndarray, comp: np.ndarray, comm: np.ndarray, c: np.ndarray,
+              lead: str, slow: np.ndarray) -> np.ndarray:
+    """Chunk pipeline over ``c`` chunks (prologue–steady–epilogue, TileSight Eq. 2).
+
+    ``lead == "comm"``: comm_1, then (c-1) steady steps of max(compute under
+    contention, comm), then the last compute alone. ``lead == "compute"``:
+    compute_1 alone, (c-1) steady steps, then the last comm.
+    """
+    steady = np.maximum(comp * np.where(c > 1, slow, 1.0), comm)
+    if lead == "comm":
+        return comm + (c - 1) * steady + comp
+    return comp + (c - 1) * steady + comm
+
+
+def evaluate_fused(frame: pl.DataFrame, family: str) -> pl.DataFrame:
+    """Input columns followed by :data:`RESULT_COLUMNS` for ``ag_gemm``, ``gemm_rs`` or ``ulysses``."""
+    from tsbatch.collectives.model import evaluate as eval_coll
+    from tsbatch.collectives.plan import default_channels
+    from tsbatch.collectives.systems import get_system
+
+    fam = FAMILIES[family]
+    df = _need(frame, fam.columns, family)
+    n_rows = df.height
+    tp = df["num_gpus"].to_numpy().astype(np.int64)
+    c = df["chunks"].to_numpy().astype(np.int64)
+    systems = df["system"].cast(pl.String).to_numpy()
+    gpus = _gpu_of(systems)
+    reasons = np.full(n_rows, None, dtype=object)
+    dtype = df["dtype"].to_numpy()
+    e_in = np.array([ELEM_BYTES[d] for d in dtype], dtype=np.float64)
+    coll_base = {"system": df["system"], "num_gpus": df["num_gpus"]}
+    for opt in ("gpus_per_node", "algorithm", "protocol"):
+        if opt in df.columns:
+            coll_base[opt] = df[opt]
+    if family in PLACEMENT:
+        m, n, k = (df[x].to_numpy().astype(np.int64) for x in ("m", "n", "k"))
+        acc = infer_remote_accesses(*PLACEMENT[family])
+        local = acc[-1]["local"]
+        remote = acc[0]
+        lm = np.where(local["m"], m // tp, m)
+        ln = np.where(local["n"], n // tp, n)
+        lk = np.where(local["k"], k // tp, k)
+        for name, dim, glob in (("m", "m", m), ("n", "n", n), ("k", "k", k)):
+            if local[dim]:
+                bad = glob % tp != 0
+                reasons[bad & (reasons == None)] = f"{name} not divisible by num_gpus"  # noqa: E711
+        cm = -(-lm // c)  # chunk rows
+        bad = (lm % c) != 0
+        reasons[bad & (reasons == None)] = "the GEMM's rows are not divisible by chunks"  # noqa: E711
+        gemm = df.select("dtype", "block_m", "block_n", "block_k", "num_stages", "num_warps").with_columns(
+            pl.Series("m", cm), pl.Series("n", ln), pl.Series("k", lk))
+        comp, ok, sms = _eval_compute(gemm, gpus, "gemm")
+        elems = {"m": m, "n": n, "k": k}
+        e_t = e_in if remote["tensor"] == "A" else np.array([_OUT_BYTES[d] for d in dtype], dtype=np.float64)
+        total = e_t * elems[remote["elements"][0]] * elems[remote["elements"][1]]
+        chunk_bytes = np.maximum(np.round(total / c), 1).astype(np.int64)
+        coll_name = remote["collective"]
+        lead = "comm" if remote["when"] == "before" else "compute"
+        comm_frames = [(coll_name, chunk_bytes)]
+    else:  # ulysses
+        b, h, s, d = (df[x].to_numpy().astype(np.int64) for x in ("batch", "heads", "seq_len", "head_dim"))
+        bad = (h % tp != 0) | (s % tp != 0)
+        reasons[bad] = "heads and seq_len must be divisible by num_gpus"
+        lh = h // np.maximum(tp, 1)
+        ch = lh // c
+        reasons[((lh % c) != 0) & (reasons == None)] = "local heads not divisible by chunks"  # noqa: E711
+        attn = df.select("dtype", "block_m", "block_n", "num_stages", "num_warps", "causal").with_columns(
+            pl.Series("batch", b), pl.Series("heads", np.maximum(ch, 1)), pl.Series("seq_len", s),
+            pl.Series("head_dim", d))
+        comp, ok, sms = _eval_compute(attn, gpus, "attention")
+        # a rank's all-to-all send buffer for one chunk of heads: its sequence shard x chunk heads x tp
+        per = (b * (s // np.maximum(tp, 1)) * np.maximum(ch, 1) * tp * d * e_in).astype(np.int64)
+        comm_frames = [("all_to_all", per)]
+        lead = "comm"
+    coll = pl.DataFrame({**coll_base, "collective": [comm_frames[0][0]] * n_rows,
+                         "bytes": np.maximum(comm_frames[0][1], 1)})
+    cres = eval_coll(coll)
+    comm = cres["latency_us"].to_numpy()
+    if family == "ulysses":
+        # three all-to-alls (Q, K, V) before attention and one (O) after, per head chunk
+        comm_in, comm_out = 3 * comm, comm
+        chan = np.array([default_channels(get_system(x)) for x in systems], dtype=np.float64)
+        slow = sms / np.maximum(sms - chan, 1.0)
+        steady = np.maximum(comp * np.where(c > 1, slow, 1.0), comm_in + comm_out)
+        total_t = comm_in + (c - 1) * steady + comp + comm_out
+        comm_total = c * (comm_in + comm_out)
+        chunk_comm = comm_in + comm_out
+    else:
+        chan = np.array([default_channels(get_system(x)) for x in systems], dtype=np.float64)
+        slow = sms / np.maximum(sms - chan, 1.0)
+        total_t = _envelope(comp, comp, comm, c, lead, slow)
+        comm_total = c * comm
+        chunk_comm = comm
+    comp_total = c * comp
+    cfeas = cres["feasible"].to_numpy()
+    r_coll = cres["infeasible_reason"].to_numpy()
+    reasons = np.where((reasons == None) & ~cfeas, r_coll, reasons)  # noqa: E711
+    reasons = np.where((reasons == None) & ~ok, "compute chunk infeasible (see the compute family)", reasons)  # noqa: E711
+    feasible = reasons == None  # noqa: E711
+    lat = np.where(feasible, total_t, np.nan)
+    exposed = lat - comp_total
+    hidden = comp_total + comm_total - lat
+    overlap = 100.0 * hidden / np.maximum(np.minimum(comp_total, comm_total), 1e-12)
+    return frame.with_columns(
+        pl.Series("latency_us", lat),
+        pl.Series("feasible", feasible),
+        pl.Series("infeasible_reason", reasons, dtype=pl.String),
+        pl.Series("compute_us", np.where(feasible, comp_total, np.nan)),
+        pl.Series("comm_us", np.where(feasible, comm_total, np.nan)),
+        pl.Series("chunk_compute_us", np.where(feasible, comp, np.nan)),
+        pl.Series("chunk_comm_us", np.where(feasible, chunk_comm, np.nan)),
+        pl.Series("exposed_comm_us", np.where(feasible, exposed, np.nan)),
+        pl.Series("overlap_pct", np.where(feasible, overlap, np.nan)),
+        pl.Series("comm_collective", [comm_frames[0][0]] * n_rows, dtype=pl.String),
+        pl.Series("comm_algorithm", cres["algorithm_used"], dtype=pl.String),
+        pl.Series("comm_protocol", cres["protocol_used"], dtype=pl.String),
+        pl.Series("comm_bottleneck_link", cres["bottleneck_link"], dtype=pl.String),
+    )
+
+
+def _family(name: str, cols, workload, doc) -> Family:
+    return Family(name=name, columns=_COMMON + cols, workload_columns=workload, lower=None, doc=doc,
+                  evaluate=lambda frame, hw=None: evaluate_fused(frame, name))
+
+
+AG_GEMM = _family("ag_gemm", _GEMM_COLS, ("system", "m", "n", "k", "dtype"),
+                  "AllGather of the row-sharded A overlapped with the column-parallel GEMM")
+GEMM_RS = _family("gemm_rs", _GEMM_COLS, ("system", "m", "n", "k", "dtype"),
+                  "k-sharded GEMM overlapped with the ReduceScatter of its partial C")
+ULYSSES = _family("ulysses", _ATTN_COLS, ("system", "batch", "heads", "seq_len", "head_dim", "dtype"),
+                  "Ulysses sequence parallelism: all-to-all, attention on heads/sp, all-to-all")
+FAMILIES = {"ag_gemm": AG_GEMM, "gemm_rs": GEMM_RS, "ulysses": ULYSSES}
