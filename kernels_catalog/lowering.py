@@ -109,6 +109,7 @@ def _rates(hw, n: int) -> np.ndarray:
 def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     """Lower validated candidate columns of ``prog``'s family to a :class:`TilePlan`."""
     from tsbatch.kernels.dag import best_orders  # noqa: PLC0415
+    from tsbatch.kernels.rowhash import dedup_rows  # noqa: PLC0415
 
     env = program_env(prog, cols, hw)
     n = env["eb"].shape[0]
@@ -139,11 +140,11 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         else:
             work_iter[:, R_L2] += b  # split by the cache model later
 
-    # ---- work of the actions
+    # ---- work of the actions (and each synchronous body action's work per resource)
     on_tc = env["tc"] > 0
     body = prog.body
-    dur_work = np.zeros((n, len(body), N_RES), dtype=np.float64)  # body work per action
     bi = {a.name: k for k, a in enumerate(body)}
+    sync_work: list[list[tuple[int, np.ndarray]]] = [[] for _ in body]
     for a in prog.actions:
         for r, e in a.uses:
             w = _arr(e, env, n)
@@ -155,12 +156,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
             else:
                 target[:, col] += w
             if a.phase == "body" and not a.is_async:
-                k = bi[a.name]
-                if col == R_TC:
-                    dur_work[:, k, R_TC] += np.where(on_tc, w, 0.0)
-                    dur_work[:, k, R_CUDA] += np.where(on_tc, 0.0, w)
-                else:
-                    dur_work[:, k, col] += w
+                sync_work[bi[a.name]].append((col, w))
 
     # ---- footprints
     smem = np.zeros(n, dtype=np.float64)
@@ -203,11 +199,18 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
                      "Blackwell")
         blocked = np.where((blocked == 0) & (tmem > cap_t), len(rules), blocked)
 
-    # ---- chain of the best order
-    rate_row = rate.copy()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t_res = np.where(rate_row[:, None, :] > 0, dur_work / rate_row[:, None, :], 0.0)
-    dur = t_res.max(axis=2) if len(body) else np.zeros((n, 0))
+    # ---- chain of the best order: an action's duration is the longest of its
+    # resources' times at the SM's full rates (tensor-core work of a dtype without
+    # tensor cores on CUDA cores)
+    dur = np.zeros((n, len(body)), dtype=np.float64)
+    for k, uses in enumerate(sync_work):
+        for col, w in uses:
+            if col == R_TC:
+                t = np.where(on_tc, w / rate[:, R_TC], w / rate[:, R_CUDA])
+            else:
+                t = w / rate[:, col] if (rate[:, col] > 0).all() else np.where(
+                    rate[:, col] > 0, w / np.where(rate[:, col] > 0, rate[:, col], 1.0), 0.0)
+            np.maximum(dur[:, k], t, out=dur[:, k])
     if prog.has_chain() and n:
         res_mask = np.array([sum(1 << _RES[r] for r, _ in a.uses) if not a.is_async else 0
                              for a in body], dtype=np.int64)
@@ -217,14 +220,22 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         preds = prog.body_preds()
         pred_mask = np.array([sum(1 << p for p in ps) for ps in preds], dtype=np.int64)
         orders = prog.orders()
-        chain = np.zeros(n)
-        best = np.zeros(n, dtype=np.int64)
-        for sel, rm in ((on_tc, res_mask), (~on_tc, res_mask_fma)):
+        # the search runs once per distinct (durations, unit) row: a batch of tile
+        # configurations over few shapes repeats them many times
+        key = np.column_stack([np.ascontiguousarray(dur).view(np.int64),
+                               on_tc.astype(np.int64)])
+        inv, rep = dedup_rows(key)
+        chain_u = np.zeros(rep.shape[0])
+        best_u = np.zeros(rep.shape[0], dtype=np.int64)
+        tc_u = on_tc[rep]
+        for sel, rm in ((tc_u, res_mask), (~tc_u, res_mask_fma)):
             idx = np.flatnonzero(sel)
             if idx.size:
-                c, b = best_orders(dur[idx], rm, pred_mask, orders)
-                chain[idx] = c
-                best[idx] = b
+                c, b = best_orders(dur[rep[idx]], rm, pred_mask, orders)
+                chain_u[idx] = c
+                best_u[idx] = b
+        chain = chain_u[inv]
+        best = best_u[inv]
     else:
         chain = dur.max(axis=1) if len(body) else np.zeros(n)
         best = np.zeros(n, dtype=np.int64)

@@ -1,0 +1,290 @@
+"""The family engine: tile programs, legal orders, the best-order kernel, the
+catalog's attention families and user programs from TOML."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import naive_dag
+from kernels_catalog.catalog import PROGRAM_DIR, program_families
+from kernels_catalog.program import (
+    ProgramError, count_orders, legal_orders, load_program, program_from_dict,
+)
+from tsbatch.evaluate import FAMILIES, evaluate, get_family
+from tsbatch.hw import get_hw
+from tsbatch.kernels.dag import best_orders
+from tsbatch.schema import validate
+
+CATALOG = sorted(PROGRAM_DIR.glob("*.toml"))
+
+
+# ----------------------------------------------------------------------------- orders
+@pytest.mark.parametrize("path", CATALOG, ids=lambda p: p.stem)
+def test_legal_order_count_matches_brute_force(path):
+    prog = load_program(path)
+    preds = prog.body_preds()
+    brute = naive_dag.brute_force_orders(preds)
+    got = prog.orders()
+    assert got.shape[0] == len(brute) == count_orders(preds)
+    assert sorted(map(tuple, got.tolist())) == sorted(brute)
+
+
+def test_paper_mla_order_count_shape():
+    # TileSight §3.4: 11 tile actions, 132 legal orders. A 2 x 6 grid of
+    # dependencies less its last corner (two streams of 6 and 5 actions, each
+    # action after its row predecessor and the action above it) has exactly
+    # the Catalan number C6 = 132 linear extensions: the enumerator must find them
+    top = list(range(6))
+    preds = [[i - 1] if i else [] for i in top]
+    for j in range(5):
+        preds.append([6 + j - 1, j] if j else [j])
+    assert len(preds) == 11
+    assert legal_orders(preds).shape[0] == 132 == count_orders(preds)
+    assert len(naive_dag.brute_force_orders(preds)) == 132
+
+
+@st.composite
+def dags(draw):
+    n = draw(st.integers(1, 7))
+    preds = [sorted(draw(st.sets(st.integers(0, i - 1), max_size=i)) if i else []) for i in range(n)]
+    perm = draw(st.permutations(range(n)))  # relabel so that index order is not topological
+    inv = {old: new for new, old in enumerate(perm)}
+    out = [[] for _ in range(n)]
+    for i, ps in enumerate(preds):
+        out[inv[i]] = [inv[p] for p in ps]
+    return out
+
+
+@given(dags())
+@settings(max_examples=60, deadline=None)
+def test_orders_are_every_topological_order(preds):
+    got = legal_orders(preds)
+    assert sorted(map(tuple, got.tolist())) == sorted(naive_dag.brute_force_orders(preds))
+
+
+@given(dags(), st.data())
+@settings(max_examples=60, deadline=None)
+def test_best_orders_kernel_equals_twin(preds, data):
+    n = len(preds)
+    orders = legal_orders(preds)
+    rows = data.draw(st.integers(1, 4))
+    dur = np.array([[data.draw(st.floats(0.0, 10.0)) for _ in range(n)] for _ in range(rows)])
+    res = [sorted(data.draw(st.sets(st.integers(0, 7), max_size=3))) for _ in range(n)]
+    res_mask = np.array([sum(1 << r for r in rs) for rs in res], dtype=np.int64)
+    pred_mask = np.array([sum(1 << p for p in ps) for ps in preds], dtype=np.int64)
+    chain, best = best_orders(dur, res_mask, pred_mask, orders)
+    for i in range(rows):
+        want, arg = naive_dag.best_order(dur[i], res, preds, [tuple(o) for o in orders])
+        assert chain[i] == pytest.approx(want, rel=1e-12, abs=1e-12)
+        # the kernel's order is a best one (ties may be broken differently only if equal)
+        assert naive_dag.chain(dur[i], res, preds, tuple(orders[best[i]])) == pytest.approx(want)
+
+
+def test_order_matters_on_a_shared_unit():
+    # a -> b on unit 0, c on unit 0 independent: issuing c first delays b
+    preds = [[], [0], []]
+    res = [[0], [0], [0]]
+    orders = [tuple(o) for o in legal_orders(preds)]
+    chains = [naive_dag.chain([1.0, 1.0, 5.0], res, preds, o) for o in orders]
+    assert min(chains) == 7.0 and max(chains) == 7.0  # one unit: every order sums
+    res2 = [[0], [1], [1]]  # b and c share unit 1; a on unit 0
+    chains2 = {o: naive_dag.chain([1.0, 1.0, 5.0], res2, preds, o) for o in orders}
+    assert chains2[(0, 1, 2)] == 7.0 and chains2[(2, 0, 1)] == 6.0
+
+
+# ----------------------------------------------------------------------------- programs
+_MINI = """
+[family]
+name = "mini"
+[columns]
+n = { kind = "int", doc = "rows", positive = true }
+dtype = { kind = "str", doc = "type", choices = ["float16"] }
+block = { kind = "int", doc = "tile", positive = true }
+[dtypes]
+float16 = { eb = 2, tc = "float16" }
+[grid]
+dims = ["cdiv(n, block)", "1", "1"]
+steps = "4"
+warps = "4"
+[[tensor]]
+name = "X"
+bytes = "block * 64 * eb"
+[[footprint]]
+name = "ring"
+placement = "smem"
+bytes = "2 * block * 64 * eb"
+[[action]]
+name = "load"
+async = true
+tensor = "X"
+[[action]]
+name = "mma"
+deps = ["load"]
+uses = { tensor_core = "2 * block * 64 * 64" }
+[[action]]
+name = "post"
+deps = ["mma"]
+uses = { cuda_core = "2 * block * 64" }
+"""
+
+
+def _mini(tmp_path, text=_MINI, name="mini.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("edit, what", [
+    (("deps = [\"mma\"]", "deps = [\"post\"]"), "cycle"),
+    (("cuda_core = ", "warp_core = "), "unknown resource 'warp_core'"),
+    (("deps = [\"load\"]", "deps = [\"lod\"]"), "depends on 'lod'"),
+    (("placement = \"smem\"", "placement = \"sram\""), "placement 'sram'"),
+    (("2 * block * 64 * 64", "2 * blok * 64"), "unknown name 'blok'"),
+    (("2 * block * 64 * 64", "__import__('os')"), "not allowed"),
+])
+def test_bad_program_names_action_and_file(tmp_path, edit, what):
+    path = _mini(tmp_path, _MINI.replace(*edit))
+    with pytest.raises(ProgramError, match=what) as exc:
+        load_program(path)
+    assert str(path) in str(exc.value)
+
+
+def test_bad_program_cli_exit_2_nothing_written(tmp_path):
+    path = _mini(tmp_path, _MINI.replace('deps = ["mma"]', 'deps = ["post"]'))
+    cand = tmp_path / "c.parquet"
+    pl.DataFrame({"n": [1024], "dtype": ["float16"], "block": [64]}).write_parquet(cand)
+    out = tmp_path / "o.parquet"
+    r = subprocess.run([sys.executable, "-m", "tsbatch.cli", "evaluate", str(cand), "--hw", "a100",
+                        "-o", str(out), "--family", str(path)], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert "post" in r.stderr and str(path) in r.stderr and "cycle" in r.stderr
+    assert r.stderr.count("\n") == 1 and not out.exists()
+
+
+def test_user_program_hand_computed(tmp_path):
+    fam = get_family(str(_mini(tmp_path)))
+    hw = get_hw("a100")
+    df = pl.DataFrame({"n": [4096, 1000], "dtype": ["float16"] * 2, "block": [128, 64]})
+    cols, _ = validate(df, fam)
+    plan = fam.lower(cols, hw)
+    assert plan.g0.tolist() == [32, 16] and plan.ksteps.tolist() == [4, 4]
+    assert plan.smem_block.tolist() == [2 * 128 * 64 * 2, 2 * 64 * 64 * 2]
+    assert plan.t_bytes[:, 0].tolist() == [128 * 64 * 2, 64 * 64 * 2]
+    sms = hw.sm_count
+    tc = hw.tc_tflops("float16") * 1e6 / sms * hw.mma_sync_fraction * hw.cal("tc_efficiency")
+    cuda = hw.rate("fp32_tflops") * 1e6 / sms
+    assert plan.work_iter[0, 0] == 2 * 128 * 64 * 64
+    # the chain: mma then post in series (post depends on mma)
+    want = 2 * 128 * 64 * 64 / tc + 2 * 128 * 64 / cuda
+    assert plan.chain_us[0] == pytest.approx(want, rel=1e-12)
+    res = evaluate(df, hw, fam)
+    assert res["feasible"].all() and res["steady_order"][0] == "mma > post"
+
+
+# ----------------------------------------------------------------------------- attention
+def _attn_row(**kw):
+    row = dict(batch=2, heads=8, seq_len=1024, head_dim=64, dtype="float16", score_mod_nodes=8,
+               block_m=128, block_n=64, num_stages=3, num_warps=4, kv_heads=0, causal=False)
+    row.update(kw)
+    return pl.DataFrame({k: [v] for k, v in row.items()})
+
+
+def test_attention_resource_vector_by_hand():
+    fam = FAMILIES["attention"]
+    hw = get_hw("a100")
+    cols, _ = validate(_attn_row(), fam)
+    p = fam.lower(cols, hw)
+    BM, BN, D, eb = 128, 64, 64, 2
+    assert (p.g0[0], p.g1[0], p.g2[0], p.ksteps[0]) == (1024 // BM, 1, 2 * 8, 1024 // BN)
+    assert p.work_iter[0, 0] == 2 * (2 * BM * BN * D)                       # QK^T and PV
+    ops = 2 + 2 + 2 + 1  # score_mod (8 nodes - 6), scale+max, sub+cvt, rowsum per element
+    assert p.work_iter[0, 1] == pytest.approx(2 * ops * BM * BN + 2 * BM * D)  # + rescale
+    assert p.work_iter[0, 2] == BM * BN + BM                               # exp2, alpha
+    warps_m = 4
+    assert p.work_iter[0, 3] == pytest.approx(2 * BN * D * eb + 2 * warps_m * BN * D * eb)
+    assert p.smem_block[0] == 2 * 2 * BN * D * eb + BM * D * eb + BM * BN * eb
+    assert p.t_bytes[0].tolist() == [BM * D * eb, BN * D * eb, BN * D * eb, BM * D * eb]
+    assert p.t_mask[0].tolist() == [0, 0b011, 0b011, 0]
+    assert p.useful_flops[0] == 4.0 * 2 * 8 * 1024 * 1024 * 64
+
+
+def test_attention_gqa_and_causal():
+    fam = FAMILIES["attention"]
+    hw = get_hw("h100")
+    cols, _ = validate(pl.concat([_attn_row(kv_heads=2), _attn_row(causal=True),
+                                  _attn_row(kv_heads=3)]), fam)
+    p = fam.lower(cols, hw)
+    assert (p.g1[0], p.g2[0]) == (4, 2 * 2)        # 4 query heads share each KV head
+    assert p.ksteps[1] < p.ksteps[0]               # causal tiles skip masked blocks
+    res = evaluate(pl.concat([_attn_row(kv_heads=2), _attn_row(kv_heads=3)]), hw, "attention")
+    assert res["feasible"].to_list() == [True, False]
+    assert "multiple of kv_heads" in res["infeasible_reason"][1]
+
+
+def test_attention_rules_and_infeasible_rows():
+    df = pl.concat([_attn_row(block_m=48), _attn_row(num_warps=3), _attn_row(head_dim=256,
+                    block_m=128, block_n=128)])
+    res = evaluate(df, "a100", "attention")
+    assert not res["feasible"].any()
+    assert res["latency_us"].null_count() == 3
+    assert "power-of-two" in res["infeasible_reason"][0]
+    assert "shared memory" in res["infeasible_reason"][2]
+
+
+def test_attention_never_faster_with_more_work():
+    base = evaluate(_attn_row(), "a100", "attention")["latency_us"][0]
+    for kw in (dict(seq_len=2048), dict(batch=4), dict(head_dim=128), dict(score_mod_nodes=12)):
+        assert evaluate(_attn_row(**kw), "a100", "attention")["latency_us"][0] >= base
+
+
+@pytest.mark.parametrize("name, row", [
+    ("attention_fa3", dict(batch=1, heads=16, seq_len=4096, head_dim=128, dtype="bfloat16")),
+    ("flash_decoding", dict(batch=8, heads=32, kv_heads=8, seq_len_kv=4096, head_dim=128,
+                            dtype="bfloat16", num_splits=4)),
+    ("mla_decode", dict(batch=16, heads=128, seq_len_kv=2048, dtype="bfloat16")),
+])
+def test_hopper_families_evaluate_and_explain(name, row):
+    df = pl.DataFrame({k: [v] for k, v in row.items()})
+    res = evaluate(df, "h100", name)
+    assert res["feasible"][0] and math.isfinite(res["latency_us"][0])
+    assert res["steady_order"][0]
+    a100 = evaluate(df, "a100", name)
+    if name != "flash_decoding":
+        assert not a100["feasible"][0] and "Hopper" in a100["infeasible_reason"][0]
+    from tsbatch.explain import explain_text
+
+    text = explain_text(res.row(0, named=True), get_hw("h100"), get_family(name))
+    assert "legal issue order" in text and "critical" in text
+
+
+def test_fa3_softmax_hidden_under_gemms():
+    # ping-pong + intra-warpgroup pipelining: the chain over two streams stays
+    # under the tensor-core time at head_dim 128 (TileSight Table 4's FA-3 case)
+    df = pl.DataFrame({"batch": [1], "heads": [64], "seq_len": [8192], "head_dim": [128],
+                       "dtype": ["bfloat16"]})
+    res = evaluate(df, "h100", "attention_fa3")
+    assert res["bottleneck"][0] == "tensor_core"
+
+
+def test_split_decoding_adds_a_launch():
+    one = pl.DataFrame({"batch": [1], "heads": [32], "seq_len_kv": [32768], "head_dim": [128],
+                        "dtype": ["bfloat16"], "num_splits": [1]})
+    res = evaluate(pl.concat([one, one.with_columns(num_splits=pl.lit(16, dtype=pl.Int64))]), "h100",
+                   "flash_decoding")
+    lat = res["latency_us"].to_list()
+    assert res["t_launch_us"][1] == 2 * res["t_launch_us"][0]
+    assert lat[1] < lat[0]  # one sequence: 1 CTA per KV head without splits, 16x more with
+
+
+def test_catalog_families_registered():
+    for name in program_families():
+        assert name in FAMILIES and FAMILIES[name].program is not None
