@@ -276,7 +276,7 @@ def evaluate_fused(frame: pl.DataFrame, family: str) -> pl.DataFrame:
     return frame.with_columns(
         pl.Series("latency_us", lat),
         pl.Series("feasible", feasible),
-        pl.Series("infeasible_reason", reasons, dtype=pl.String),
+        pl.Series("infeasible_reason", reasons.tolist(), dtype=pl.String),
         pl.Series("compute_us", np.where(feasible, comp_total, np.nan)),
         pl.Series("comm_us", np.where(feasible, comm_total, np.nan)),
         pl.Series("chunk_compute_us", np.where(feasible, comp, np.nan)),

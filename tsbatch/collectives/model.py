@@ -178,11 +178,11 @@ def evaluate(frame: pl.DataFrame, hw=None, *, where: str = "candidates") -> pl.D
     out = frame.with_columns(
         pl.Series("latency_us", np.where(feasible, lat, np.nan)),
         pl.Series("feasible", feasible),
-        pl.Series("infeasible_reason", np.where(feasible, None, reasons[plan_idx]), dtype=pl.String),
-        pl.Series("algorithm_used", v_algo[var], dtype=pl.String),
-        pl.Series("protocol_used", v_proto[var], dtype=pl.String),
+        pl.Series("infeasible_reason", np.where(feasible, None, reasons[plan_idx]).tolist(), dtype=pl.String),
+        pl.Series("algorithm_used", v_algo[var].tolist(), dtype=pl.String),
+        pl.Series("protocol_used", v_proto[var].tolist(), dtype=pl.String),
         pl.Series("stages", v_stages[var], dtype=pl.Int64),
-        pl.Series("bottleneck_link", l_cls[link], dtype=pl.String),
+        pl.Series("bottleneck_link", l_cls[link].tolist(), dtype=pl.String),
         pl.Series("alg_bw_gbps", alg_bw),
         pl.Series("bus_bw_gbps", alg_bw * factor),
     )

@@ -484,7 +484,7 @@ def build_plan(system_key: str, collective: str, n: int, gpn: int, algorithm: st
                 ll = p == "ll"
                 var.sel_lat_us = 0.0 if ll else 1.0
                 var.sel_max_bytes = (nccl.P2P_LL_THRESHOLD_BYTES * (n - 1) if collective == "all_to_all"
-                                     else nccl.P2P_LL_THRESHOLD_BYTES) if ll else math.inf
+                                     else nccl.P2P_LL_THRESHOLD_BYTES) if ll and not protocol else math.inf
             elif a in ("ring", "tree", "nvls"):
                 lat, bw = nccl.selection_model(a, p, collective, n, topo.nodes, bus_bw, ch, arch,
                                                intra_hw, system.base_latency_us, alpha_ll)

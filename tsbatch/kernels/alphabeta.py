@@ -115,6 +115,8 @@ def _rows(row_plan, row_var, nbytes, plan_var_ptr, var_base_us, var_stage_ptr,
                 if ts < best_s:
                     best_s = ts
                     best_v = v
+            if best_v < 0 and plan_var_ptr[p + 1] > plan_var_ptr[p]:
+                best_v = plan_var_ptr[p]  # none eligible by NCCL's rules: the first
         if best_v < 0:
             out_us[i] = np.nan
             out_var[i] = -1

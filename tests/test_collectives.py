@@ -1,0 +1,396 @@
+"""Collectives (issue 20): systems, stage decompositions, per-link bytes, the α–β kernel.
+
+Hand computations of the stages and routed per-link loads per algorithm; the
+numba kernel against its plain-Python twin (``naive_collectives``); the
+property that a collective never gets faster when a link gets slower; input
+errors and infeasible rows; the accuracy and CLI paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import naive_collectives as naive
+from tsbatch.collectives import plan as plan_mod
+from tsbatch.collectives.model import evaluate, plans_to_arrays
+from tsbatch.collectives.plan import SWITCH, Topology, build_plan, stages_for
+from tsbatch.collectives.systems import CALIBRATION_KEYS, get_system, list_systems
+from tsbatch.errors import InputError
+from tsbatch.kernels.alphabeta import evaluate_rows
+
+REQUIRED_SYSTEMS = {"dgx_a100", "dgx_h100", "hgx_h800", "hgx_h20", "rtx_pro_6000_server",
+                    "h200_nvl", "hgx_b200", "b200_ib_cluster", "a100_pcie_nvlink_pairs"}
+
+
+def _loads_by_name(topo, stage):
+    return {topo.name(lk): f for lk, f in stage.loads.items()}
+
+
+def _costed(system, collective, n, gpn, algorithm, protocol="simple"):
+    p = build_plan(system, collective, n, gpn, algorithm, protocol)
+    assert p.feasible, p.reason
+    (v,) = p.variants
+    return p, v
+
+
+# ------------------------------------------------------------------ systems
+def test_issue20_required_systems_exist_and_load():
+    assert REQUIRED_SYSTEMS <= set(list_systems())
+    for key in list_systems():
+        s = get_system(key)
+        for k in CALIBRATION_KEYS:
+            assert s.sources[f"calibration.{k}"].strip()
+        assert s.gpus_per_node >= 1 and s.max_nodes >= 1
+    assert get_system("a100_dgx").key == "dgx_a100"
+    assert get_system("a100_node").key == "dgx_a100"
+    assert get_system("a100_pairwise_nvlink").key == "a100_pcie_nvlink_pairs"
+    assert get_system("rtx_pro_6000_server").nvlink is None  # PCIe only
+    assert get_system("hgx_h800").nvlink.bw_gbps < get_system("hgx_h20").nvlink.bw_gbps
+    assert get_system("h200_nvl").nvlink.topology == "bridged" and not get_system("h200_nvl").nvls
+    assert get_system("hgx_b200").nvls and not get_system("dgx_a100").nvls
+
+
+def test_unknown_system_is_an_input_error():
+    with pytest.raises(InputError, match="unknown system 'nope'"):
+        get_system("nope")
+
+
+# ------------------------------------------------------------------ routing
+def test_routes_follow_the_topology():
+    t = Topology(get_system("a100_pcie_nvlink_pairs"), 8, 4)
+    assert [t.cls[lk] for lk in t.route(0, 1)] == ["nvlink_bridge"]
+    # one GPU per root port: the host fabric between root ports is crossed
+    assert [t.cls[lk] for lk in t.route(1, 2)] == ["pcie", "pcie_uplink", "pcie_uplink", "pcie"]
+    assert [t.cls[lk] for lk in t.route(0, 4)] == ["net", "net"]
+    r = Topology(get_system("rtx_pro_6000_server"), 8, 8)
+    assert [r.cls[lk] for lk in r.route(0, 1)] == ["pcie", "pcie"]  # same switch
+    assert [r.cls[lk] for lk in r.route(0, 2)] == ["pcie", "pcie_uplink", "pcie_uplink", "pcie"]
+    h = Topology(get_system("h200_nvl"), 8, 8)
+    bridge = h.route(0, 3)
+    assert [h.cls[lk] for lk in bridge] == ["nvlink_bridge"]
+    # a 4-way bridge splits the GPU's NVLink over its 3 peers
+    sy = get_system("h200_nvl")
+    assert h.bw[bridge[0]] == pytest.approx(sy.link_bw_gbps("nvlink") / 3)
+    assert [h.cls[lk] for lk in h.route(3, 4)][0] == "pcie"
+
+
+# ------------------------------------------------------------------ stages, hand computations
+def test_ring_all_reduce_stages_and_bytes_single_node():
+    p, v = _costed("dgx_a100", "all_reduce", 4, 4, "ring")
+    assert [s.reps for s in v.stages] == [3, 3]  # n-1 reduce-scatter + n-1 all-gather steps
+    assert v.n_stages == 6
+    for s in v.stages:
+        loads = _loads_by_name(p.topology, s)
+        # every GPU sends and receives S/n through its NVSwitch port in every step
+        assert loads == {f"nvl_{d}/{g}": pytest.approx(0.25) for d in ("out", "in") for g in range(4)}
+    # a GPU's port carries 2 (n-1)/n S in all
+    assert sum(s.reps * s.loads[p.topology.ids[("nvl_out", 0)]] for s in v.stages) == pytest.approx(1.5)
+
+
+def test_ring_across_nodes_uses_one_nic_per_ring():
+    p, v = _costed("dgx_a100", "all_reduce", 16, 8, "ring")
+    topo = p.topology
+    # 8 rings (one per NIC), S/(n*8) each; a node sends S/n per step through 8 distinct NICs
+    s = v.stages[0]
+    nic_out = {k: f for k, f in _loads_by_name(topo, s).items() if k.startswith("nic_out/0/")}
+    assert len(nic_out) == 8
+    assert all(f == pytest.approx(1 / (16 * 8)) for f in nic_out.values())
+    assert _loads_by_name(topo, s)["node_out/0"] == pytest.approx(1 / 16)
+    # a GPU is the exit of one ring of 8 (it sends that ring's share through its NIC):
+    # its NVSwitch port carries 7 shares of S/(n*8)
+    assert _loads_by_name(topo, s)["nvl_out/3"] == pytest.approx(7 / (16 * 8))
+    # the leading chunk crosses 2 node boundaries in 2(n-1) = 30 steps
+    inter = [x for x in v.stages if "inter-node" in x.name]
+    assert sum(x.reps for x in inter) == 2 and v.n_stages == 30
+
+
+def test_tree_chain_loads_on_one_node():
+    p, v = _costed("dgx_a100", "all_reduce", 4, 4, "tree")
+    assert v.pipelined and v.n_stages == 6  # 3 reduce hops, 3 broadcast hops
+    merged = v.kernel_stages()
+    assert len(merged) == 1
+    alpha, reps, loads = merged[0]
+    by = {p.topology.name(lk): f for lk, f in loads.items()}
+    # chain 3 -> 2 -> 1 -> 0 up, 0 -> 1 -> 2 -> 3 down: middle GPUs send S twice
+    assert by["nvl_out/1"] == pytest.approx(2.0) and by["nvl_out/2"] == pytest.approx(2.0)
+    assert by["nvl_out/0"] == pytest.approx(1.0) and by["nvl_out/3"] == pytest.approx(1.0)
+    assert alpha == pytest.approx(sum(s.alpha_us for s in v.stages))
+
+
+def test_nvls_loads():
+    p, v = _costed("dgx_h100", "all_reduce", 8, 8, "nvls")
+    (s,) = v.stages
+    by = _loads_by_name(p.topology, s)
+    for g in range(8):
+        assert by[f"nvl_out/{g}"] == pytest.approx(1 + 1 / 8)
+        assert by[f"nvl_in/{g}"] == pytest.approx(1 / 8 + 1)
+    assert any(e.dst == SWITCH for e in s.exchanges)
+
+
+@pytest.mark.parametrize("collective,expected", [
+    ("all_reduce", [1.0, 1.0, 1.0]),
+])
+def test_recursive_doubling_loads(collective, expected):
+    p, v = _costed("dgx_a100", collective, 8, 8, "recursive_doubling")
+    got = [s.loads[p.topology.ids[("nvl_out", 5)]] for s in v.stages]
+    assert got == pytest.approx(expected)
+    assert [e.dst for e in v.stages[1].exchanges][:4] == [2, 3, 0, 1]  # partner r xor 2
+
+
+def test_rabenseifner_loads_halve_then_double():
+    p, v = _costed("dgx_a100", "all_reduce", 8, 8, "rabenseifner")
+    got = [s.loads[p.topology.ids[("nvl_out", 0)]] for s in v.stages]
+    assert got == pytest.approx([1 / 2, 1 / 4, 1 / 8, 1 / 8, 1 / 4, 1 / 2])
+    assert sum(got) == pytest.approx(2 * 7 / 8)  # the ring's volume, in log2(n) x 2 stages
+
+
+def test_all_gather_reduce_scatter_all_to_all_send_recv_loads():
+    p, v = _costed("dgx_h100", "all_gather", 4, 4, "ring")
+    assert v.n_stages == 3
+    assert v.stages[0].loads[p.topology.ids[("nvl_out", 2)]] == pytest.approx(1 / 4)
+    p, v = _costed("dgx_h100", "reduce_scatter", 8, 8, "recursive_doubling")
+    assert [s.loads[p.topology.ids[("nvl_in", 1)]] for s in v.stages] == pytest.approx([1 / 2, 1 / 4, 1 / 8])
+    p = build_plan("dgx_h100", "all_to_all", 4, 4, None, "simple")
+    (v,) = p.variants
+    assert v.stages[0].loads[p.topology.ids[("nvl_out", 0)]] == pytest.approx(3 / 4)
+    p = build_plan("a100_pcie_nvlink_pairs", "send_recv", 2, 2, None, "simple")
+    (v,) = p.variants
+    assert {p.topology.cls[lk] for lk in v.stages[0].loads} == {"nvlink_bridge"}
+    p = build_plan("a100_pcie_nvlink_pairs", "send_recv", 2, 1, None, "simple")
+    assert {p.topology.cls[lk] for lk in p.variants[0].stages[0].loads} == {"net"}
+
+
+def test_pairwise_ring_bottleneck_is_pcie():
+    out = evaluate(pl.DataFrame({"system": ["a100_pairwise_nvlink"], "collective": ["all_reduce"],
+                                 "num_gpus": [4], "gpus_per_node": [4], "bytes": [1 << 28],
+                                 "algorithm": ["ring"]}))
+    assert out["bottleneck_link"][0] == "pcie"
+
+
+# ------------------------------------------------------------------ infeasible rows, errors
+def test_impossible_configurations_are_infeasible_rows():
+    df = pl.DataFrame({
+        "system": ["h200_nvl", "hgx_b200", "dgx_a100", "dgx_a100", "rtx_pro_6000_server", "dgx_a100"],
+        "collective": ["all_reduce", "all_reduce", "all_reduce", "all_gather", "all_reduce", "send_recv"],
+        "num_gpus": [8, 16, 6, 4, 4, 4],
+        "bytes": [1 << 20] * 6,
+        "algorithm": ["nvls", None, "recursive_doubling", "tree", "ring", None],
+        "protocol": [None, None, None, None, "ll128", None],
+    })
+    out = evaluate(df)
+    assert not out["feasible"].any()
+    reasons = out["infeasible_reason"].to_list()
+    assert "in-switch reduction" in reasons[0]
+    assert "single node" in reasons[1]
+    assert "power-of-two" in reasons[2]
+    assert "does not apply" in reasons[3]
+    assert "ll128" in reasons[4]
+    assert "2 GPUs" in reasons[5]
+    assert out["latency_us"].is_nan().all()
+
+
+@pytest.mark.parametrize("frame,match", [
+    (pl.DataFrame({"system": ["dgx_a100"], "collective": ["all_reduce"], "num_gpus": [8]}), "'bytes'"),
+    (pl.DataFrame({"system": ["dgx_a100"], "collective": ["allreduce"], "num_gpus": [8], "bytes": [4]}),
+     "'collective'"),
+    (pl.DataFrame({"system": ["dgx_a100"], "collective": ["all_reduce"], "num_gpus": [8], "bytes": [0]}),
+     "'bytes' must be positive"),
+    (pl.DataFrame({"system": ["nope"], "collective": ["all_reduce"], "num_gpus": [8], "bytes": [4]}),
+     "unknown system"),
+    (pl.DataFrame({"system": ["dgx_a100"], "collective": ["all_reduce"], "num_gpus": [8], "bytes": [4],
+                   "protocol": ["fast"]}), "'protocol'"),
+])
+def test_bad_input_names_the_problem(frame, match):
+    with pytest.raises(InputError, match=match):
+        evaluate(frame)
+
+
+# ------------------------------------------------------------------ kernel vs naive twin
+_SYSTEMS = sorted(REQUIRED_SYSTEMS)
+_COLLS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+
+
+@st.composite
+def collective_rows(draw):
+    n = draw(st.integers(1, 24))
+    rows = []
+    for _ in range(n):
+        sy = draw(st.sampled_from(_SYSTEMS))
+        s = get_system(sy)
+        coll = draw(st.sampled_from(_COLLS))
+        num = 2 if coll == "send_recv" else draw(st.sampled_from([2, 3, 4, 8, 16, 32]))
+        gpn = draw(st.sampled_from([1, 2, 4, 8]))
+        gpn = min(gpn, num, s.gpus_per_node)
+        algo = draw(st.sampled_from([None, None, "ring", "tree", "nvls", "recursive_doubling",
+                                     "rabenseifner", "direct"]))
+        proto = draw(st.sampled_from([None, None, "ll", "ll128", "simple"]))
+        rows.append({"system": sy, "collective": coll, "num_gpus": num, "gpus_per_node": gpn,
+                     "bytes": draw(st.integers(1, 1 << 31)), "algorithm": algo, "protocol": proto})
+    return pl.DataFrame(rows, schema={"system": pl.String, "collective": pl.String, "num_gpus": pl.Int64,
+                                      "gpus_per_node": pl.Int64, "bytes": pl.Int64, "algorithm": pl.String,
+                                      "protocol": pl.String})
+
+
+@given(collective_rows())
+def test_kernel_matches_naive_twin(df):
+    out = evaluate(df)
+    for row, res in zip(df.iter_rows(named=True), out.iter_rows(named=True)):
+        p = build_plan(get_system(row["system"]).key, row["collective"], row["num_gpus"],
+                       row["gpus_per_node"], row["algorithm"], row["protocol"], None)
+        t, v = naive.predict(p, float(row["bytes"]))
+        if v is None:
+            assert not res["feasible"] and res["infeasible_reason"]
+            continue
+        assert res["feasible"]
+        assert res["latency_us"] == pytest.approx(t, rel=1e-9)
+        assert (res["algorithm_used"], res["protocol_used"]) == (v.algorithm, v.protocol)
+
+
+@given(collective_rows(), st.randoms(use_true_random=False))
+def test_row_order_does_not_change_results(df, rnd):
+    perm = list(range(df.height))
+    rnd.shuffle(perm)
+    a = evaluate(df)
+    b = evaluate(df[perm])
+    for i, j in enumerate(perm):
+        x, y = a["latency_us"][j], b["latency_us"][i]
+        assert (math.isnan(x) and math.isnan(y)) or x == y
+
+
+def _arrays_for(df):
+    from tsbatch.collectives.model import _KEY, validate
+
+    v = validate(df)
+    keys = v.select(_KEY).unique(maintain_order=True)
+    plans = [build_plan(r[0], r[1], int(r[2]), int(r[3]), r[4], r[5], None) for r in keys.iter_rows()]
+    arrays = plans_to_arrays(plans)
+    arrays.pop("var_index")
+    plan_of = {r: i for i, r in enumerate(keys.iter_rows())}
+    row_plan = np.array([plan_of[r] if plans[plan_of[r]].feasible else -1 for r in v.select(_KEY).iter_rows()])
+    return row_plan, v["bytes"].to_numpy().astype(np.float64), arrays
+
+
+@given(collective_rows(), st.data())
+def test_never_faster_when_a_link_gets_slower(df, data):
+    row_plan, nbytes, arrays = _arrays_for(df)
+    if arrays["link_bw_gbps"].size == 0:
+        return
+    base = evaluate_rows(row_plan, np.full(len(row_plan), -1), nbytes, **arrays)[0]
+    link = data.draw(st.integers(0, arrays["link_bw_gbps"].size - 1))
+    factor = data.draw(st.floats(0.05, 1.0))
+    slower = dict(arrays)
+    slower["link_bw_gbps"] = arrays["link_bw_gbps"].copy()
+    slower["link_bw_gbps"][link] *= factor
+    after = evaluate_rows(row_plan, np.full(len(row_plan), -1), nbytes, **slower)[0]
+    ok = ~np.isnan(base)
+    assert np.all(after[ok] >= base[ok] * (1 - 1e-12))
+
+
+@pytest.mark.parametrize("algorithm,protocol", [("ring", "simple"), ("tree", "ll128"), ("ring", "ll")])
+def test_slower_system_links_never_speed_a_forced_collective_up(algorithm, protocol):
+    sy = get_system("dgx_a100")
+    slow = dataclasses.replace(sy, calibration={**sy.calibration, "nvlink_efficiency": 0.3,
+                                                "net_efficiency": 0.1})
+    df = pl.DataFrame({"system": ["dgx_a100"] * 4, "collective": ["all_reduce"] * 4,
+                       "num_gpus": [8, 8, 16, 16], "gpus_per_node": [8, 8, 8, 8],
+                       "bytes": [1 << 16, 1 << 26, 1 << 16, 1 << 26],
+                       "algorithm": [algorithm] * 4, "protocol": [protocol] * 4})
+    fast = evaluate(df)["latency_us"].to_numpy()
+    plan_mod.build_plan.cache_clear()
+    orig = plan_mod.get_system
+    plan_mod.get_system = lambda name: slow if name == "dgx_a100" else orig(name)
+    try:
+        slower = evaluate(df)["latency_us"].to_numpy()
+    finally:
+        plan_mod.get_system = orig
+        plan_mod.build_plan.cache_clear()
+    assert np.all(slower >= fast)
+    assert slower[1] > fast[1]
+
+
+def test_nccl_choice_moves_from_ll_to_simple_with_size():
+    df = pl.DataFrame({"system": ["dgx_h100"] * 3, "collective": ["all_reduce"] * 3, "num_gpus": [8] * 3,
+                       "bytes": [4096, 1 << 20, 1 << 30]})
+    out = evaluate(df)
+    assert out["protocol_used"][0] == "ll"
+    assert out["protocol_used"][2] == "simple"
+    assert out["latency_us"].is_sorted()
+    # the NVLS-capable switch takes the largest message in-switch
+    assert out["algorithm_used"][2] == "nvls"
+
+
+def test_faster_links_give_faster_collectives_across_systems():
+    # same shape, vendor specs only differ in NVLink bandwidth: H800 (200 GB/s) < H20 (450 GB/s)
+    df = pl.DataFrame({"system": ["hgx_h800", "hgx_h20", "hgx_b200"], "collective": ["all_gather"] * 3,
+                       "num_gpus": [8] * 3, "bytes": [1 << 28] * 3})
+    lat = evaluate(df)["latency_us"].to_list()
+    assert lat[0] > lat[1] > lat[2]
+
+
+# ------------------------------------------------------------------ accuracy and CLI paths
+def test_issue20_accuracy_reads_collective_files(shared_data):
+    from tsbatch.accuracy import run_accuracy
+
+    path = shared_data / "collectives" / "vidur_a100_dgx_send_recv.parquet"
+    res = run_accuracy([path])
+    assert res.skipped["unsupported_family_rows"] == {}
+    sc = res.scored
+    assert sc.height == pl.read_parquet(path).select("num_gpus", "gpus_per_node", "bytes").unique().height
+    assert sc["predicted_us"].is_finite().all() and sc["feasible"].all()
+    assert set(sc["gpu"].unique()) == {"a100_dgx"}
+    # the latency-bound regime is its own group
+    assert set(res.groups["dtype"].to_list()) == {"lt_1MiB", "ge_1MiB"}
+    small = sc.filter(pl.col("dtype") == "lt_1MiB")
+    assert (small["bytes"] < (1 << 20)).all()
+
+
+def test_cli_evaluate_writes_and_bad_input_writes_nothing(tmp_path):
+    from tsbatch.cli import main
+
+    good = tmp_path / "c.parquet"
+    pl.DataFrame({"system": ["hgx_b200", "dgx_a100"], "collective": ["all_reduce", "all_gather"],
+                  "num_gpus": [8, 4], "bytes": [1 << 24, 1 << 20]}).write_parquet(good)
+    out = tmp_path / "o.parquet"
+    assert main(["comm", "evaluate", str(good), "-o", str(out)]) == 0
+    res = pl.read_parquet(out)
+    assert res["feasible"].all() and res.columns[:4] == ["system", "collective", "num_gpus", "bytes"]
+    bad = tmp_path / "b.parquet"
+    pl.DataFrame({"system": ["dgx_a100"], "collective": ["all_reduce"], "num_gpus": [4]}).write_parquet(bad)
+    out2 = tmp_path / "o2.parquet"
+    assert main(["comm", "evaluate", str(bad), "-o", str(out2)]) == 2
+    assert not out2.exists()
+
+
+def test_cli_explain_shows_stages_links_and_bottleneck(capsys):
+    from tsbatch.cli import main
+
+    assert main(["comm", "explain", "--system", "dgx_a100", "--collective", "all_reduce",
+                 "--num-gpus", "8", "--bytes", "64MiB", "--algorithm", "ring"]) == 0
+    text = capsys.readouterr().out
+    assert "reduce-scatter step" in text and "all-gather step" in text
+    assert "nvl_out/0" in text and "bottleneck link: nvlink" in text
+    assert main(["comm", "explain", "--system", "dgx_a100", "--collective", "all_reduce",
+                 "--num-gpus", "8", "--bytes", "lots"]) == 2
+
+
+def test_sweep_ranks_within_workload(tmp_path):
+    from tsbatch.collectives.cli import run_sweep
+
+    f = tmp_path / "s.toml"
+    f.write_text('family = "collective"\n[fixed]\nsystem = "dgx_h100"\ncollective = "all_reduce"\n'
+                 'num_gpus = 8\n[axes]\nbytes = ["64KiB", "256MiB"]\n'
+                 'algorithm = ["ring", "tree", "nvls"]\nprotocol = ["ll", "simple"]\n')
+    out, meta = run_sweep(f)
+    assert out.height == 12
+    for _, g in out.group_by("bytes"):
+        g = g.sort("rank", nulls_last=True)
+        lat = g["latency_us"].drop_nans().drop_nulls()
+        assert lat.is_sorted()
+        assert g["rank"][0] == 1
