@@ -58,6 +58,14 @@ reason every kernel here but the allocating ones (``_cache_one``, the batch)
 is compiled without numba's runtime (``jit_borrow``): its arrays are
 borrowed from the caller and nothing is counted.
 
+The kernels pass each other four named records
+(:mod:`tsbatch.kernels._records`): the ``Problem`` (``pb``: grid, order,
+tensors, caches, sampling), its ``Book`` (``bk``: the book-keeping later
+waves read, and the hit sums), a wave's ``Scratch`` (``sc``) and the
+``Memo`` tables (``mm``); a kernel takes those it uses and its wave's own
+scalars. numba passes a record as its fields, so this costs nothing at run
+time (nor, measured, at compile time).
+
 Counters that reach another kernel's arguments start as ``np.int64(0)``, not
 ``0``: numba's type inference first meets them as the literal ``0`` and
 compiles the callee for that literal type, then again for ``int64`` (the only
@@ -71,6 +79,7 @@ import math
 import numpy as np
 
 from tsbatch.kernels._config import jit_borrow, jit_scalar, jit_serial
+from tsbatch.kernels._records import Book, Memo, Problem, Scratch
 from tsbatch.kernels._threads import num_threads, run_shares
 from tsbatch.kernels.order import ORDER_COL, ORDER_ROW, ORDER_ZORDER, launch_order, tile_coords
 from tsbatch.kernels.sdcm import hit_prob_gauss
@@ -97,41 +106,42 @@ def _fw_prefix(tree, i):
 
 
 @jit_scalar
-def _cross_terms(k, head_j, w, lastwave, ustep, newcum, oncecum, tail_b):
+def _cross_terms(bk, k, head_j, w):
     """The reuse distance of block ``k``'s first touch in a step of wave ``w``
-    (previous touch in wave ``wp = lastwave[k]``) is ``base + (kf - 1 - s) u1
-    + s u2`` at reduction step ``s``: returns ``(base, u1, u2)``."""
-    wp = lastwave[k]
+    (previous touch in wave ``wp = bk.lastwave[k]``) is ``base + (kf - 1 - s)
+    u1 + s u2`` at reduction step ``s``: returns ``(base, u1, u2)``."""
+    wp = bk.lastwave[k]
+    ustep = bk.ustep
+    newcum = bk.newcum
     u1 = ustep[wp] + (newcum[w] - newcum[wp + 1])
     u2 = ustep[wp + 1] + (newcum[w + 1] - newcum[wp + 2])
     umid = 0.0
     if wp + 1 <= w - 1:
         umid = ustep[wp + 1] + (newcum[w] - newcum[wp + 2])
-    base = tail_b[k] + umid + head_j + (oncecum[w] - oncecum[wp])
+    base = bk.tail_b[k] + umid + head_j + (bk.oncecum[w] - bk.oncecum[wp])
     return base, u1, u2
 
 
 @jit_scalar
-def _cross_mean(base, u1, u2, svals, ks, kf, unit, assoc2, B2):
+def _cross_mean(pb, base, u1, u2):
     """The L2 hit probability at distance ``base + (kf - 1 - s) u1 + s u2``
-    averaged over the ``ks`` sampled steps ``s``."""
+    averaged over the ``pb.ks`` sampled steps ``s``."""
     h = 0.0
-    for i in range(ks):
-        s = svals[i]
-        h += hit_prob_gauss((base + (kf - 1.0 - s) * u1 + s * u2) / unit, assoc2, B2)
-    return h / ks
+    for i in range(pb.ks):
+        s = pb.svals[i]
+        h += hit_prob_gauss((base + (pb.kf - 1.0 - s) * u1 + s * u2) / pb.unit, pb.assoc2, pb.B2)
+    return h / pb.ks
 
 
 @jit_scalar
-def _cross_wave_hit(k, head_j, w, valid_from, lastwave, ustep, newcum, oncecum, tail_b,
-                    svals, ks, kf, unit, assoc2, B2):
+def _cross_wave_hit(pb, bk, k, head_j, w, valid_from):
     """L2 hit probability of block ``k``'s first touch in a step of wave ``w``,
     whose previous touch lies in an earlier wave: the distance is linear in
     the reduction step ``s`` and averaged over the ``ks`` sampled steps."""
-    if lastwave[k] < valid_from:
+    if bk.lastwave[k] < valid_from:
         return 0.0
-    base, u1, u2 = _cross_terms(k, head_j, w, lastwave, ustep, newcum, oncecum, tail_b)
-    return _cross_mean(base, u1, u2, svals, ks, kf, unit, assoc2, B2)
+    base, u1, u2 = _cross_terms(bk, k, head_j, w)
+    return _cross_mean(pb, base, u1, u2)
 
 
 #: slots of the per-problem memo of cross-wave hit probabilities (power of two)
@@ -139,15 +149,15 @@ XMEMO_SIZE = 512
 
 
 @jit_borrow
-def _cross_wave_hits(fts, nft, ids, head, w, valid_from, lastwave, ustep, newcum, oncecum,
-                     tail_b, svals, ks, kf, unit, assoc2, B2, xtag, xwp, xs, xval, hx):
-    """``hx[j]`` for the first touches ``j = fts[:nft]`` of wave ``w``:
-    :func:`_cross_wave_hit`, memoized per wave ``w`` on the exact
-    ``(wp, tail_b[k] + head_j)``: the rest of the distance (``umid``, the
-    once-per-tile bytes, ``u1``, ``u2``) depends on ``w`` and ``wp`` alone,
-    so equal keys mean the very same call. Blocks that share their previous
-    wave and their bytes around the wave boundary (in a regular order, most
-    of a wave's first touches) are solved once. Slots tagged with another
+def _cross_wave_hits(pb, bk, mm, fts, nft, ids, head, w, valid_from, hx):
+    """``hx[j]`` for the first touches ``j = fts[:nft]`` (block ``ids[j]``,
+    ``head[j]`` bytes first touched before it) of wave ``w``:
+    :func:`_cross_wave_hit`, memoized per wave ``w`` (in ``mm.xtag``, ...) on
+    the exact ``(wp, tail_b[k] + head_j)``: the rest of the distance
+    (``umid``, the once-per-tile bytes, ``u1``, ``u2``) depends on ``w`` and
+    ``wp`` alone, so equal keys mean the very same call. Blocks that share
+    their previous wave and their bytes around the wave boundary (in a
+    regular order, most of a wave's first touches) are solved once. Slots tagged with another
     wave are free. The distance sums its terms in another order than
     :func:`_cross_terms` (the same value for integer block sizes).
 
@@ -155,6 +165,14 @@ def _cross_wave_hits(fts, nft, ids, head, w, valid_from, lastwave, ustep, newcum
     that takes arrays and branches costs numba a reference count increment
     and decrement per array per call, several times the probe itself.
     """
+    lastwave = bk.lastwave
+    ustep = bk.ustep
+    newcum = bk.newcum
+    oncecum = bk.oncecum
+    xtag = mm.xtag
+    xwp = mm.xwp
+    xs = mm.xs
+    xval = mm.xval
     mask = xtag.shape[0] - 1
     for i in range(nft):
         j = fts[i]
@@ -163,7 +181,7 @@ def _cross_wave_hits(fts, nft, ids, head, w, valid_from, lastwave, ustep, newcum
         if wp < valid_from:
             hx[j] = 0.0
             continue
-        s = tail_b[k] + head[j]
+        s = bk.tail_b[k] + head[j]
         h = np.int64(0)
         probe = s < 1e18
         found = False
@@ -185,8 +203,7 @@ def _cross_wave_hits(fts, nft, ids, head, w, valid_from, lastwave, ustep, newcum
         umid = 0.0
         if wp + 1 <= w - 1:
             umid = ustep[wp + 1] + (newcum[w] - newcum[wp + 2])
-        v = _cross_mean(s + (umid + (oncecum[w] - oncecum[wp])), u1, u2, svals, ks, kf, unit,
-                        assoc2, B2)
+        v = _cross_mean(pb, s + (umid + (oncecum[w] - oncecum[wp])), u1, u2)
         if probe and xtag[h] != w:
             xtag[h] = w
             xwp[h] = wp
@@ -295,26 +312,33 @@ def _advance(g0, g1, gm, cr, cc, cz, first, size, d):
 
 
 @jit_scalar
-def _group_sig(gsig, gi, ngroups, lo, hi, nw, nsm, g0, gmb, g1, sigbuf, sig_tab, sig_hash,
-               rsc):
-    """The layout of an L1.5 group's runs of programs (slots ``lo + r nsm``
-    up to ``hi + r nsm`` of the wave starting at program ``start``) in the
-    panels of the launch order, into ``sigbuf``: per run (per piece of a
+def _group_sig(pb, sc, mm, gi, lo, hi, nw):
+    """The layout of L1.5 group ``gi``'s runs of programs (slots ``lo + r
+    nsm`` up to ``hi + r nsm`` of the wave of ``nw`` programs) in the panels
+    of the launch order, into ``sc.sigbuf``: per run (per piece of a
     run, one per panel it crosses), its panel's first row and its own row,
     column and plane relative to the first run, its row offset in the
     panel, the panel's rows and its length. Programs of a piece step down
     the panel's rows and then across its columns, so equal layouts are equal
     tile coordinates up to a translation, so equal first-touch labels.
-    Returns ``(ns, hash, slot)``: ``ns`` values (0 when ``gsig`` is off or
-    ``sigbuf`` is too short) and the slot of ``sig_tab`` holding an equal
-    layout (``sig_tab[slot, 0] == ns``), else a free slot for it, else -1.
-    The runs' first programs come from ``rsc`` (:func:`_run_starts`), and a
-    run crossing a panel goes on at the next panel's first program: no
+    Returns ``(ns, hash, slot)``: ``ns`` values (0 when ``pb.gsig`` is off
+    or ``sigbuf`` is too short) and the slot of ``mm.sig_tab`` holding an
+    equal layout (``sig_tab[slot, 0] == ns``), else a free slot for it, else
+    -1. The runs' first programs come from ``sc.rsc`` (:func:`_run_starts`),
+    and a run crossing a panel goes on at the next panel's first program: no
     division per run."""
     ns = np.int64(0)
     sh = np.int64(-3750763034362895579)
-    if not gsig:
+    if not pb.gsig:
         return 0, sh, -1
+    ngroups = pb.ngroups
+    nsm = pb.nsm
+    g0 = pb.g0
+    g1 = pb.g1
+    gmb = pb.gm
+    sigbuf = sc.sigbuf
+    rsc = sc.rsc
+    sig_tab = mm.sig_tab
     ar = 0
     ac = 0
     az = 0
@@ -373,7 +397,7 @@ def _group_sig(gsig, gi, ngroups, lo, hi, nw, nsm, g0, gmb, g1, sigbuf, sig_tab,
         sn = sig_tab[ps, 0]
         if sn < 0:
             return ns, sh, ps
-        if sn == ns and sig_hash[ps] == sh:
+        if sn == ns and mm.sig_hash[ps] == sh:
             same = True
             for e in range(ns):
                 if sig_tab[ps, 2 + e] != sigbuf[e]:
@@ -417,16 +441,22 @@ def _run_starts(start, nw, nsm, g15, ngroups, order, g0, g1, g2, group, gm, rsc)
 
 
 @jit_borrow
-def _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, ids, wts, h15, last_idx, tree,
-               sub_ids, sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v, assoc15, B15, unit,
-               pat_m, pat_hash, pat_off, pool_lab, pool_h15, sigbuf, sig_tab, sig_hash,
-               sig_s15):
-    """``h15[j]`` for the accesses ``j`` of an L1.5 group (wave slots
-    ``lo + r nsm`` up to ``hi + r nsm``; ``ids``/``wts`` read there only)
-    whose layout :func:`_group_sig` did not find: by the canonical labels of
-    its accesses (rank of first touch), looked up in the pattern table or
-    solved, then stored under the layout ``sigbuf[:ns]`` in slot ``sslot``
-    (if ``>= 0``) with the per-position sums of its probabilities."""
+def _group_l15(pb, sc, mm, ids, wts, lo, hi, nw, ns, sh, sslot):
+    """``sc.h15[j]`` for the accesses ``j`` of an L1.5 group (wave slots
+    ``lo + r nsm`` up to ``hi + r nsm`` of the wave of ``nw`` programs;
+    ``ids``/``wts`` read there only) whose layout :func:`_group_sig` did not
+    find: by the canonical labels of its accesses (rank of first touch),
+    looked up in the pattern table or solved, then stored under the layout
+    ``sc.sigbuf[:ns]`` (hash ``sh``) in slot ``sslot`` of ``mm.sig_tab`` (if
+    ``>= 0``) with the per-position sums of its probabilities."""
+    nsm = pb.nsm
+    n_step = pb.n_step
+    h15 = sc.h15
+    last_idx = sc.last_idx
+    sub_j = sc.sub_j
+    sub_lab = sc.sub_lab
+    pat_off = mm.pat_off
+    pool_h15 = mm.pool_h15
     m = np.int64(0)
     nl = 0
     foot = 0.0
@@ -449,7 +479,7 @@ def _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, ids, wts, h15, last_idx, 
                     h15[j] = 0.0
                 else:
                     h15[j] = 1.0
-                sub_ids[m] = k
+                sc.sub_ids[m] = k
                 sub_j[m] = j
                 sub_lab[m] = lb
                 hsh = (hsh ^ lb) * np.int64(1099511628211)
@@ -459,13 +489,13 @@ def _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, ids, wts, h15, last_idx, 
     if m == 0:
         return
     for q in range(m):
-        last_idx[sub_ids[q]] = -1
+        last_idx[sc.sub_ids[q]] = -1
     # pool offset of this group's probabilities, if they get stored
     poff = -1
     # the group's footprint surely hits: every re-touch distance is below it,
     # so its probability is exactly 1 too (non-increasing SDCM), and a first
     # touch misses (as set above)
-    if hit_prob_gauss(foot / unit, assoc15, B15) == 1.0:
+    if hit_prob_gauss(foot / pb.unit, pb.assoc15, pb.B15) == 1.0:
         if sslot >= 0 and pat_off[PAT_SLOTS] + m <= PAT_POOL:
             poff = pat_off[PAT_SLOTS]
             pat_off[PAT_SLOTS] = poff + m
@@ -477,6 +507,7 @@ def _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, ids, wts, h15, last_idx, 
         # the stored pattern equal to sub_lab[:m] (pat_m[slot] == m), else a
         # free slot for it (pat_m[slot] == -1), else -1 (table full); patterns
         # are compared element by element, the hash only picks the slot
+        pat_m = mm.pat_m
         pmask = pat_m.shape[0] - 1
         ps = ((hsh ^ (hsh >> np.int64(29))) + m) & pmask
         slot = -1
@@ -485,11 +516,11 @@ def _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, ids, wts, h15, last_idx, 
             if pm < 0:
                 slot = ps
                 break
-            if pm == m and pat_hash[ps] == hsh:
+            if pm == m and mm.pat_hash[ps] == hsh:
                 off = pat_off[ps]
                 same = True
                 for q in range(m):
-                    if pool_lab[off + q] != sub_lab[q]:
+                    if mm.pool_lab[off + q] != sub_lab[q]:
                         same = False
                         break
                 if same:
@@ -501,30 +532,34 @@ def _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, ids, wts, h15, last_idx, 
             for q in range(m):
                 h15[sub_j[q]] = pool_h15[poff + q]
         else:
+            sub_d = sc.sub_d
             for q in range(m):
-                sub_wts[q] = wts[sub_j[q]]
-            step_distances(sub_ids, sub_wts, m, last_idx, tree, sub_d)
+                sc.sub_wts[q] = wts[sub_j[q]]
+            step_distances(sc.sub_ids, sc.sub_wts, m, last_idx, sc.tree, sub_d)
             fill = pat_off[PAT_SLOTS]
             store = slot >= 0 and fill + m <= PAT_POOL
             if store:
                 pat_m[slot] = m
-                pat_hash[slot] = hsh
+                mm.pat_hash[slot] = hsh
                 pat_off[slot] = fill
                 pat_off[PAT_SLOTS] = fill + m
                 poff = fill
-            _memo_hits(sub_d, m, False, assoc15, B15, unit, memo15_k, memo15_v, sub_d)
+            _memo_hits(sub_d, m, False, pb.assoc15, pb.B15, pb.unit, mm.memo15_k, mm.memo15_v,
+                       sub_d)
             for q in range(m):
                 v = sub_d[q]
                 h15[sub_j[q]] = v
                 if store:
-                    pool_lab[fill + q] = sub_lab[q]
+                    mm.pool_lab[fill + q] = sub_lab[q]
                     pool_h15[fill + q] = v
     if sslot >= 0 and poff >= 0:
+        sig_tab = mm.sig_tab
+        sig_s15 = mm.sig_s15
         sig_tab[sslot, 0] = ns
         sig_tab[sslot, 1] = poff
-        sig_hash[sslot] = sh
+        mm.sig_hash[sslot] = sh
         for e in range(ns):
-            sig_tab[sslot, 2 + e] = sigbuf[e]
+            sig_tab[sslot, 2 + e] = sc.sigbuf[e]
         for q in range(n_step):
             sig_s15[sslot, q] = 0.0
         for q in range(m):
@@ -532,15 +567,12 @@ def _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, ids, wts, h15, last_idx, 
 
 
 @jit_borrow
-def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups, unit, B2, B15,
-               assoc2, assoc15, ks, svals, kf, run, lastwave, tail_b, ustep, newcum,
-               oncecum, ids, wts, ten, dist, head, h15, tree, last_idx, sub_ids,
-               sub_wts, sub_j, sub_d, memo15_k, memo15_v, memo2_k, memo2_v,
-               acc, hit15, req2, hit2, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
-               xtag, xwp, xs, xval, gsig, start, order, g0, g1, g2, group, gmb, sigbuf,
-               sig_tab, sig_hash, sig_s15, rsc):
-    """The hit rates of wave ``w``'s accesses: the general path's arithmetic,
-    cheaper (tests/test_cache_fast.py proves the two equal).
+def _hits_fast(pb, bk, sc, mm, w, valid_from, start, nw, n, nft, run):
+    """The hit rates of wave ``w``'s accesses (``nw`` programs from ``start``,
+    the ``n`` accesses of a step in ``sc``, of which the ``nft`` listed in
+    ``sc.grp`` are first touches, ``run`` bytes), added to ``bk``'s sums:
+    the general path's arithmetic, cheaper (tests/test_cache_fast.py proves
+    the two equal).
 
     * SDCM probabilities of within-step distances come from per-problem memo
       tables keyed by the exact distance (the same call, made once);
@@ -552,22 +584,25 @@ def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups,
       take ``h = 1`` without a call; per-tensor sums are gathered per wave and
       added once, scaled by ``ksteps``.
     """
-    skip = hit_prob_gauss(run / unit, assoc2, B2) >= 1.0 - 1e-12
+    n_step = pb.n_step
+    nsm = pb.nsm
+    h15 = sc.h15
+    skip = hit_prob_gauss(run / pb.unit, pb.assoc2, pb.B2) >= 1.0 - 1e-12
     if not skip:
-        step_distances(ids, wts, n, last_idx, tree, dist)
-    if use15:
-        if gsig:
-            _run_starts(start, nw, nsm, g15, ngroups, order, g0, g1, g2, group, gmb, rsc)
-        for gi in range(ngroups):
-            lo = gi * g15
-            hi = lo + g15
+        step_distances(sc.ids, sc.wts, n, sc.last_idx, sc.tree, sc.dist)
+    if pb.use15:
+        if pb.gsig:
+            _run_starts(start, nw, nsm, pb.g15, pb.ngroups, pb.order, pb.g0, pb.g1, pb.g2,
+                        pb.group, pb.gm, sc.rsc)
+        for gi in range(pb.ngroups):
+            lo = gi * pb.g15
+            hi = lo + pb.g15
             if hi > nsm:
                 hi = nsm
-            ns, sh, sslot = _group_sig(gsig, gi, ngroups, lo, hi, nw, nsm, g0, gmb, g1, sigbuf,
-                                       sig_tab, sig_hash, rsc)
-            if sslot >= 0 and sig_tab[sslot, 0] == ns:
+            ns, sh, sslot = _group_sig(pb, sc, mm, gi, lo, hi, nw)
+            if sslot >= 0 and mm.sig_tab[sslot, 0] == ns:
                 # a group laid out like this one before: its probabilities
-                off = sig_tab[sslot, 1]
+                off = mm.sig_tab[sslot, 1]
                 base = 0
                 while base + lo < nw:
                     pe = base + hi
@@ -576,38 +611,35 @@ def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups,
                     a = (base + lo) * n_step
                     b = pe * n_step
                     for j in range(a, b):
-                        h15[j] = pool_h15[off + j - a]
+                        h15[j] = mm.pool_h15[off + j - a]
                     off += b - a
                     base += nsm
                 continue
-            _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, ids, wts, h15, last_idx, tree,
-                       sub_ids, sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v, assoc15,
-                       B15, unit, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sigbuf,
-                       sig_tab, sig_hash, sig_s15)
+            _group_l15(pb, sc, mm, sc.ids, sc.wts, lo, hi, nw, ns, sh, sslot)
+    loc = sc.loc
     T = loc.shape[1]
     for t in range(T):
         for r in range(4):
             loc[r, t] = 0.0
     # L2 hit probability of every access (into sub_d, free after L1.5):
     # re-touches in the step, then the first touches (listed by the caller)
-    hx = sub_d
+    hx = sc.sub_d
     if skip:
         for j in range(n):
             hx[j] = 1.0
     else:
-        _memo_hits(dist, n, True, assoc2, B2, unit, memo2_k, memo2_v, hx)
-    _cross_wave_hits(fts, nft, ids, head, w, valid_from, lastwave, ustep, newcum, oncecum,
-                     tail_b, svals, ks, kf, unit, assoc2, B2, xtag, xwp, xs, xval, hx)
+        _memo_hits(sc.dist, n, True, pb.assoc2, pb.B2, pb.unit, mm.memo2_k, mm.memo2_v, hx)
+    _cross_wave_hits(pb, bk, mm, sc.grp, nft, sc.ids, sc.head, w, valid_from, hx)
     # per tensor (access q of every tile), in register accumulators
     for q in range(n_step):
         if q >= n:
             break
-        t = ten[q]
+        t = sc.ten[q]
         a0 = 0.0
         a1 = 0.0
         a2 = 0.0
         a3 = 0.0
-        if use15:
+        if pb.use15:
             for j in range(q, n, n_step):
                 x15 = h15[j]
                 a0 += 1.0
@@ -623,17 +655,21 @@ def _hits_fast(w, valid_from, nw, n, nft, fts, n_step, use15, nsm, g15, ngroups,
         loc[1, t] += a1
         loc[2, t] += a2
         loc[3, t] += a3
+    kf = pb.kf
     for t in range(T):
-        acc[t] += kf * loc[0, t]
-        hit15[t] += kf * loc[1, t]
-        req2[t] += kf * loc[2, t]
-        hit2[t] += kf * loc[3, t]
+        bk.acc[t] += kf * loc[0, t]
+        bk.hit15[t] += kf * loc[1, t]
+        bk.req2[t] += kf * loc[2, t]
+        bk.hit2[t] += kf * loc[3, t]
 
 
 @jit_serial
 def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                cap2, assoc2, nsm, g15, cap15, assoc15, k_samples, max_waves,
                max_lookback, out_h15, out_h2, out_dram, fast, weights):
+    """One cache problem's hit rates into ``out_h15``, ``out_h2``,
+    ``out_dram``: allocates its records (:mod:`tsbatch.kernels._records`)
+    and walks its waves."""
     T = mask.shape[0]
     P = g0 * g1 * g2
     zorder = order == ORDER_ZORDER
@@ -651,7 +687,6 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                 if (mask[t] >> d) & 1 == 0:
                     span *= gdim[d]
         koff[t + 1] = koff[t] + span
-    c3 = np.empty(3, dtype=np.int64)
     # key strides: a block's key linearizes its non-reuse coordinates
     kstr = np.zeros((T, 3), dtype=np.int64)
     for t in range(T):
@@ -677,8 +712,6 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
     if n_step == 0 or P == 0:
         return
     unit /= n_step
-    B2 = cap2 / unit
-    B15 = cap15 / unit
     use15 = g15 > 0 and cap15 > 0.0 and assoc15 > 0
     ngroups = (nsm + g15 - 1) // g15 if use15 else 1
 
@@ -694,52 +727,6 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
     svals = np.empty(ks, dtype=np.float64)
     for i in range(ks):
         svals[i] = math.floor((i + 0.5) * ksteps / ks)
-
-    nid = koff[T]
-    lastwave = np.full(nid, -1, dtype=np.int64)
-    fstamp = np.full(nid, -1, dtype=np.int64)
-    bstamp = np.full(nid, -1, dtype=np.int64)
-    tail_b = np.zeros(nid, dtype=np.float64)
-    last_idx = np.full(nid, -1, dtype=np.int64)
-    ustep = np.zeros(W, dtype=np.float64)
-    newcum = np.zeros(W + 1, dtype=np.float64)
-    oncecum = np.zeros(W + 1, dtype=np.float64)
-
-    L = conc * n_step
-    ids = np.empty(L, dtype=np.int64)
-    wts = np.empty(L, dtype=np.float64)
-    ten = np.empty(L, dtype=np.int64)
-    grp = np.empty(L, dtype=np.int64)
-    dist = np.empty(L, dtype=np.float64)
-    head = np.zeros(L, dtype=np.float64)
-    h15 = np.zeros(L, dtype=np.float64)
-    tree = np.zeros(L + 1, dtype=np.float64)
-    sub_ids = np.empty(L, dtype=np.int64)
-    sub_wts = np.empty(L, dtype=np.float64)
-    sub_j = np.empty(L, dtype=np.int64)
-    sub_d = np.empty(L, dtype=np.float64)
-    goff = np.zeros(ngroups + 1, dtype=np.int64)
-    gfill = np.zeros(ngroups, dtype=np.int64)
-
-    memo15_k = np.full(MEMO_SIZE, -1.0, dtype=np.float64)
-    memo15_v = np.empty(MEMO_SIZE, dtype=np.float64)
-    memo2_k = np.full(MEMO_SIZE, -1.0, dtype=np.float64)
-    memo2_v = np.empty(MEMO_SIZE, dtype=np.float64)
-    loc = np.zeros((4, T), dtype=np.float64)
-    pat_m = np.full(PAT_SLOTS, -1, dtype=np.int64)
-    pat_hash = np.zeros(PAT_SLOTS, dtype=np.int64)
-    pat_off = np.zeros(PAT_SLOTS + 1, dtype=np.int64)  # last entry: pool fill
-    pool_lab = np.empty(PAT_POOL, dtype=np.int64)
-    pool_h15 = np.empty(PAT_POOL, dtype=np.float64)
-    sub_lab = np.empty(L, dtype=np.int64)
-    xtag = np.full(XMEMO_SIZE if fast else 0, -1, dtype=np.int64)
-    xwp = np.empty(XMEMO_SIZE if fast else 0, dtype=np.int64)
-    xs = np.empty(XMEMO_SIZE if fast else 0, dtype=np.float64)
-    xval = np.empty(XMEMO_SIZE if fast else 0, dtype=np.float64)
-    acc = np.zeros(T, dtype=np.float64)
-    hit15 = np.zeros(T, dtype=np.float64)
-    req2 = np.zeros(T, dtype=np.float64)
-    hit2 = np.zeros(T, dtype=np.float64)
     kf = float(ksteps)
     # per-block book-keeping of the waves without hit rates (panel orders,
     # integer block sizes: sums exact in any order)
@@ -754,21 +741,80 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
         gmb = g0
     # L1.5 groups keyed by the panel layout of their runs (panel orders)
     gsig = fast and use15 and not zorder
-    # (a run crossing panels takes one entry per panel: room for two each)
-    sigw = 12 * ((conc + nsm - 1) // nsm) if gsig else 0
-    sigbuf = np.empty(sigw, dtype=np.int64)
+    pb = Problem(g0=g0, g1=g1, g2=g2, order=order, group=group, gm=gmb, zorder=zorder, x=x,
+                 P=P, conc=conc, T=T, per_step=per_step, kstr=kstr, koff=koff, tbytes=tbytes,
+                 n_step=n_step, once_bytes=once_bytes, unit=unit, B2=cap2 / unit,
+                 assoc2=assoc2, use15=use15, B15=cap15 / unit, assoc15=assoc15, nsm=nsm,
+                 g15=g15, ngroups=ngroups, kf=kf, ks=ks, svals=svals, fast=fast, gsig=gsig)
+
+    nid = koff[T]
+    bk = Book(lastwave=np.full(nid, -1, dtype=np.int64),
+              fstamp=np.full(nid, -1, dtype=np.int64),
+              bstamp=np.full(nid, -1, dtype=np.int64),
+              tail_b=np.zeros(nid, dtype=np.float64),
+              ustep=np.zeros(W, dtype=np.float64),
+              newcum=np.zeros(W + 1, dtype=np.float64),
+              oncecum=np.zeros(W + 1, dtype=np.float64),
+              acc=np.zeros(T, dtype=np.float64),
+              hit15=np.zeros(T, dtype=np.float64),
+              req2=np.zeros(T, dtype=np.float64),
+              hit2=np.zeros(T, dtype=np.float64))
+
+    L = conc * n_step
+    runs = (conc + nsm - 1) // nsm  # runs of an L1.5 group in a wave
+    # (a run crossing panels takes one layout entry per panel: room for two each)
+    sigw = 12 * runs if gsig else 0
+    bg = L if blockbook and gsig else 0
+    cand = conc if blockbook else 0
+    nrsc = runs * ngroups if gsig else 0
+    # (no conditional expression among a record's keywords: numba cannot
+    # rebuild a call of many keywords that holds control flow)
+    sc = Scratch(ids=np.empty(L, dtype=np.int64),
+                 wts=np.empty(L, dtype=np.float64),
+                 ten=np.empty(L, dtype=np.int64),
+                 grp=np.empty(L, dtype=np.int64),
+                 dist=np.empty(L, dtype=np.float64),
+                 head=np.zeros(L, dtype=np.float64),
+                 h15=np.zeros(L, dtype=np.float64),
+                 tree=np.zeros(L + 1, dtype=np.float64),
+                 last_idx=np.full(nid, -1, dtype=np.int64),
+                 sub_ids=np.empty(L, dtype=np.int64),
+                 sub_wts=np.empty(L, dtype=np.float64),
+                 sub_j=np.empty(L, dtype=np.int64),
+                 sub_d=np.empty(L, dtype=np.float64),
+                 sub_lab=np.empty(L, dtype=np.int64),
+                 goff=np.zeros(ngroups + 1, dtype=np.int64),
+                 gfill=np.zeros(ngroups, dtype=np.int64),
+                 gids=np.empty(bg, dtype=np.int64),
+                 gwts=np.empty(bg, dtype=np.float64),
+                 loc=np.zeros((4, T), dtype=np.float64),
+                 s15w=np.zeros(n_step, dtype=np.float64),
+                 cp=np.empty((T, cand), dtype=np.int64),
+                 ck=np.empty((T, cand), dtype=np.int64),
+                 clen=np.zeros(4 * T, dtype=np.int64),
+                 # first programs of the L1.5 group runs of a wave (5 fields, run-major)
+                 rsc=np.empty((5, nrsc), dtype=np.int64),
+                 sigbuf=np.empty(sigw, dtype=np.int64))
+
+    nx_ = XMEMO_SIZE if fast else 0
     sig_tab = np.empty((SIG_SLOTS if gsig else 1, 2 + sigw), dtype=np.int64)
     sig_tab[:, 0] = -1
-    sig_hash = np.zeros(sig_tab.shape[0], dtype=np.int64)
-    sig_s15 = np.zeros((sig_tab.shape[0], n_step), dtype=np.float64)
-    s15w = np.zeros(n_step, dtype=np.float64)
-    # first programs of the L1.5 group runs of a wave (5 fields, run-major)
-    rsc = np.empty((5, ((conc + nsm - 1) // nsm) * ngroups if gsig else 0), dtype=np.int64)
-    gids = np.empty(L if blockbook and gsig else 0, dtype=np.int64)
-    gwts = np.empty(L if blockbook and gsig else 0, dtype=np.float64)
-    cp = np.empty((T, conc if blockbook else 0), dtype=np.int64)
-    ck = np.empty((T, conc if blockbook else 0), dtype=np.int64)
-    clen = np.zeros(4 * T, dtype=np.int64)
+    mm = Memo(memo15_k=np.full(MEMO_SIZE, -1.0, dtype=np.float64),
+              memo15_v=np.empty(MEMO_SIZE, dtype=np.float64),
+              memo2_k=np.full(MEMO_SIZE, -1.0, dtype=np.float64),
+              memo2_v=np.empty(MEMO_SIZE, dtype=np.float64),
+              xtag=np.full(nx_, -1, dtype=np.int64),
+              xwp=np.empty(nx_, dtype=np.int64),
+              xs=np.empty(nx_, dtype=np.float64),
+              xval=np.empty(nx_, dtype=np.float64),
+              pat_m=np.full(PAT_SLOTS, -1, dtype=np.int64),
+              pat_hash=np.zeros(PAT_SLOTS, dtype=np.int64),
+              pat_off=np.zeros(PAT_SLOTS + 1, dtype=np.int64),  # last entry: pool fill
+              pool_lab=np.empty(PAT_POOL, dtype=np.int64),
+              pool_h15=np.empty(PAT_POOL, dtype=np.float64),
+              sig_tab=sig_tab,
+              sig_hash=np.zeros(sig_tab.shape[0], dtype=np.int64),
+              sig_s15=np.zeros((sig_tab.shape[0], n_step), dtype=np.float64))
 
     # lookback window: waves further back than this cannot hold a block in L2
     # (their distance exceeds 4x the capacity even at the minimum footprint of
@@ -797,6 +843,10 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
     wt_in = 1.0
     if weights and W > max_waves and max_waves > 2:
         wt_in = (W - 2.0) / (max_waves - 2.0)
+    acc = bk.acc
+    hit15 = bk.hit15
+    req2 = bk.req2
+    hit2 = bk.hit2
     saved = np.zeros(4 * T, dtype=np.float64)
     valid_from = 0
     done = -1
@@ -833,33 +883,18 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                 nwv = P - wv * conc
                 if nwv > conc:
                     nwv = conc
-                oncecum[wv + 1] = oncecum[wv] + nwv * once_bytes
-                newcum[wv + 1] = newcum[wv]
+                bk.oncecum[wv + 1] = bk.oncecum[wv] + nwv * once_bytes
+                bk.newcum[wv + 1] = bk.newcum[wv]
             ws = v
             valid_from = v
         for wv in range(ws, w + 1):
             if blockbook and wv == w and (not use15 or gsig) and _hits_blocks(
-                    w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gmb, n_step,
-                    once_bytes, lastwave, fstamp, bstamp, tail_b, ustep, newcum, oncecum, cp, ck,
-                    clen, ids, head, grp, dist, unit, assoc2, B2, svals, ks, kf, xtag, xwp, xs,
-                    xval, acc, hit15, req2, hit2, use15, nsm, g15, ngroups, order, g2, group,
-                    sigbuf, sig_tab, sig_hash, sig_s15, s15w, gids, gwts, h15, last_idx, tree,
-                    sub_ids, sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v, assoc15, B15,
-                    pat_m, pat_hash, pat_off, pool_lab, pool_h15, nx - lookback <= w, rsc):
+                    pb, bk, sc, mm, w, valid_from, nx - lookback <= w):
                 continue
             if blockbook and wv != w:
-                _book_blocks(wv, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1,
-                             gmb, n_step, once_bytes, lastwave, bstamp, tail_b, ustep, newcum,
-                             oncecum, cp, ck, clen)
+                _book_blocks(pb, bk, sc, wv, valid_from)
                 continue
-            _wave(wv, wv == w, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff, c3, x,
-                  zorder, order, g0, g1, g2, group, use15, nsm, g15, ngroups, once_bytes,
-                  unit, B2, B15, assoc2, assoc15, ks, svals, kf,
-                  lastwave, fstamp, bstamp, tail_b, last_idx, ustep, newcum, oncecum,
-                  ids, wts, ten, grp, dist, head, h15, tree, sub_ids, sub_wts, sub_j, sub_d,
-                  goff, gfill, acc, hit15, req2, hit2, fast, n_step, memo15_k, memo15_v,
-                  memo2_k, memo2_v, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
-                  xtag, xwp, xs, xval, gsig, gmb, sigbuf, sig_tab, sig_hash, sig_s15, rsc)
+            _wave(pb, bk, sc, mm, wv, wv == w, valid_from)
         if scale:
             for t in range(T):
                 acc[t] = saved[t] + wt_in * (acc[t] - saved[t])
@@ -876,132 +911,141 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
 
 
 @jit_borrow
-def _wave(w, do_hits, valid_from, P, conc, T, per_step, kstr, tbytes, gdim, koff, c3, x,
-          zorder, order, g0, g1, g2, group, use15, nsm, g15, ngroups, once_bytes,
-          unit, B2, B15, assoc2, assoc15, ks, svals, kf,
-          lastwave, fstamp, bstamp, tail_b, last_idx, ustep, newcum, oncecum,
-          ids, wts, ten, grp, dist, head, h15, tree, sub_ids, sub_wts, sub_j, sub_d,
-          goff, gfill, acc, hit15, req2, hit2, fast, n_step, memo15_k, memo15_v,
-          memo2_k, memo2_v, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
-          xtag, xwp, xs, xval, gsig, gmb, sigbuf, sig_tab, sig_hash, sig_s15, rsc):
-    """Book-keep wave ``w`` (and, if ``do_hits``, add its accesses' hit rates)."""
-    if True:
-        start = w * conc
-        nw = P - start
-        if nw > conc:
-            nw = conc
-        # ---- the step sequence of this wave (coordinates stepped incrementally:
-        # one division per wave instead of several per tile)
-        gm = gmb  # panel rows of the launch order
-        cr, cc, cz = tile_coords(order, g0, g1, g2, group, start)
-        first = (cr // gm) * gm
-        size = g0 - first
-        if size > gm:
-            size = gm
-        j = np.int64(0)
-        for p in range(nw):
-            pid = start + p
-            if zorder:
-                cr = x[0, pid]
-                cc = x[1, pid]
-                cz = x[2, pid]
-            for t in range(T):
-                if per_step[t] == 0:
-                    continue
-                ids[j] = koff[t] + cr * kstr[t, 0] + cc * kstr[t, 1] + cz * kstr[t, 2]
-                wts[j] = tbytes[t]
-                ten[j] = t
-                if not fast:
-                    grp[j] = ((p % nsm) // g15) if use15 else 0
-                j += 1
-            if not zorder:
-                cr, cc, cz, first, size = _advance(g0, g1, gm, cr, cc, cz, first, size, 1)
-        n = j
-        # ---- first touches in the step: bytes before them, new bytes vs previous wave
-        run = 0.0
-        newb = 0.0
-        nft = np.int64(0)
+def _wave(pb, bk, sc, mm, w, do_hits, valid_from):
+    """Book-keep wave ``w`` into ``bk`` (and, if ``do_hits``, add its
+    accesses' hit rates to ``bk``'s sums), access by access: the step
+    sequence, its first touches, the hits (:func:`_hits_fast`, or the general
+    path below) and the tail bytes. ``valid_from``: the first wave of the
+    lookback window."""
+    T = pb.T
+    n_step = pb.n_step
+    per_step = pb.per_step
+    kstr = pb.kstr
+    fast = pb.fast
+    ids = sc.ids
+    wts = sc.wts
+    grp = sc.grp
+    dist = sc.dist
+    head = sc.head
+    lastwave = bk.lastwave
+    start = w * pb.conc
+    nw = pb.P - start
+    if nw > pb.conc:
+        nw = pb.conc
+    # ---- the step sequence of this wave (coordinates stepped incrementally:
+    # one division per wave instead of several per tile)
+    gm = pb.gm  # panel rows of the launch order
+    cr, cc, cz = tile_coords(pb.order, pb.g0, pb.g1, pb.g2, pb.group, start)
+    first = (cr // gm) * gm
+    size = pb.g0 - first
+    if size > gm:
+        size = gm
+    j = np.int64(0)
+    for p in range(nw):
+        pid = start + p
+        if pb.zorder:
+            cr = pb.x[0, pid]
+            cc = pb.x[1, pid]
+            cz = pb.x[2, pid]
+        for t in range(T):
+            if per_step[t] == 0:
+                continue
+            ids[j] = pb.koff[t] + cr * kstr[t, 0] + cc * kstr[t, 1] + cz * kstr[t, 2]
+            wts[j] = pb.tbytes[t]
+            sc.ten[j] = t
+            if not fast:
+                grp[j] = ((p % pb.nsm) // pb.g15) if pb.use15 else 0
+            j += 1
+        if not pb.zorder:
+            cr, cc, cz, first, size = _advance(pb.g0, pb.g1, gm, cr, cc, cz, first, size, 1)
+    n = j
+    # ---- first touches in the step: bytes before them, new bytes vs previous wave
+    run = 0.0
+    newb = 0.0
+    nft = np.int64(0)
+    fstamp = bk.fstamp
+    for j in range(n):
+        k = ids[j]
+        if fstamp[k] != w:
+            fstamp[k] = w
+            if fast:
+                grp[nft] = j  # the fast path's list of first touches
+                nft += 1
+            head[j] = run
+            run += wts[j]
+            if lastwave[k] != w - 1 or w - 1 < valid_from:
+                newb += wts[j]
+            dist[j] = math.inf
+        else:
+            dist[j] = -1.0
+    bk.ustep[w] = run
+    bk.newcum[w + 1] = bk.newcum[w] + newb
+    bk.oncecum[w + 1] = bk.oncecum[w] + nw * pb.once_bytes
+    if do_hits and fast:
+        _hits_fast(pb, bk, sc, mm, w, valid_from, start, nw, n, nft, run)
+    elif do_hits:
+        unit = pb.unit
+        h15 = sc.h15
+        # every within-step distance is below the step's footprint; when
+        # even that footprint surely hits (monotone SDCM), skip the tree
+        if hit_prob_gauss(run / unit, pb.assoc2, pb.B2) >= 1.0 - 1e-12:
+            for j in range(n):
+                if dist[j] < 0.0:
+                    dist[j] = 0.0
+        else:
+            step_distances(ids, wts, n, sc.last_idx, sc.tree, dist)
+        # ---- L1.5: within-step reuse inside each SM group (bucketed by group)
         for j in range(n):
-            k = ids[j]
-            if fstamp[k] != w:
-                fstamp[k] = w
-                if fast:
-                    grp[nft] = j  # the fast path's list of first touches
-                    nft += 1
-                head[j] = run
-                run += wts[j]
-                if lastwave[k] != w - 1 or w - 1 < valid_from:
-                    newb += wts[j]
-                dist[j] = math.inf
-            else:
-                dist[j] = -1.0
-        ustep[w] = run
-        newcum[w + 1] = newcum[w] + newb
-        oncecum[w + 1] = oncecum[w] + nw * once_bytes
-        if do_hits and fast:
-            _hits_fast(w, valid_from, nw, n, nft, grp, n_step, use15, nsm, g15, ngroups, unit, B2, B15,
-                       assoc2, assoc15, ks, svals, kf, run, lastwave, tail_b, ustep, newcum,
-                       oncecum, ids, wts, ten, dist, head, h15, tree, last_idx, sub_ids,
-                       sub_wts, sub_j, sub_d, memo15_k, memo15_v, memo2_k, memo2_v,
-                       acc, hit15, req2, hit2, loc, pat_m, pat_hash, pat_off, pool_lab, pool_h15, sub_lab,
-                       xtag, xwp, xs, xval, gsig, start, order, g0, g1, g2, group, gmb, sigbuf,
-                       sig_tab, sig_hash, sig_s15, rsc)
-        elif do_hits:
-            # every within-step distance is below the step's footprint; when
-            # even that footprint surely hits (monotone SDCM), skip the tree
-            if hit_prob_gauss(run / unit, assoc2, B2) >= 1.0 - 1e-12:
-                for j in range(n):
-                    if dist[j] < 0.0:
-                        dist[j] = 0.0
-            else:
-                step_distances(ids, wts, n, last_idx, tree, dist)
-            # ---- L1.5: within-step reuse inside each SM group (bucketed by group)
+            h15[j] = 0.0
+        if pb.use15:
+            ngroups = pb.ngroups
+            goff = sc.goff
+            gfill = sc.gfill
+            for gi in range(ngroups + 1):
+                goff[gi] = 0
             for j in range(n):
-                h15[j] = 0.0
-            if use15:
-                for gi in range(ngroups + 1):
-                    goff[gi] = 0
-                for j in range(n):
-                    goff[grp[j] + 1] += 1
-                for gi in range(ngroups):
-                    goff[gi + 1] += goff[gi]
-                    gfill[gi] = goff[gi]
-                for j in range(n):
-                    q = gfill[grp[j]]
-                    sub_ids[q] = ids[j]
-                    sub_wts[q] = wts[j]
-                    sub_j[q] = j
-                    gfill[grp[j]] = q + 1
-                for gi in range(ngroups):
-                    a0 = goff[gi]
-                    m = goff[gi + 1] - a0
-                    if m == 0:
-                        continue
-                    step_distances(sub_ids[a0:], sub_wts[a0:], m, last_idx, tree, sub_d)
-                    for q in range(m):
-                        h15[sub_j[a0 + q]] = hit_prob_gauss(sub_d[q] / unit, assoc15, B15)
-            # ---- L2 hit of every access of the wave, all steps
+                goff[grp[j] + 1] += 1
+            for gi in range(ngroups):
+                goff[gi + 1] += goff[gi]
+                gfill[gi] = goff[gi]
             for j in range(n):
-                t = ten[j]
-                if dist[j] < math.inf:
-                    h = hit_prob_gauss(dist[j] / unit, assoc2, B2)
-                else:
-                    h = _cross_wave_hit(ids[j], head[j], w, valid_from, lastwave, ustep, newcum,
-                                        oncecum, tail_b, svals, ks, kf, unit, assoc2, B2)
-                acc[t] += kf
-                hit15[t] += kf * h15[j]
-                req2[t] += kf * (1.0 - h15[j])
-                hit2[t] += kf * (1.0 - h15[j]) * h
-        # ---- tail bytes (distinct bytes after a block's last touch in the step)
-        run = 0.0
-        for j in range(n - 1, -1, -1):
-            k = ids[j]
-            if bstamp[k] != w:
-                bstamp[k] = w
-                tail_b[k] = run
-                run += wts[j]
-                lastwave[k] = w
-
+                q = gfill[grp[j]]
+                sc.sub_ids[q] = ids[j]
+                sc.sub_wts[q] = wts[j]
+                sc.sub_j[q] = j
+                gfill[grp[j]] = q + 1
+            for gi in range(ngroups):
+                a0 = goff[gi]
+                m = goff[gi + 1] - a0
+                if m == 0:
+                    continue
+                step_distances(sc.sub_ids[a0:], sc.sub_wts[a0:], m, sc.last_idx, sc.tree,
+                               sc.sub_d)
+                for q in range(m):
+                    h15[sc.sub_j[a0 + q]] = hit_prob_gauss(sc.sub_d[q] / unit, pb.assoc15,
+                                                           pb.B15)
+        # ---- L2 hit of every access of the wave, all steps
+        kf = pb.kf
+        for j in range(n):
+            t = sc.ten[j]
+            if dist[j] < math.inf:
+                h = hit_prob_gauss(dist[j] / unit, pb.assoc2, pb.B2)
+            else:
+                h = _cross_wave_hit(pb, bk, ids[j], head[j], w, valid_from)
+            bk.acc[t] += kf
+            bk.hit15[t] += kf * h15[j]
+            bk.req2[t] += kf * (1.0 - h15[j])
+            bk.hit2[t] += kf * (1.0 - h15[j]) * h
+    # ---- tail bytes (distinct bytes after a block's last touch in the step)
+    run = 0.0
+    bstamp = bk.bstamp
+    for j in range(n - 1, -1, -1):
+        k = ids[j]
+        if bstamp[k] != w:
+            bstamp[k] = w
+            bk.tail_b[k] = run
+            run += wts[j]
+            lastwave[k] = w
 
 
 @jit_scalar
@@ -1150,10 +1194,10 @@ def _two_streams(T, clen):
 
 
 @jit_borrow
-def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gm, n_step,
-                 once_bytes, lastwave, bstamp, tail_b, ustep, newcum, oncecum, cp, ck, clen):
-    """The book-keeping of wave ``w`` (no hit rates) per distinct block
-    instead of per access, for the panel orders (row, column, grouped,
+def _book_blocks(pb, bk, sc, w, valid_from):
+    """The book-keeping of wave ``w`` into ``bk`` (no hit rates; candidates
+    in ``sc.cp``, ``sc.ck``, ``sc.clen``) per distinct block instead of per
+    access, for the panel orders (row, column, grouped,
     persistent: all are panels of ``gm`` rows walked column-major, ``gm`` 1
     for row order and ``g0`` for column order).
 
@@ -1171,6 +1215,11 @@ def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
     another order, like ``ustep`` and ``newb``. The caller runs this only
     when every block size is an integer (sums exact in any order).
     """
+    P, conc, g0, g1, gm = pb.P, pb.conc, pb.g0, pb.g1, pb.gm
+    T, n_step, per_step, kstr = pb.T, pb.n_step, pb.per_step, pb.kstr
+    koff, tbytes = pb.koff, pb.tbytes
+    lastwave, bstamp, tail_b = bk.lastwave, bk.bstamp, bk.tail_b
+    cp, ck, clen = sc.cp, sc.ck, sc.clen
     start = w * conc
     end = start + conc
     if end > P:
@@ -1320,24 +1369,18 @@ def _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
                 newb += wt
             lastwave[k] = w
     nw = end - start
-    ustep[w] = run
-    newcum[w + 1] = newcum[w] + newb
-    oncecum[w + 1] = oncecum[w] + nw * once_bytes
+    bk.ustep[w] = run
+    bk.newcum[w + 1] = bk.newcum[w] + newb
+    bk.oncecum[w + 1] = bk.oncecum[w] + nw * pb.once_bytes
 
 
 @jit_borrow
-def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gm, n_step,
-                 once_bytes, lastwave, fstamp, bstamp, tail_b, ustep, newcum, oncecum, cp, ck,
-                 clen, ids, head, fts, hx, unit, assoc2, B2, svals, ks, kf, xtag, xwp, xs, xval,
-                 acc, hit15, req2, hit2, use15, nsm, g15, ngroups, order, g2, group, sigbuf,
-                 sig_tab, sig_hash, sig_s15, s15w, gids, gwts, h15, last_idx, tree, sub_ids,
-                 sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v, assoc15, B15, pat_m,
-                 pat_hash, pat_off, pool_lab, pool_h15, book, rsc):
+def _hits_blocks(pb, bk, sc, mm, w, valid_from, book):
     """Analyse wave ``w`` per distinct block on the panel orders with integer
-    block sizes (as :func:`_book_blocks`); returns
-    ``False``, having changed nothing but ``fstamp`` and this wave's
-    ``ustep``/``newcum``/``oncecum`` (which the per-access path recomputes
-    equal), when the step footprint does not surely hit in L2.
+    block sizes (as :func:`_book_blocks`), adding its hit rates to ``bk``'s
+    sums; returns ``False``, having changed nothing but ``bk.fstamp`` and
+    this wave's ``ustep``/``newcum``/``oncecum`` (which the per-access path
+    recomputes equal), when the step footprint does not surely hit in L2.
 
     When it surely hits, every within-step re-touch hits (the per-access path
     takes ``h = 1``), so a tensor's sums need only its access count ``nw``,
@@ -1359,8 +1402,16 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
     keys written out and solved (:func:`_group_l15`). A block's first touch
     in the step is its first touch in its group too, so misses L1.5 (``h15
     = 0``): every L2 request of a re-touch hits (``1 - h15`` each) and a
-    first touch's L2 hit is its cross-wave hit.
+    first touch's L2 hit is its cross-wave hit. The first touches' blocks and
+    heads go into ``sc.ids`` and ``sc.head``, their list into ``sc.grp`` and
+    their cross-wave hits into ``sc.dist``, as the per-access pass lays them.
     """
+    P, conc, g0, g1, gm = pb.P, pb.conc, pb.g0, pb.g1, pb.gm
+    T, n_step, per_step, kstr = pb.T, pb.n_step, pb.per_step, pb.kstr
+    koff, tbytes = pb.koff, pb.tbytes
+    lastwave, fstamp = bk.lastwave, bk.fstamp
+    cp, ck, clen = sc.cp, sc.ck, sc.clen
+    ids, head, fts, hx = sc.ids, sc.head, sc.grp, sc.dist
     start = w * conc
     end = start + conc
     if end > P:
@@ -1513,27 +1564,32 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
             nft += 1
             if fresh_all or lastwave[k] != w - 1:
                 newb += wt
-    ustep[w] = run
-    newcum[w + 1] = newcum[w] + newb
-    oncecum[w + 1] = oncecum[w] + nw * once_bytes
-    if not (hit_prob_gauss(run / unit, assoc2, B2) >= 1.0 - 1e-12):
+    bk.ustep[w] = run
+    bk.newcum[w + 1] = bk.newcum[w] + newb
+    bk.oncecum[w + 1] = bk.oncecum[w] + nw * pb.once_bytes
+    if not (hit_prob_gauss(run / pb.unit, pb.assoc2, pb.B2) >= 1.0 - 1e-12):
         return False
-    _cross_wave_hits(fts, nft, ids, head, w, valid_from, lastwave, ustep, newcum, oncecum,
-                     tail_b, svals, ks, kf, unit, assoc2, B2, xtag, xwp, xs, xval, hx)
+    _cross_wave_hits(pb, bk, mm, fts, nft, ids, head, w, valid_from, hx)
     # ---- L1.5 hit sums per access position q of a tile, group by group
+    s15w = sc.s15w
+    sig_tab = mm.sig_tab
     for q in range(n_step):
         s15w[q] = 0.0
-    if use15:
-        _run_starts(start, nw, nsm, g15, ngroups, order, g0, g1, g2, group, gm, rsc)
-        for gi in range(ngroups):
-            lo = gi * g15
-            hi = lo + g15
+    if pb.use15:  # then pb.gsig (the caller's condition)
+        nsm = pb.nsm
+        gids = sc.gids
+        gwts = sc.gwts
+        h15 = sc.h15
+        _run_starts(start, nw, nsm, pb.g15, pb.ngroups, pb.order, g0, g1, pb.g2, pb.group, gm,
+                    sc.rsc)
+        for gi in range(pb.ngroups):
+            lo = gi * pb.g15
+            hi = lo + pb.g15
             if hi > nsm:
                 hi = nsm
             if lo >= nw:
                 continue
-            ns, sh, sslot = _group_sig(True, gi, ngroups, lo, hi, nw, nsm, g0, gm, g1, sigbuf,
-                                       sig_tab, sig_hash, rsc)
+            ns, sh, sslot = _group_sig(pb, sc, mm, gi, lo, hi, nw)
             if not (sslot >= 0 and sig_tab[sslot, 0] == ns):
                 # the group's access keys, as the per-access pass writes them
                 base = 0
@@ -1541,7 +1597,8 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
                     pe = base + hi
                     if pe > nw:
                         pe = nw
-                    cr, cc, cz = tile_coords(order, g0, g1, g2, group, start + base + lo)
+                    cr, cc, cz = tile_coords(pb.order, g0, g1, pb.g2, pb.group,
+                                             start + base + lo)
                     first = (cr // gm) * gm
                     size = g0 - first
                     if size > gm:
@@ -1557,10 +1614,7 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
                         cr, cc, cz, first, size = _advance(g0, g1, gm, cr, cc, cz,
                                                            first, size, 1)
                     base += nsm
-                _group_l15(lo, hi, nw, nsm, n_step, ns, sh, sslot, gids, gwts, h15, last_idx,
-                           tree, sub_ids, sub_wts, sub_j, sub_d, sub_lab, memo15_k, memo15_v,
-                           assoc15, B15, unit, pat_m, pat_hash, pat_off, pool_lab, pool_h15,
-                           sigbuf, sig_tab, sig_hash, sig_s15)
+                _group_l15(pb, sc, mm, gids, gwts, lo, hi, nw, ns, sh, sslot)
                 if not (sslot >= 0 and sig_tab[sslot, 0] == ns):
                     # not stored: sum this group's own probabilities
                     base = 0
@@ -1573,7 +1627,8 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
                         base += nsm
                     continue
             for q in range(n_step):
-                s15w[q] += sig_s15[sslot, q]
+                s15w[q] += mm.sig_s15[sslot, q]
+    kf = pb.kf
     i = 0
     q = 0
     for t in range(T):
@@ -1586,14 +1641,12 @@ def _hits_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1
             i += 1
         s15 = s15w[q]
         q += 1
-        acc[t] += kf * nw
-        hit15[t] += kf * s15
-        req2[t] += kf * (nw - s15)
-        hit2[t] += kf * ((nw - nt - s15) + cw)
+        bk.acc[t] += kf * nw
+        bk.hit15[t] += kf * s15
+        bk.req2[t] += kf * (nw - s15)
+        bk.hit2[t] += kf * ((nw - nt - s15) + cw)
     if book:
-        _book_blocks(w, valid_from, P, conc, T, per_step, kstr, koff, tbytes, g0, g1, gm,
-                     n_step, once_bytes, lastwave, bstamp, tail_b, ustep, newcum, oncecum, cp,
-                     ck, clen)
+        _book_blocks(pb, bk, sc, w, valid_from)
     return True
 
 
