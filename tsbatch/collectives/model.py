@@ -156,34 +156,37 @@ def evaluate(frame: pl.DataFrame, hw=None, *, where: str = "candidates") -> pl.D
     nbytes = joined["bytes"].to_numpy().astype(np.float64)
     var_index = arrays.pop("var_index")
     lat, var, link, _bw = evaluate_rows(row_plan, np.full(len(row_plan), -1, dtype=np.int64), nbytes, **arrays)
-    # per-variant and per-link labels, looked up by index (no per-row Python)
-    v_algo = np.array([plans[p].variants[v].algorithm for p, v in var_index] + [None], dtype=object)
-    v_proto = np.array([plans[p].variants[v].protocol for p, v in var_index] + [None], dtype=object)
-    v_stages = np.array([plans[p].variants[v].n_stages for p, v in var_index] + [0], dtype=np.int64)
+    # per-variant and per-link labels, gathered by index (no per-row Python)
+    n_var = len(var_index)
+    v_algo = pl.Series([plans[p].variants[v].algorithm for p, v in var_index] + [None], dtype=pl.String)
+    v_proto = pl.Series([plans[p].variants[v].protocol for p, v in var_index] + [None], dtype=pl.String)
+    v_stages = pl.Series([plans[p].variants[v].n_stages for p, v in var_index] + [0], dtype=pl.Int64)
     l_cls = []
     for p in plans:
         if p.topology is not None:
             l_cls.extend(p.topology.cls)
-    l_cls = np.array(l_cls + [None], dtype=object)
-    reasons = np.array([p.reason or None for p in plans], dtype=object)
+    n_link = len(l_cls)
+    l_cls = pl.Series(l_cls + [None], dtype=pl.String)
+    reasons = pl.Series([p.reason or None for p in plans], dtype=pl.String)
     feasible = row_plan >= 0
-    n = joined["num_gpus"].to_numpy()
-    coll = joined["collective"].to_numpy()
-    factor = np.ones(len(n))
-    for c in COLLECTIVES:
-        m = coll == c
-        if m.any():
-            factor[m] = np.array([bus_factor(c, int(x)) for x in np.unique(n[m])])[np.searchsorted(np.unique(n[m]), n[m])]
+    vi = pl.Series(np.where(var >= 0, var, n_var))
+    li = pl.Series(np.where(link >= 0, link, n_link))
+    n = joined["num_gpus"].to_numpy().astype(np.float64)
+    coll = joined["collective"].cast(pl.String)
+    factor = np.where((coll == "all_reduce").to_numpy(), 2.0 * (n - 1) / n,
+                      np.where(coll.is_in(["all_gather", "reduce_scatter", "all_to_all"]).to_numpy(),
+                               (n - 1) / n, 1.0))
     alg_bw = np.where(feasible, nbytes / np.where(feasible, lat, 1.0) / 1e3, np.nan)
     out = frame.with_columns(
         pl.Series("latency_us", np.where(feasible, lat, np.nan)),
         pl.Series("feasible", feasible),
-        pl.Series("infeasible_reason", np.where(feasible, None, reasons[plan_idx]).tolist(), dtype=pl.String),
-        pl.Series("algorithm_used", v_algo[var].tolist(), dtype=pl.String),
-        pl.Series("protocol_used", v_proto[var].tolist(), dtype=pl.String),
-        pl.Series("stages", v_stages[var], dtype=pl.Int64),
-        pl.Series("bottleneck_link", l_cls[link].tolist(), dtype=pl.String),
+        reasons.gather(pl.Series(plan_idx)).alias("infeasible_reason"),
+        v_algo.gather(vi).alias("algorithm_used"),
+        v_proto.gather(vi).alias("protocol_used"),
+        v_stages.gather(vi).alias("stages"),
+        l_cls.gather(li).alias("bottleneck_link"),
         pl.Series("alg_bw_gbps", alg_bw),
         pl.Series("bus_bw_gbps", alg_bw * factor),
-    )
+    ).with_columns(pl.when(pl.col("feasible")).then(None).otherwise(pl.col("infeasible_reason"))
+                   .alias("infeasible_reason"))
     return out

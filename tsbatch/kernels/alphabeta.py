@@ -22,10 +22,16 @@ once and multiplies. Stages of a pipelined algorithm (tree, in-switch
 reduction, point-to-point) run concurrently in chunks: the planner merges
 their loads into one stage whose ``alpha`` is the sum of theirs.
 
+A stage's bottleneck serialization is linear in the message size, so the
+kernel evaluates Eq. 11 stage by stage once per variant (``T(S) = a + b S``,
+with each stage's bottleneck link) and then runs over the rows.
+
 Everything here is arrays in, arrays out; no polars, no files.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -39,64 +45,52 @@ MIN_SHARE_ROWS = 1 << 16
 
 
 @jit_serial
-def _variant_time(v, nbytes, var_base_us, var_stage_ptr, var_proto_eff, var_cap_gbps,
-                  stage_alpha_us, stage_reps, stage_load_ptr, load_link, load_frac, link_bw_gbps):
-    """Eq. 11 summed over the stages of variant ``v`` for one message size.
+def _variant_lines(var_base_us, var_stage_ptr, var_proto_eff, var_cap_gbps, stage_alpha_us,
+                   stage_reps, stage_load_ptr, load_link, load_frac, link_bw_gbps,
+                   out_a, out_b, out_link):
+    """Eq. 11 stage by stage, once per variant: ``T(S) = a + b S``.
 
-    Returns (time_us, bottleneck link id, bandwidth-term us of the variant).
+    A stage's bottleneck serialization ``max_l beta_l B_{l,k}`` is linear in
+    the message size (every ``B_{l,k}`` is ``load_frac * S``), so its
+    bottleneck link and its per-byte cost are found once per stage for all
+    rows: ``a = base + sum_k reps_k alpha_k`` and ``b = sum_k reps_k max_l
+    frac_l / bw_l``. ``out_link`` is the bottleneck link of the stage with the
+    largest serialization.
     """
-    t = var_base_us[v]
-    eff = var_proto_eff[v]
-    cap = var_cap_gbps[v]
-    best_link = -1
-    best_term = -1.0
-    bw_total = 0.0
-    for k in range(var_stage_ptr[v], var_stage_ptr[v + 1]):
-        worst = 0.0
-        worst_link = -1
-        for j in range(stage_load_ptr[k], stage_load_ptr[k + 1]):
-            lk = load_link[j]
-            bw = link_bw_gbps[lk] * eff
-            if bw > cap:
-                bw = cap
-            # bytes / (GB/s * 1e3) = microseconds
-            term = load_frac[j] * nbytes / (bw * 1e3)
-            if term > worst:
-                worst = term
-                worst_link = lk
-        st = stage_reps[k] * worst
-        bw_total += st
-        if st > best_term:
-            best_term = st
-            best_link = worst_link
-        t += stage_reps[k] * (stage_alpha_us[k] + worst)
-    return t, best_link, bw_total
+    for v in range(var_base_us.shape[0]):
+        a = var_base_us[v]
+        b = 0.0
+        eff = var_proto_eff[v]
+        cap = var_cap_gbps[v]
+        best_link = -1
+        best_term = -1.0
+        for k in range(var_stage_ptr[v], var_stage_ptr[v + 1]):
+            worst = 0.0
+            worst_link = -1
+            for j in range(stage_load_ptr[k], stage_load_ptr[k + 1]):
+                lk = load_link[j]
+                bw = link_bw_gbps[lk] * eff
+                if bw > cap:
+                    bw = cap
+                # bytes / (GB/s * 1e3) = microseconds
+                term = load_frac[j] / (bw * 1e3)
+                if term > worst:
+                    worst = term
+                    worst_link = lk
+            if stage_reps[k] * worst > best_term:
+                best_term = stage_reps[k] * worst
+                best_link = worst_link
+            a += stage_reps[k] * stage_alpha_us[k]
+            b += stage_reps[k] * worst
+        out_a[v] = a
+        out_b[v] = b
+        out_link[v] = best_link
 
 
 @jit_serial
-def _select_time(v, nbytes, var_sel_lat_us, var_sel_inv_bw, var_sel_tree, var_sel_max_bytes,
-                 tree_corr):
-    """NCCL's own predicted time of variant ``v`` (its tuner's choice criterion)."""
-    if nbytes > var_sel_max_bytes[v]:
-        return np.inf
-    inv = var_sel_inv_bw[v]
-    p = var_sel_tree[v]
-    if p >= 0:
-        x = nbytes / 64.0
-        lg = 0
-        while x >= 2.0 and lg < 64:
-            x *= 0.5
-            lg += 1
-        if lg < tree_corr.shape[1]:
-            inv = inv / tree_corr[p, lg]
-    return var_sel_lat_us[v] + nbytes * inv
-
-
-@jit_serial
-def _rows(row_plan, row_var, nbytes, plan_var_ptr, var_base_us, var_stage_ptr,
-          var_proto_eff, var_cap_gbps, stage_alpha_us, stage_reps, stage_load_ptr, load_link,
-          load_frac, link_bw_gbps, var_sel_lat_us, var_sel_inv_bw, var_sel_tree,
-          var_sel_max_bytes, tree_corr, out_us, out_var, out_link, out_bw_us, lo, hi):
+def _rows(row_plan, row_var, nbytes, plan_var_ptr, var_a, var_b, var_link, var_sel_lat_us,
+          var_sel_inv_bw, var_sel_tree, var_sel_max_bytes, tree_corr, out_us, out_var, out_link,
+          out_bw_us, lo, hi):
     for i in range(lo, hi):
         p = row_plan[i]
         if p < 0:
@@ -107,11 +101,19 @@ def _rows(row_plan, row_var, nbytes, plan_var_ptr, var_base_us, var_stage_ptr,
             continue
         best_v = row_var[i]
         if best_v < 0:
-            # the variant NCCL's tuning model predicts fastest
+            # the variant NCCL's tuning model predicts fastest: latency + bytes / bandwidth,
+            # its tree bandwidth corrected by NCCL's factor for log2i(bytes >> 6)
             best_s = np.inf
+            x = nbytes[i]
+            lg = math.frexp(x / 64.0)[1] - 1 if x >= 64.0 else 0
             for v in range(plan_var_ptr[p], plan_var_ptr[p + 1]):
-                ts = _select_time(v, nbytes[i], var_sel_lat_us, var_sel_inv_bw, var_sel_tree,
-                                  var_sel_max_bytes, tree_corr)
+                if x > var_sel_max_bytes[v]:
+                    continue
+                inv = var_sel_inv_bw[v]
+                tp = var_sel_tree[v]
+                if tp >= 0 and lg < tree_corr.shape[1]:
+                    inv = inv / tree_corr[tp, lg]
+                ts = var_sel_lat_us[v] + x * inv
                 if ts < best_s:
                     best_s = ts
                     best_v = v
@@ -123,13 +125,11 @@ def _rows(row_plan, row_var, nbytes, plan_var_ptr, var_base_us, var_stage_ptr,
             out_link[i] = -1
             out_bw_us[i] = np.nan
             continue
-        t, lk, b = _variant_time(best_v, nbytes[i], var_base_us, var_stage_ptr, var_proto_eff,
-                                 var_cap_gbps, stage_alpha_us, stage_reps, stage_load_ptr,
-                                 load_link, load_frac, link_bw_gbps)
-        out_us[i] = t
+        bw = var_b[best_v] * nbytes[i]
+        out_us[i] = var_a[best_v] + bw
         out_var[i] = best_v
-        out_link[i] = lk
-        out_bw_us[i] = b
+        out_link[i] = var_link[best_v]
+        out_bw_us[i] = bw
 
 
 def stage_times(nbytes: float, stage_alpha_us: np.ndarray, stage_reps: np.ndarray,
@@ -192,8 +192,11 @@ def evaluate_rows(row_plan, row_var, nbytes, plan_var_ptr, var_base_us, var_stag
     -----
     Eq. 11 of TileSight: a stage costs its routed hop latency plus the
     serialization of its bottleneck link; a collective is the ordered sum of
-    its stages. Time never falls when a link's bandwidth falls: every term is
-    non-increasing in ``link_bw_gbps`` and a minimum over variants keeps that.
+    its stages. The bottleneck term is linear in the message size, so each
+    stage's bottleneck link is found once (``_variant_lines``) and a row costs
+    its chosen variant's ``a + b * bytes``. Time never falls when a link's
+    bandwidth falls: every stage term is non-increasing in ``link_bw_gbps``,
+    and the choice of variant (NCCL's model, fixed per plan) does not read it.
     """
     n = int(nbytes.shape[0])
     args = [np.ascontiguousarray(a, dtype=np.int64) for a in (row_plan, row_var)]
@@ -216,6 +219,12 @@ def evaluate_rows(row_plan, row_var, nbytes, plan_var_ptr, var_base_us, var_stag
     out_bw = np.empty(n, dtype=np.float64)
     if n == 0:
         return out_us, out_var, out_link, out_bw
+    nv = int(args[4].shape[0])
+    var_a = np.empty(nv, dtype=np.float64)
+    var_b = np.empty(nv, dtype=np.float64)
+    var_link = np.empty(nv, dtype=np.int64)
+    _variant_lines(*args[4:14], var_a, var_b, var_link)
     bounds = [0, n] if threads == 1 else even_bounds(n, MIN_SHARE_ROWS)
-    run_shares(_rows, (*args, out_us, out_var, out_link, out_bw), bounds)
+    run_shares(_rows, (*args[:4], var_a, var_b, var_link, *args[14:], out_us, out_var, out_link,
+                       out_bw), bounds)
     return out_us, out_var, out_link, out_bw
