@@ -397,11 +397,13 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         steady_iter = res[4]
         store = res[5]
         h = min(res[1], store)  # a wave's prologue under the stores before it
-        # one wave plus (full - 1) waves less the hidden prologue (no cancellation)
-        total[0] += res[0] + (full - 1) * (res[0] - h)
+        # and then its first compute steps (the drain's compute moves no DRAM bytes)
+        hf = max(min(res[3] - store - p * ovh_tile, store - h), 0.0)
+        # one wave plus (full - 1) waves less the hidden part (no cancellation)
+        total[0] += res[0] + (full - 1) * (res[0] - h - hf)
         total[1] += res[1] + (full - 1) * (res[1] - h)
         total[2] += full * res[2]
-        total[3] += full * res[3]
+        total[3] += res[3] + (full - 1) * (res[3] - hf)
     if tail:
         res = envelope_one(*args, math.ceil(tail / sms), min(tail, sms), ksteps, stages,
                            warps_tile, warps_full, lat, ovh_iter, ovh_tile, 0, share_eff, sync,
@@ -411,8 +413,10 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         if not full:
             steady_iter = res[4]
         hidden = min(res[1], store)
-        total[0] -= hidden
+        hf = max(min(res[3] - math.ceil(tail / sms) * ovh_tile - res[5], store - hidden), 0.0)
+        total[0] -= hidden + hf
         total[1] -= hidden
+        total[3] -= hf
     return (*total, steady_iter, full + (1 if tail else 0), tail)
 
 

@@ -30,7 +30,12 @@ two-stage 128x128x32 tiles ran 1.17x (A100) and 1.29x (H100) above it.
 Consecutive waves overlap at their seam: output stores retire
 asynchronously, so the next wave's prologue (load latency and pipeline
 fill) runs under the previous wave's stores and only the longer of the two
-counts, ``T_waves = sum(T_wave) - sum(min(T_pro(next), T_store(prev)))``.
+counts, ``T_waves = sum(T_wave) - sum(min(T_pro(next), T_store(prev)))``;
+stores still draining after that prologue also run under the next wave's
+first compute steps (the drain's compute, ``min(d, N) compute``, which moves
+no DRAM bytes), so a short-loop kernel of many waves (attention over a few
+key blocks, a small-K GEMM) pays its stores once per wave only where they
+outlast the next wave's fill and first steps.
 Without this, a short-K, many-wave GEMM pays one exposed load latency per
 wave on top of its store-bandwidth time.
 
@@ -204,17 +209,23 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         # less (full - 1) hidden parts: the difference of two products of
         # `full` loses digits when the prologue is mostly hidden
         h = min(a, store)
-        T += t + (full - 1) * (t - h)
+        # and past the prologue, under the next wave's first compute steps (its
+        # pipeline drain's compute, which moves no DRAM bytes)
+        hf = min(c - store - p * ovh_tile, store - h)
+        if hf < 0.0:
+            hf = 0.0
+        T += t + (full - 1) * (t - h - hf)
         tp += a + (full - 1) * (a - h)
         ts += full * b
-        te += full * c
+        te += c + (full - 1) * (c - hf)
         s_it = s
     if tail > 0:
         active = tail if tail < sms else sms
         pt = (tail + sms - 1) // sms
-        t, a, b, c, s, _ = envelope_one(work_iter, work_epi, rate, shared, compute, pt, active,
-                                        ksteps, stages, warps_tile, warps_full, lat, ovh_iter,
-                                        ovh_tile, 0, share_eff, sync, chain, streams)
+        t, a, b, c, s, p_store = envelope_one(work_iter, work_epi, rate, shared, compute, pt,
+                                              active, ksteps, stages, warps_tile, warps_full, lat,
+                                              ovh_iter, ovh_tile, 0, share_eff, sync, chain,
+                                              streams)
         T += t
         tp += a
         ts += b
@@ -222,8 +233,12 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         if full == 0:
             s_it = s
         hidden = min(a, store)
-        T -= hidden
+        hf = min(c - pt * ovh_tile - p_store, store - hidden)
+        if hf < 0.0:
+            hf = 0.0
+        T -= hidden + hf
         tp -= hidden
+        te -= hf
     return T, tp, ts, te, s_it, full + (1 if tail > 0 else 0), tail
 
 
