@@ -36,6 +36,9 @@ GRIDS = {
     "pcie_efficiency": np.arange(0.30, 1.001, 0.01),
     "net_efficiency": np.arange(0.05, 1.001, 0.01),
     "net_node_bw_gbps": np.arange(5.0, 200.1, 1.0),
+    "nccl_channels": np.arange(2, 33, 1),
+    "duplex_factor": np.arange(1.0, 2.001, 0.02),
+    "nvlink_alpha_us": np.arange(0.2, 3.01, 0.1),
 }
 
 
@@ -52,7 +55,11 @@ def _load(paths, key):
 
 
 def _score(frame, system, cal):
+    cal = dict(cal)
+    alpha = cal.pop("nvlink_alpha_us", None)
     sys_ = dataclasses.replace(system, calibration={**system.calibration, **cal})
+    if alpha is not None and sys_.nvlink is not None:
+        sys_ = dataclasses.replace(sys_, nvlink=dataclasses.replace(sys_.nvlink, alpha_us=float(alpha)))
     plan_mod.build_plan.cache_clear()
     orig = plan_mod.get_system
     plan_mod.get_system = lambda name: sys_ if name == system.key else orig(name)
@@ -76,6 +83,10 @@ def main(argv=None) -> int:
     ap.add_argument("system")
     ap.add_argument("measured", nargs="+")
     ap.add_argument("--node-cap", action="store_true", help="also fit net_node_bw_gbps")
+    ap.add_argument("--channels", action="store_true", help="also fit nccl_channels")
+    ap.add_argument("--duplex", action="store_true", help="also fit duplex_factor")
+    ap.add_argument("--alpha", action="store_true",
+                    help="also fit the NVLink hop latency (links.nvlink.alpha_us, NCCL's 0.6 us)")
     args = ap.parse_args(argv)
     system = get_system(args.system)
     frame = _load(args.measured, system.key)
@@ -89,8 +100,19 @@ def main(argv=None) -> int:
     if args.node_cap:
         keys_large.append("net_node_bw_gbps")
         cal.setdefault("net_node_bw_gbps", 100.0)
+    if args.duplex:
+        keys_large.append("duplex_factor")
+        cal.setdefault("duplex_factor", 1.6)
+    if args.channels:
+        keys_large.append("nccl_channels")
+        cal.setdefault("nccl_channels", 12)
+    if args.alpha and system.nvlink is not None:
+        keys_large.append("nvlink_alpha_us")
+        cal.setdefault("nvlink_alpha_us", system.nvlink.alpha_us)
     used = {"nvlink": system.nvlink is not None, "pcie": system.pcie is not None, "net": system.net is not None}
     keys_large = [k for k in keys_large if used.get(k.split("_")[0], True)]
+    if system.nvlink is None or system.nvlink.topology == "switched":
+        keys_large = [k for k in keys_large if k != "pcie_efficiency"]  # no PCIe path in collectives
     for _ in range(3):
         for k in keys_large:
             scores = [(_score(large, system, {**cal, k: v}), v) for v in GRIDS[k]]

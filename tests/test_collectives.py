@@ -29,8 +29,11 @@ REQUIRED_SYSTEMS = {"dgx_a100", "dgx_h100", "hgx_h800", "hgx_h20", "rtx_pro_6000
                     "h200_nvl", "hgx_b200", "b200_ib_cluster", "a100_pcie_nvlink_pairs"}
 
 
-def _loads_by_name(topo, stage):
-    return {topo.name(lk): f for lk, f in stage.loads.items()}
+def _loads_by_name(topo, stage, duplex=False):
+    """Per-link loads by link name; the shared both-direction port capacities
+    (``duplex/...``, see test_duplex_ports_carry_both_directions) only when asked."""
+    return {topo.name(lk): f for lk, f in stage.loads.items()
+            if duplex or not topo.name(lk).startswith("duplex/")}
 
 
 def _costed(system, collective, n, gpn, algorithm, protocol="simple"):
@@ -63,22 +66,26 @@ def test_unknown_system_is_an_input_error():
 
 
 # ------------------------------------------------------------------ routing
+def _classes(topo, links):
+    return [topo.cls[lk] for lk in links if not topo.cls[lk].endswith("_duplex")]
+
+
 def test_routes_follow_the_topology():
     t = Topology(get_system("a100_pcie_nvlink_pairs"), 8, 4)
-    assert [t.cls[lk] for lk in t.route(0, 1)] == ["nvlink_bridge"]
+    assert _classes(t, t.route(0, 1)) == ["nvlink_bridge"]
     # one GPU per root port: the host fabric between root ports is crossed
-    assert [t.cls[lk] for lk in t.route(1, 2)] == ["pcie", "pcie_uplink", "pcie_uplink", "pcie"]
-    assert [t.cls[lk] for lk in t.route(0, 4)] == ["net", "net"]
+    assert _classes(t, t.route(1, 2)) == ["pcie", "pcie_uplink", "pcie_uplink", "pcie"]
+    assert _classes(t, t.route(0, 4)) == ["net", "net"]
     r = Topology(get_system("rtx_pro_6000_server"), 8, 8)
-    assert [r.cls[lk] for lk in r.route(0, 1)] == ["pcie", "pcie"]  # same switch
-    assert [r.cls[lk] for lk in r.route(0, 2)] == ["pcie", "pcie_uplink", "pcie_uplink", "pcie"]
+    assert _classes(r, r.route(0, 1)) == ["pcie", "pcie"]  # same switch
+    assert _classes(r, r.route(0, 2)) == ["pcie", "pcie_uplink", "pcie_uplink", "pcie"]
     h = Topology(get_system("h200_nvl"), 8, 8)
     bridge = h.route(0, 3)
-    assert [h.cls[lk] for lk in bridge] == ["nvlink_bridge"]
+    assert _classes(h, bridge) == ["nvlink_bridge"]
     # a 4-way bridge splits the GPU's NVLink over its 3 peers
     sy = get_system("h200_nvl")
     assert h.bw[bridge[0]] == pytest.approx(sy.link_bw_gbps("nvlink") / 3)
-    assert [h.cls[lk] for lk in h.route(3, 4)][0] == "pcie"
+    assert _classes(h, h.route(3, 4))[0] == "pcie"
 
 
 # ------------------------------------------------------------------ stages, hand computations
@@ -162,9 +169,25 @@ def test_all_gather_reduce_scatter_all_to_all_send_recv_loads():
     assert v.stages[0].loads[p.topology.ids[("nvl_out", 0)]] == pytest.approx(3 / 4)
     p = build_plan("a100_pcie_nvlink_pairs", "send_recv", 2, 2, None, "simple")
     (v,) = p.variants
-    assert {p.topology.cls[lk] for lk in v.stages[0].loads} == {"nvlink_bridge"}
+    assert {p.topology.cls[lk] for lk in v.stages[0].loads} <= {"nvlink_bridge", "nvlink_bridge_duplex"}
     p = build_plan("a100_pcie_nvlink_pairs", "send_recv", 2, 1, None, "simple")
-    assert {p.topology.cls[lk] for lk in p.variants[0].stages[0].loads} == {"net"}
+    assert {p.topology.cls[lk] for lk in p.variants[0].stages[0].loads} <= {"net", "net_duplex"}
+
+
+def test_duplex_ports_carry_both_directions():
+    sy = get_system("dgx_a100")
+    dup = sy.calibration["duplex_factor"]
+    p, v = _costed("dgx_a100", "all_reduce", 4, 4, "ring")
+    topo = p.topology
+    port = topo.ids[("duplex", "nvl", 2)]
+    # GPU 2 sends S/n and receives S/n per step: its port carries both
+    assert v.stages[0].loads[port] == pytest.approx(0.5)
+    assert topo.bw[port] == pytest.approx(dup * sy.link_bw_gbps("nvlink"))
+    # one direction only (send/recv) never reaches the shared capacity
+    p = build_plan("dgx_a100", "send_recv", 2, 2, None, "simple")
+    loads = p.variants[0].stages[0].loads
+    assert max(f / p.topology.bw[lk] for lk, f in loads.items()) == pytest.approx(
+        1.0 / sy.link_bw_gbps("nvlink"))
 
 
 def test_pairwise_ring_bottleneck_is_pcie():
@@ -375,7 +398,7 @@ def test_cli_explain_shows_stages_links_and_bottleneck(capsys):
                  "--num-gpus", "8", "--bytes", "64MiB", "--algorithm", "ring"]) == 0
     text = capsys.readouterr().out
     assert "reduce-scatter step" in text and "all-gather step" in text
-    assert "nvl_out/0" in text and "bottleneck link: nvlink" in text
+    assert "duplex/nvl/0" in text and "bottleneck link: nvlink" in text
     assert main(["comm", "explain", "--system", "dgx_a100", "--collective", "all_reduce",
                  "--num-gpus", "8", "--bytes", "lots"]) == 2
 

@@ -200,21 +200,37 @@ class Topology:
             return False
         return nv.topology == "switched" or self.same_bridge_group(s, d)
 
+    def _port(self, key: tuple, bw: float, cls: str, hw: str, alpha: float) -> list[int]:
+        """The shared both-directions capacity of a port (``duplex_factor`` x one
+        direction's bandwidth), when the system declares one (< 2: imperfect duplex)."""
+        dup = self.system.calibration.get("duplex_factor", 0.0)
+        if dup <= 0 or dup >= 2:
+            return []
+        return [self._link(("duplex",) + key, bw * dup, cls + "_duplex", hw, alpha)]
+
     def route(self, s: int, d: int) -> list[int]:
         """Link ids an exchange from rank ``s`` to rank ``d`` crosses."""
+        return self._route(s, d)
+
+    def _route(self, s: int, d: int) -> list[int]:
         sy = self.system
         if s == SWITCH or d == SWITCH:
             nv = sy.nvlink
             bw = sy.link_bw_gbps("nvlink")
             if s == SWITCH:
-                return [self._link(("nvl_in", d), bw, "nvlink", "nvlink", nv.alpha_us)]
-            return [self._link(("nvl_out", s), bw, "nvlink", "nvlink", nv.alpha_us)]
+                return ([self._link(("nvl_in", d), bw, "nvlink", "nvlink", nv.alpha_us)]
+                        + self._port(("nvl", d), bw, "nvlink", "nvlink", nv.alpha_us))
+            return ([self._link(("nvl_out", s), bw, "nvlink", "nvlink", nv.alpha_us)]
+                    + self._port(("nvl", s), bw, "nvlink", "nvlink", nv.alpha_us))
         if self.node(s) != self.node(d):
             net = sy.net
             bw = sy.link_bw_gbps("net")
             ns, nd = self.node(s), self.node(d)
-            out = [self._link(("nic_out", ns, self.nic(self.local(s))), bw, "net", "net", net.alpha_us),
-                   self._link(("nic_in", nd, self.nic(self.local(d))), bw, "net", "net", net.alpha_us)]
+            js, jd = self.nic(self.local(s)), self.nic(self.local(d))
+            out = [self._link(("nic_out", ns, js), bw, "net", "net", net.alpha_us),
+                   self._link(("nic_in", nd, jd), bw, "net", "net", net.alpha_us)]
+            out += self._port(("nic", ns, js), bw, "net", "net", net.alpha_us)
+            out += self._port(("nic", nd, jd), bw, "net", "net", net.alpha_us)
             cap = sy.calibration.get("net_node_bw_gbps", 0.0)
             if cap > 0:  # a node's whole network share (calibrated; 0: the NICs' sum, no cap)
                 out.append(self._link(("node_out", ns), cap, "net_node", "net", net.alpha_us))
@@ -223,15 +239,19 @@ class Topology:
         nv = sy.nvlink
         if nv is not None and nv.topology == "switched":
             bw = sy.link_bw_gbps("nvlink")
-            return [self._link(("nvl_out", s), bw, "nvlink", "nvlink", nv.alpha_us),
-                    self._link(("nvl_in", d), bw, "nvlink", "nvlink", nv.alpha_us)]
+            return ([self._link(("nvl_out", s), bw, "nvlink", "nvlink", nv.alpha_us),
+                     self._link(("nvl_in", d), bw, "nvlink", "nvlink", nv.alpha_us)]
+                    + self._port(("nvl", s), bw, "nvlink", "nvlink", nv.alpha_us)
+                    + self._port(("nvl", d), bw, "nvlink", "nvlink", nv.alpha_us))
         if self.same_bridge_group(s, d):
             k = int(nv.counts.get("bridge_group", 2))
             bw = sy.link_bw_gbps("nvlink") / max(k - 1, 1)
-            return [self._link(("bridge", s, d), bw, "nvlink_bridge", "nvlink", nv.alpha_us)]
+            return ([self._link(("bridge", s, d), bw, "nvlink_bridge", "nvlink", nv.alpha_us)]
+                    + self._port(("bridge", min(s, d), max(s, d)), bw, "nvlink_bridge", "nvlink", nv.alpha_us))
         pc = sy.pcie
         bw = sy.link_bw_gbps("pcie")
         out = [self._link(("pcie_out", s), bw, "pcie", "pci", pc.alpha_us)]
+        out += self._port(("pcie", s), bw, "pcie", "pci", pc.alpha_us)
         per = int(pc.counts.get("gpus_per_switch", 1))
         sw_s, sw_d = self.local(s) // per, self.local(d) // per
         if sw_s != sw_d:
@@ -239,6 +259,7 @@ class Topology:
             out.append(self._link(("uplink_up", self.node(s), sw_s), up, "pcie_uplink", "pci", pc.alpha_us))
             out.append(self._link(("uplink_down", self.node(d), sw_d), up, "pcie_uplink", "pci", pc.alpha_us))
         out.append(self._link(("pcie_in", d), bw, "pcie", "pci", pc.alpha_us))
+        out += self._port(("pcie", d), bw, "pcie", "pci", pc.alpha_us)
         return out
 
     def route_alpha(self, links: list[int], algorithm: str, protocol: str) -> float:
@@ -415,8 +436,11 @@ def _cost(topo: Topology, stages: list[Stage], algorithm: str, protocol: str) ->
 
 
 def default_channels(system: System) -> int:
-    """NCCL channels assumed when the row gives none: one per NVLink link of a GPU
-    (NCCL's ring search builds about one channel per link), else 2 (PCIe)."""
+    """NCCL channels assumed when the row gives none: the system's calibrated
+    ``nccl_channels`` if it has one, else one per NVLink link of a GPU (NCCL's
+    ring search builds about one channel per link), else 2 (PCIe)."""
+    if "nccl_channels" in system.calibration:
+        return int(system.calibration["nccl_channels"])
     if system.nvlink is not None:
         return int(system.nvlink.counts.get("links_per_gpu", 12))
     return 2
@@ -457,9 +481,8 @@ def build_plan(system_key: str, collective: str, n: int, gpn: int, algorithm: st
     bus_bw = _ring_bus_bw(topo, collective) if collective not in ("send_recv", "all_to_all") else 0.0
     intra_hw = "nvlink" if (system.nvlink is not None and all(
         topo.intra_is_nvlink(r, r + 1) for r in range(n - 1) if topo.node(r) == topo.node(r + 1))) else "pci"
-    alpha_ll = {"nvlink": system.nvlink.alpha_us if system.nvlink else 0.6,
-                "pci": system.pcie.alpha_us if system.pcie else 1.0,
-                "net": system.net.alpha_us if system.net else 2.7}
+    # NCCL's tuner uses its own latency table, not the system file's (calibrated) alphas
+    alpha_ll = {k: nccl.HW_LAT_US[k]["ring"][0] for k in ("nvlink", "pci", "net")}
     for a in algos:
         got = stages_for(topo, collective, a)
         if isinstance(got, str):

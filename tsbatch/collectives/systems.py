@@ -27,7 +27,11 @@ CALIBRATION_KEYS = ("launch_overhead_us", "rank_skew_us", "nvlink_efficiency",
 
 #: calibrated constants a system may add: net_node_bw_gbps caps a node's total
 #: network bandwidth per direction (a shared uplink or host limit; absent: no cap)
-OPTIONAL_CALIBRATION_KEYS = ("net_node_bw_gbps",)
+#: network bandwidth per direction (a shared uplink or host limit; absent: no cap);
+#: nccl_channels is the channel count NCCL runs (its LL128 and tree caps are per channel)
+#: duplex_factor: a port's two directions together carry this many times one direction's
+#: bandwidth (2 or absent: perfect full duplex)
+OPTIONAL_CALIBRATION_KEYS = ("net_node_bw_gbps", "nccl_channels", "duplex_factor")
 
 
 @dataclass(frozen=True)
