@@ -190,7 +190,7 @@ def run_sweep(path: str | Path) -> tuple[pl.DataFrame, dict]:
     ).sort([*by, "rank"], nulls_last=True)
     meta = {"tsbatch.family": family,
             "tsbatch.sweep_sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16],
-            "tsbatch.rank_by": json.dumps(by)}
+            "tsbatch.rank_by": json.dumps(by), "tsbatch.axes": json.dumps(names)}
     return out, meta
 
 
@@ -293,9 +293,13 @@ def run(args: argparse.Namespace) -> int:
             write_parquet(out, args.output, meta)
             print(f"wrote {out.height} ranked rows to {args.output}")
         by = json.loads(meta["tsbatch.rank_by"])
+        axes = json.loads(meta["tsbatch.axes"])
         show = out.filter(pl.col("rank") <= args.top)
-        cols = [c for c in out.columns if c not in ("infeasible_reason",)]
-        with pl.Config(tbl_rows=200, tbl_cols=len(cols), tbl_width_chars=220):
+        extra = [c for c in ("algorithm_used", "protocol_used", "bottleneck_link", "compute_us", "comm_us",
+                             "exposed_comm_us", "overlap_pct", "comm_algorithm") if c in out.columns]
+        cols = list(dict.fromkeys([*by, *axes, "latency_us", *extra, "rank"]))
+        with pl.Config(tbl_rows=400, tbl_cols=len(cols), tbl_width_chars=250, float_precision=2,
+                       tbl_hide_column_data_types=True, tbl_hide_dataframe_shape=True):
             print(show.select(cols))
         print(f"{out.height} candidates ranked within ({', '.join(by)}); "
               f"{int((~out['feasible']).sum())} infeasible")
