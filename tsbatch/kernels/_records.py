@@ -3,6 +3,8 @@
 A cache problem's kernels share dozens of arrays and scalars; grouped by what
 travels together, a kernel takes a few records and its own wave's scalars:
 
+* :class:`Batch`: the columns of a batch of cache problems (one row each),
+  its sampling and its outputs;
 * :class:`Problem`: one cache problem, fixed for all its waves (the launch
   grid and order, the per-tensor accesses, the caches, the SDCM's sampling);
 * :class:`Book`: what the waves book-keep for later waves, and the hit sums;
@@ -15,8 +17,8 @@ its usual pointer, shape and strides), so a kernel called with records gets
 the very arguments it got one by one, and a field read is free. The kernels
 taking them are compiled without numba's runtime (``jit_borrow``), so
 neither passing a record nor reading an array out of it counts references.
-A record is made once per problem (``reuse._cache_one``), which owns its
-arrays. Fields marked *in/out* are written by the kernels; the others are
+A batch is made once per call (``reuse.cache_hit_rates``), the other
+records once per problem (``reuse._cache_one``), which owns their arrays. Fields marked *in/out* are written by the kernels; the others are
 read only.
 """
 
@@ -26,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Book", "Memo", "Problem", "Scratch"]
+__all__ = ["Batch", "Book", "Memo", "Problem", "Scratch"]
 
 
 class Problem(NamedTuple):
@@ -149,3 +151,38 @@ class Memo(NamedTuple):
     sig_tab: np.ndarray  #: (slots, 2 + width) int64: length (-1: free), pool offset, layout
     sig_hash: np.ndarray  #: int64
     sig_s15: np.ndarray  #: (slots, n_step) float64: per-position L1.5 hit sums
+
+
+class Batch(NamedTuple):
+    """A batch of cache problems, one row each (``reuse.cache_hit_rates``'s
+    columns, contiguous), its sampling and its outputs."""
+
+    # ---- per problem ``i``: the launch
+    g0: np.ndarray  #: (n,) int64: grid rows
+    g1: np.ndarray  #: (n,) int64: grid columns
+    g2: np.ndarray  #: (n,) int64: grid planes
+    order: np.ndarray  #: (n,) int64: launch order code
+    group: np.ndarray  #: (n,) int64: the order's group size
+    conc: np.ndarray  #: (n,) int64: tiles resident at once (a wave)
+    ksteps: np.ndarray  #: (n,) int64: reduction steps
+    # ---- per problem and tensor
+    mask: np.ndarray  #: (n, T) int64: bit mask of reuse dimensions
+    per_step: np.ndarray  #: (n, T) int64: read every step (1) or once per tile (0)
+    tbytes: np.ndarray  #: (n, T) float64: block bytes
+    # ---- per problem: the caches
+    cap2: np.ndarray  #: (n,) float64: L2 bytes
+    assoc2: np.ndarray  #: (n,) float64
+    nsm: np.ndarray  #: (n,) int64: SMs
+    g15: np.ndarray  #: (n,) int64: SMs per L1.5 group (0: no L1.5 tier)
+    cap15: np.ndarray  #: (n,) float64: L1.5 bytes
+    assoc15: np.ndarray  #: (n,) float64
+    # ---- sampling and path, for the whole batch
+    k_samples: int  #: sampled reduction steps
+    max_waves: int  #: analysed waves (>= 2)
+    max_lookback: int  #: waves of lookback (>= 1)
+    fast: bool  #: the fast path (else the general one)
+    weights: bool  #: interior sampled waves weighted for their share
+    # ---- outputs (n, T) float64, written
+    h15: np.ndarray
+    h2: np.ndarray
+    dram: np.ndarray

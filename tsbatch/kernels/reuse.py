@@ -58,13 +58,13 @@ reason every kernel here but the allocating ones (``_cache_one``, the batch)
 is compiled without numba's runtime (``jit_borrow``): its arrays are
 borrowed from the caller and nothing is counted.
 
-The kernels pass each other four named records
-(:mod:`tsbatch.kernels._records`): the ``Problem`` (``pb``: grid, order,
-tensors, caches, sampling), its ``Book`` (``bk``: the book-keeping later
-waves read, and the hit sums), a wave's ``Scratch`` (``sc``) and the
-``Memo`` tables (``mm``); a kernel takes those it uses and its wave's own
-scalars. numba passes a record as its fields, so this costs nothing at run
-time (nor, measured, at compile time).
+The kernels pass each other named records (:mod:`tsbatch.kernels._records`):
+the ``Batch`` of problems (its columns, sampling and outputs), then per
+problem the ``Problem`` (``pb``: grid, order, tensors, caches, sampling), its
+``Book`` (``bk``: the book-keeping later waves read, and the hit sums), a
+wave's ``Scratch`` (``sc``) and the ``Memo`` tables (``mm``); a kernel takes
+those it uses and its wave's own scalars. numba passes a record as its
+fields, so this costs nothing at run time (nor, measured, at compile time).
 
 Counters that reach another kernel's arguments start as ``np.int64(0)``, not
 ``0``: numba's type inference first meets them as the literal ``0`` and
@@ -79,7 +79,7 @@ import math
 import numpy as np
 
 from tsbatch.kernels._config import jit_borrow, jit_scalar, jit_serial
-from tsbatch.kernels._records import Book, Memo, Problem, Scratch
+from tsbatch.kernels._records import Batch, Book, Memo, Problem, Scratch
 from tsbatch.kernels._threads import num_threads, run_shares
 from tsbatch.kernels.order import ORDER_COL, ORDER_ROW, ORDER_ZORDER, launch_order, tile_coords
 from tsbatch.kernels.sdcm import hit_prob_gauss
@@ -664,12 +664,17 @@ def _hits_fast(pb, bk, sc, mm, w, valid_from, start, nw, n, nft, run):
 
 
 @jit_serial
-def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
-               cap2, assoc2, nsm, g15, cap15, assoc15, k_samples, max_waves,
-               max_lookback, out_h15, out_h2, out_dram, fast, weights):
-    """One cache problem's hit rates into ``out_h15``, ``out_h2``,
-    ``out_dram``: allocates its records (:mod:`tsbatch.kernels._records`)
-    and walks its waves."""
+def _cache_one(b, i):
+    """Problem ``i`` of batch ``b``: its hit rates into row ``i`` of
+    ``b.h15``, ``b.h2``, ``b.dram``. Allocates its records
+    (:mod:`tsbatch.kernels._records`) and walks its waves."""
+    g0, g1, g2, order, group = b.g0[i], b.g1[i], b.g2[i], b.order[i], b.group[i]
+    conc, ksteps, nsm, g15 = b.conc[i], b.ksteps[i], b.nsm[i], b.g15[i]
+    cap2, assoc2, cap15, assoc15 = b.cap2[i], b.assoc2[i], b.cap15[i], b.assoc15[i]
+    mask, per_step, tbytes = b.mask[i], b.per_step[i], b.tbytes[i]
+    out_h15, out_h2, out_dram = b.h15[i], b.h2[i], b.dram[i]
+    k_samples, max_waves, max_lookback = b.k_samples, b.max_waves, b.max_lookback
+    fast = b.fast
     T = mask.shape[0]
     P = g0 * g1 * g2
     zorder = order == ORDER_ZORDER
@@ -841,7 +846,7 @@ def _cache_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
     # the first (cold) and the last (partial) wave stand for themselves; an
     # interior sampled wave stands for its share of the W - 2 interior waves
     wt_in = 1.0
-    if weights and W > max_waves and max_waves > 2:
+    if b.weights and W > max_waves and max_waves > 2:
         wt_in = (W - 2.0) / (max_waves - 2.0)
     acc = bk.acc
     hit15 = bk.hit15
@@ -1651,16 +1656,10 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book):
 
 
 @jit_serial
-def _cache_rows(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
-                cap2, assoc2, nsm, g15, cap15, assoc15, k_samples, max_waves,
-                max_lookback, out_h15, out_h2, out_dram, fast, weights, perm, lo, hi):
-    """Solve the problems ``perm[lo:hi]`` (one thread's share of a batch)."""
+def _cache_rows(b, perm, lo, hi):
+    """Solve the problems ``perm[lo:hi]`` of batch ``b`` (one thread's share)."""
     for ii in range(lo, hi):
-        i = perm[ii]
-        _cache_one(g0[i], g1[i], g2[i], order[i], group[i], conc[i], ksteps[i],
-                   mask[i], per_step[i], tbytes[i], cap2[i], assoc2[i], nsm[i],
-                   g15[i], cap15[i], assoc15[i], k_samples, max_waves,
-                   max_lookback, out_h15[i], out_h2[i], out_dram[i], fast, weights)
+        _cache_one(b, perm[ii])
 
 
 def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
@@ -1705,12 +1704,13 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
         return h15, h2, dram
     conc_a = i64(conc)
     perm, bounds = _balanced_order(g0 * i64(g1) * i64(g2), conc_a, i64(ksteps))
-    args = (g0, i64(g1), i64(g2), i64(order), i64(group), conc_a, i64(ksteps),
-            mask, i64(per_step).reshape(n, T), f64(tbytes).reshape(n, T),
-            f64(cap2), f64(assoc2), i64(nsm), i64(g15), f64(cap15), f64(assoc15),
-            int(k_samples), int(max(max_waves, 2)), int(max(max_lookback, 1)), h15, h2, dram,
-            not general, bool(interior_weights), perm)
-    run_shares(_cache_rows, args, bounds)
+    batch = Batch(g0, i64(g1), i64(g2), i64(order), i64(group), conc_a, i64(ksteps),
+                  mask, i64(per_step).reshape(n, T), f64(tbytes).reshape(n, T),
+                  f64(cap2), f64(assoc2), i64(nsm), i64(g15), f64(cap15), f64(assoc15),
+                  k_samples=int(k_samples), max_waves=int(max(max_waves, 2)),
+                  max_lookback=int(max(max_lookback, 1)), fast=not general,
+                  weights=bool(interior_weights), h15=h15, h2=h2, dram=dram)
+    run_shares(_cache_rows, (batch, perm), bounds)
     return h15, h2, dram
 
 
