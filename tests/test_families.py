@@ -288,3 +288,19 @@ def test_split_decoding_adds_a_launch():
 def test_catalog_families_registered():
     for name in program_families():
         assert name in FAMILIES and FAMILIES[name].program is not None
+
+
+def test_prune_attention_equals_rank_of_evaluate():
+    from tsbatch.prune import prune
+    from tsbatch.rank import rank
+
+    wl = dict(batch=4, heads=32, kv_heads=8, seq_len=4096, head_dim=128, dtype="bfloat16",
+              causal=True)
+    cfgs = [dict(block_m=bm, block_n=bn, num_stages=s, num_warps=w) for bm in (32, 64, 128)
+            for bn in (16, 64, 128) for s in (2, 3) for w in (4, 8)]
+    got = prune(wl, cfgs, hw="a100", top=0.1, family="attention")
+    frame = pl.DataFrame(cfgs).with_columns([pl.lit(v).alias(k) for k, v in wl.items()])
+    full = evaluate(frame, "a100", "attention").with_row_index("i")
+    want = rank(full, list(wl), top=0.1).sort("rank")
+    assert list(got.indices) == want["i"].to_list()
+    assert got.latency_us == tuple(want["latency_us"].to_list())

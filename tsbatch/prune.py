@@ -493,10 +493,52 @@ class Pruner:
 
 
 def prune(workload: dict, configs, hw: str | HwSpec = "h100", top: float = 0.05, *,
-          screen: bool = True) -> PruneResult:
+          screen: bool = True, family: str = "gemm") -> PruneResult:
     """Keep the predicted-best ``top`` fraction of ``configs`` (see :meth:`Pruner.prune`).
 
     ``screen=False`` predicts every feasible configuration in full instead
-    of bounding first (same result, slower; for checking).
+    of bounding first (same result, slower; for checking). ``family`` names
+    another kernel family (``attention``, ``attention_fa3``, ...; see
+    ``tsbatch families``) or a tile program file: ``workload`` then holds
+    that family's workload columns and ``configs`` its schedule columns,
+    and every configuration is predicted (no screening).
     """
+    if family != "gemm":
+        return _prune_family(workload, configs, hw, _check_top(top), family)
     return Pruner(hw, top, cache_size=0, screen=screen).prune(workload, configs)
+
+
+def _prune_family(workload: dict, configs, hw, frac: float, family: str) -> PruneResult:
+    """:func:`prune` for a tile-program family: predict every configuration
+    crossed with the workload and keep the first ``keep_count`` by latency
+    (ties by input position; infeasible ones never)."""
+    from tsbatch.evaluate import evaluate, get_family  # noqa: PLC0415
+
+    fam = get_family(family)
+    cfg = configs if isinstance(configs, pl.DataFrame) else pl.DataFrame(list(configs))
+    n = cfg.height
+    if n == 0:
+        raise InputError("no configurations given")
+    if not isinstance(workload, dict):
+        raise InputError(f"workload must be a dict of {fam.name} columns, got "
+                         f"{type(workload).__name__}")
+    clash = sorted(set(workload) & set(cfg.columns))
+    if clash:
+        raise InputError(f"column {clash[0]!r} is given in both the workload and the configurations")
+    frame = cfg.with_columns([pl.lit(v).alias(k) for k, v in workload.items()])
+    res = evaluate(frame, hw, fam)
+    lat = res["latency_us"].to_numpy()
+    feas = res["feasible"].to_numpy() & np.isfinite(lat)
+    nfeas = int(feas.sum())
+    if nfeas == 0:
+        reasons = sorted(set(res.filter(~pl.col("feasible"))["infeasible_reason"].to_list()))
+        raise NoFeasibleConfigError(f"no configuration of {fam.name} {workload} can run on "
+                                    f"{resolve_hw(hw).name}: {'; '.join(reasons)}")
+    keep = min(keep_count(n, frac), nfeas)
+    key = np.where(feas, lat, np.inf)
+    order = np.lexsort((np.arange(n), key))[:keep]
+    rows = cfg.to_dicts()
+    return PruneResult(indices=tuple(int(i) for i in order),
+                       configs=tuple(rows[i] for i in order),
+                       latency_us=tuple(float(lat[i]) for i in order), n_candidates=n,
+                       n_feasible=nfeas, n_predicted=nfeas)
