@@ -374,6 +374,23 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     return t_pro + t_steady + t_epi, t_pro, t_steady, t_epi, steady, p * epi
 
 
+def resource_floor(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
+                   warps_full, share_eff=1.0):
+    """The busiest resource's time of ``p`` tiles' whole work on one SM."""
+    frac = min(1.0, p * warps_tile / warps_full)
+    times = [0.0]
+    for r in range(len(work_iter)):
+        if rate[r] <= 0.0:
+            continue
+        eff = rate[r] / active if shared[r] else rate[r]
+        if compute[r]:
+            eff *= frac
+        if r == 0 and p * warps_tile > warps_full:
+            eff *= share_eff
+        times.append(p * (ksteps * work_iter[r] + work_epi[r]) / eff)
+    return max(times)
+
+
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
               chain=0.0, streams=1.0):
@@ -399,8 +416,13 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         h = min(res[1], store)  # a wave's prologue under the stores before it
         # and then its first compute steps (the drain's compute moves no DRAM bytes)
         hf = max(min(res[3] - store - p * ovh_tile, store - h), 0.0)
+        inc = res[0] - h - hf
+        if p > 1 and full > 1:  # out-of-step slots work under (1 - 1/p) of the rest
+            floor = resource_floor(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
+                                   warps_tile, warps_full, share_eff)
+            inc = min(inc, max(floor, inc - (1.0 - 1.0 / p) * (store - h - hf)))
         # one wave plus (full - 1) waves less the hidden part (no cancellation)
-        total[0] += res[0] + (full - 1) * (res[0] - h - hf)
+        total[0] += res[0] + (full - 1) * inc
         total[1] += res[1] + (full - 1) * (res[1] - h)
         total[2] += full * res[2]
         total[3] += res[3] + (full - 1) * (res[3] - hf)

@@ -33,9 +33,12 @@ fill) runs under the previous wave's stores and only the longer of the two
 counts, ``T_waves = sum(T_wave) - sum(min(T_pro(next), T_store(prev)))``;
 stores still draining after that prologue also run under the next wave's
 first compute steps (the drain's compute, ``min(d, N) compute``, which moves
-no DRAM bytes), so a short-loop kernel of many waves (attention over a few
-key blocks, a small-K GEMM) pays its stores once per wave only where they
-outlast the next wave's fill and first steps.
+no DRAM bytes). After the first wave, with ``p > 1`` resident slots, the
+slots run out of step: the other slots keep working under all but ``1/p`` of
+the stores still exposed, down to the wave's busiest-resource time
+(:func:`resource_floor`). So a short-loop kernel of many waves (attention
+over a few key blocks, a small-K GEMM) streams its output stores under other
+tiles' work instead of paying them once per wave.
 Without this, a short-K, many-wave GEMM pays one exposed load latency per
 wave on top of its store-bandwidth time.
 
@@ -175,6 +178,32 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
 
 
 @jit_scalar
+def resource_floor(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
+                   warps_full, share_eff=1.0):
+    """The busiest resource's time for ``p`` tiles on one SM (all their loop
+    iterations and once-per-tile work), at the rates :func:`envelope_one` uses."""
+    f = p * warps_tile / warps_full
+    shared_units = f > 1.0
+    if f > 1.0:
+        f = 1.0
+    out = 0.0
+    for r in range(work_iter.shape[0]):
+        rr = rate[r]
+        if rr <= 0.0:
+            continue
+        if shared[r] != 0:
+            rr = rr / active
+        if compute[r] != 0:
+            rr = rr * f
+        if r == R_TC and shared_units:
+            rr = rr * share_eff
+        u = p * (ksteps * work_iter[r] + work_epi[r]) / rr
+        if u > out:
+            out = u
+    return out
+
+
+@jit_scalar
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
               chain=0.0, streams=1.0):
@@ -214,7 +243,19 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         hf = min(c - store - p * ovh_tile, store - h)
         if hf < 0.0:
             hf = 0.0
-        T += t + (full - 1) * (t - h - hf)
+        inc = t - h - hf
+        if p > 1 and full > 1:
+            # the stores still exposed after the seam: after the first wave the p
+            # resident slots run out of step, and the others keep working under
+            # all but a 1/p share of them, down to the wave's busiest resource
+            floor = resource_floor(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
+                                   warps_tile, warps_full, share_eff)
+            cut = inc - (1.0 - 1.0 / p) * (store - h - hf)
+            if floor > cut:
+                cut = floor
+            if cut < inc:
+                inc = cut
+        T += t + (full - 1) * inc
         tp += a + (full - 1) * (a - h)
         ts += full * b
         te += c + (full - 1) * (c - hf)
