@@ -26,7 +26,10 @@ import math
 
 import numpy as np
 
+from pathlib import Path
+
 from kernels_catalog.base import Column, Family, TilePlan
+from kernels_catalog.program import load_program
 from tsbatch.kernels._config import jit_exact
 from tsbatch.kernels.envelope import (
     N_RES, R_CUDA, R_DRAM, R_L15, R_L2, R_SMEM, R_TC,
@@ -110,6 +113,11 @@ LIBRARY_TILES["cdna2"] = LIBRARY_TILES["ampere"]
 
 #: register estimate: fixed per-thread cost of addresses, loop state, masks
 REGS_BASE = 40
+
+#: GEMM's tile program (its DAG, tensors with reuse dimensions, footprints): the
+#: family's representation shared with every other family; the numbers per row
+#: come from :func:`lower`, which adds the rules expressions do not carry
+PROGRAM = load_program(Path(__file__).parent / "programs" / "gemm.toml")
 
 
 @jit_exact
@@ -300,9 +308,12 @@ def lower(cols: dict, hw) -> TilePlan:
                 threads, regs, spill, use_wgmma, on_tc, t_bytes, work_iter, work_epi, rate,
                 share_eff, useful_flops)
 
-    # tensor accesses: A reused along grid dim 1, B along dim 0, C once
-    t_mask = np.tile(np.array([0b010, 0b001, 0b000], dtype=np.int64), (rows, 1))
-    t_per_step = np.tile(np.array([1, 1, 0], dtype=np.int64), (rows, 1))
+    # tensor accesses from the tile program: A reused along grid dim 1, B along
+    # dim 0, C once per tile
+    tens = PROGRAM.tensors
+    t_mask = np.tile(np.array([t.mask for t in tens], dtype=np.int64), (rows, 1))
+    t_per_step = np.tile(np.array([int(t.cadence == "step") for t in tens], dtype=np.int64),
+                         (rows, 1))
 
     cyc = 1.0 / clock_mhz
     path_code = np.where(use_wgmma, 2, on_tc.astype(np.int64))
@@ -377,4 +388,5 @@ FAMILY = Family(
     workload_columns=("m", "n", "k", "dtype", "a_row_major", "b_row_major", "tf32"),
     lower=lower,
     doc=__doc__ or "",
+    program=PROGRAM,
 )

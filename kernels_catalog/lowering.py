@@ -141,7 +141,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
             work_iter[:, R_L2] += b  # split by the cache model later
 
     # ---- work of the actions (and each synchronous body action's work per resource)
-    on_tc = env["tc"] > 0
+    on_tc = np.broadcast_to(np.asarray(prog.tensor_cores(env), dtype=bool), (n,))
     body = prog.body
     bi = {a.name: k for k, a in enumerate(body)}
     sync_work: list[list[tuple[int, np.ndarray]]] = [[] for _ in body]
@@ -244,7 +244,10 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         streams = np.maximum(_arr(prog.streams, env, n), 1e-9)
     else:
         streams = warps / float(hw.warp_schedulers)
-    order_code = ORDER_NAMES[prog.order]
+    if prog.order in ORDER_NAMES:
+        order = np.full(n, ORDER_NAMES[prog.order], dtype=np.int64)
+    else:  # a text column of order names (validated against its choices)
+        order = _codes(np.asarray(env[prog.order], dtype=object), ORDER_NAMES)
     cyc = 1.0 / hw.rate("clock_mhz")
     launches = _arr(prog.launches, env, n) if prog.launches is not None else np.ones(n)
     useful = (_arr(prog.useful_flops, env, n) if prog.useful_flops is not None
@@ -256,7 +259,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     for name, e in prog.extra_outputs:
         extra[name] = _arr(e, env, n)
     return TilePlan(
-        g0=g[0], g1=g[1], g2=g[2], order=np.full(n, order_code, dtype=np.int64),
+        g0=g[0], g1=g[1], g2=g[2], order=order,
         group=np.maximum(_arr(prog.group, env, n, i64), 1), ksteps=ksteps, stages=stages,
         smem_block=np.ceil(smem).astype(np.int64), regs_thread=regs, threads=threads,
         warps=warps, t_mask=t_mask[:, :T], t_per_step=t_per_step[:, :T], t_bytes=t_bytes[:, :T],
@@ -265,7 +268,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         ovh_iter_us=np.full(n, hw.cal("iter_overhead_cycles") * cyc),
         ovh_tile_us=np.full(n, hw.cal("tile_overhead_cycles") * cyc),
         launch_us=hw.launch_us * launches,
-        persistent=np.full(n, int(order_code == ORDER_PERSISTENT), dtype=np.int64),
+        persistent=(order == ORDER_PERSISTENT).astype(np.int64),
         useful_flops=np.asarray(useful, dtype=np.float64),
         share_eff=np.where(wg, hw.cal("wgmma_share_efficiency"), 1.0),
         sync_us=np.full(n, hw.cal("iter_sync_cycles") * cyc),

@@ -273,6 +273,7 @@ class TileProgram:
     warps: Expr
     streams: Expr | None
     wgmma: Expr
+    tensor_cores: Expr
     base_registers: Expr
     spill_passes: Expr
     tensors: tuple[Tensor, ...]
@@ -469,8 +470,10 @@ def program_from_dict(data: dict, source: str = "<program>") -> TileProgram:
     from tsbatch.kernels.order import ORDER_NAMES  # noqa: PLC0415
 
     order = str(grid.get("order", "row"))
-    if order not in ORDER_NAMES:
-        raise ProgramError(f"{where}: [grid] order {order!r} is not one of {', '.join(ORDER_NAMES)}")
+    str_cols = {c.name for c in columns if c.kind == "str"}
+    if order not in ORDER_NAMES and order not in str_cols:
+        raise ProgramError(f"{where}: [grid] order {order!r} is not one of {', '.join(ORDER_NAMES)} "
+                           f"nor a text column holding them")
     gw = f"{where}: [grid]"
     g = tuple(expr(d, f"{gw} dims[{i}]") for i, d in enumerate(dims))
 
@@ -558,6 +561,7 @@ def program_from_dict(data: dict, source: str = "<program>") -> TileProgram:
         warps=expr(_need(grid, "warps", gw), f"{gw} warps"),
         streams=expr(grid["streams"], f"{gw} streams") if "streams" in grid else None,
         wgmma=expr(grid.get("wgmma", 0), f"{gw} wgmma"),
+        tensor_cores=expr(grid.get("tensor_cores", "tc"), f"{gw} tensor_cores"),
         base_registers=expr(grid.get("base_registers", 32), f"{gw} base_registers"),
         spill_passes=expr(grid.get("spill_passes", 1), f"{gw} spill_passes"),
         tensors=tuple(tensors), footprints=tuple(footprints), actions=tuple(actions),
