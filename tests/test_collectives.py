@@ -417,3 +417,18 @@ def test_sweep_ranks_within_workload(tmp_path):
         lat = g["latency_us"].drop_nans().drop_nulls()
         assert lat.is_sorted()
         assert g["rank"][0] == 1
+
+
+def test_empty_frame_and_whole_float_sizes():
+    empty = pl.DataFrame(schema={"system": pl.String, "collective": pl.String, "num_gpus": pl.Int32,
+                                 "bytes": pl.Int64})
+    out = evaluate(empty)
+    assert out.height == 0 and "latency_us" in out.columns
+    whole = evaluate(pl.DataFrame({"system": ["dgx_h100"], "collective": ["all_reduce"], "num_gpus": [8],
+                                   "bytes": [1024.0]}))
+    ints = evaluate(pl.DataFrame({"system": ["dgx_h100"], "collective": ["all_reduce"], "num_gpus": [8],
+                                  "bytes": [1024]}))
+    assert whole["latency_us"][0] == ints["latency_us"][0]
+    with pytest.raises(InputError, match="'bytes' has type Float64"):
+        evaluate(pl.DataFrame({"system": ["dgx_h100"], "collective": ["all_reduce"], "num_gpus": [8],
+                               "bytes": [1.5]}))

@@ -38,7 +38,8 @@ def _require(df: pl.DataFrame, col: str, kind: str, where: str) -> None:
     t = df.schema[col]
     ok = (t.is_integer() if kind == "int" else t in (pl.String, pl.Categorical, pl.Enum))
     if kind == "int" and t.is_float():
-        ok = bool(df[col].drop_nulls().pipe(lambda s: (s == s.round(0)).all()))
+        vals = df[col].drop_nulls()
+        ok = bool((vals == vals.round(0)).all())
     if not ok:
         raise InputError(f"{where}: column '{col}' has type {t}, expected {'an integer' if kind == 'int' else 'a string'}")
     if df[col].null_count():
@@ -144,6 +145,16 @@ def evaluate(frame: pl.DataFrame, hw=None, *, where: str = "candidates") -> pl.D
     ``hw`` is ignored (a collective names its system per row); it is accepted
     so the family fits :class:`kernels_catalog.base.Family`'s ``evaluate``.
     """
+    if frame.height == 0:
+        for c in ("system", "collective", "num_gpus", "bytes"):
+            if c not in frame.columns:
+                raise InputError(f"{where}: missing column '{c}'")
+        return frame.with_columns(
+            pl.lit(None, dtype=pl.Float64).alias("latency_us"), pl.lit(None, dtype=pl.Boolean).alias("feasible"),
+            *(pl.lit(None, dtype=pl.String).alias(c) for c in ("infeasible_reason", "algorithm_used",
+                                                               "protocol_used")),
+            pl.lit(None, dtype=pl.Int64).alias("stages"), pl.lit(None, dtype=pl.String).alias("bottleneck_link"),
+            pl.lit(None, dtype=pl.Float64).alias("alg_bw_gbps"), pl.lit(None, dtype=pl.Float64).alias("bus_bw_gbps"))
     df = validate(frame, where)
     keys = df.select(_KEY).unique(maintain_order=True).with_row_index("_plan")
     plans = [build_plan(r[0], r[1], int(r[2]), int(r[3]), r[4], r[5], None if r[6] is None else int(r[6]))
