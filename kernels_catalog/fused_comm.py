@@ -49,7 +49,7 @@ _OUT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float8": 2}
 
 RESULT_COLUMNS = ("latency_us", "feasible", "infeasible_reason", "compute_us", "comm_us",
                   "chunk_compute_us", "chunk_comm_us", "exposed_comm_us", "overlap_pct",
-                  "comm_collective", "comm_algorithm", "comm_protocol", "comm_bottleneck_link")
+                  "comm_collective", "chunk_comm_bytes", "comm_algorithm", "comm_protocol", "comm_bottleneck_link")
 
 
 # ------------------------------------------------------------------ placement
@@ -284,6 +284,7 @@ def evaluate_fused(frame: pl.DataFrame, family: str) -> pl.DataFrame:
         pl.Series("exposed_comm_us", np.where(feasible, exposed, np.nan)),
         pl.Series("overlap_pct", np.where(feasible, overlap, np.nan)),
         pl.Series("comm_collective", [comm_frames[0][0]] * n_rows, dtype=pl.String),
+        pl.Series("chunk_comm_bytes", np.maximum(comm_frames[0][1], 1).astype(np.int64)),
         pl.Series("comm_algorithm", cres["algorithm_used"], dtype=pl.String),
         pl.Series("comm_protocol", cres["protocol_used"], dtype=pl.String),
         pl.Series("comm_bottleneck_link", cres["bottleneck_link"], dtype=pl.String),

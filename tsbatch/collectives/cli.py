@@ -151,7 +151,12 @@ def explain_fused(family: str, params: dict) -> str:
         f"{out['comm_collective']} {out['comm_algorithm']}/{out['comm_protocol']}, bottleneck {out['comm_bottleneck_link']})",
         f"  exposed communication {out['exposed_comm_us']:.2f} us; overlap achieved {out['overlap_pct']:.1f} % "
         "of the shorter of compute and communication",
+        "  one chunk's collective:",
     ]
+    sub = explain_collective(params["system"], out["comm_collective"], int(params["num_gpus"]),
+                             int(out["chunk_comm_bytes"]), params.get("gpus_per_node"),
+                             params.get("algorithm"), params.get("protocol"))
+    lines += ["    " + ln for ln in sub.splitlines()]
     return "\n".join(lines)
 
 
