@@ -23,6 +23,12 @@ chunk overlaps the compute of another:
   ``heads / sp`` heads over the whole sequence, and an all-to-all returns O
   to sequence sharding; chunked over heads (the all-to-alls of one head
   group overlap the attention of another).
+- ``moe_ep`` (expert parallelism): tokens sharded by data parallelism, experts
+  over the same group (:func:`infer_moe_accesses`): an all-to-all dispatches
+  every routed token to its expert's owner, the rank's experts run their two
+  GEMMs (``hidden -> ffn -> hidden``) on the tokens they receive (uniform
+  routing: ``tokens x GPUs x top_k / experts`` rows each, back to back as a
+  grouped GEMM does), and an all-to-all combines; chunked over tokens.
 
 Contention: while a chunk's collective runs, its NCCL channels occupy one SM
 each, so an overlapped GEMM or attention chunk runs on ``SMs - channels``
@@ -41,7 +47,8 @@ import polars as pl
 from kernels_catalog.base import Column, Family
 from tsbatch.errors import InputError
 
-__all__ = ["AG_GEMM", "GEMM_RS", "ULYSSES", "FAMILIES", "infer_remote_accesses", "evaluate_fused",
+__all__ = ["AG_GEMM", "GEMM_RS", "ULYSSES", "MOE_EP", "FAMILIES", "infer_remote_accesses",
+           "infer_moe_accesses", "evaluate_fused",
            "RESULT_COLUMNS", "ELEM_BYTES"]
 
 ELEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float8": 1}
@@ -128,6 +135,35 @@ _ATTN_COLS = (
     Column("num_warps", "int", "warps per block", positive=True),
     Column("causal", "bool", "causal mask", required=False, default=False),
 )
+
+
+_MOE_COLS = (
+    Column("tokens", "int", "tokens per rank (data-parallel shard of the batch)", positive=True),
+    Column("hidden", "int", "model dimension", positive=True),
+    Column("ffn", "int", "expert FFN dimension", positive=True),
+    Column("experts", "int", "experts (global), sharded over the EP group", positive=True),
+    Column("top_k", "int", "experts per token", positive=True),
+    Column("dtype", "str", "element type", choices=tuple(ELEM_BYTES)),
+    Column("block_m", "int", "expert GEMM tile rows", positive=True),
+    Column("block_n", "int", "expert GEMM tile columns", positive=True),
+    Column("block_k", "int", "expert GEMM reduction step", positive=True),
+    Column("num_stages", "int", "GEMM pipeline stages", positive=True),
+    Column("num_warps", "int", "GEMM warps per block", positive=True),
+)
+
+
+def infer_moe_accesses(token_shard: str, expert_shard: str) -> list[dict]:
+    """Remote accesses of an MoE layer from placement: tokens sharded by data
+    parallelism (``"dp"``) while experts are sharded over the same group (``"ep"``)
+    send every routed token to its expert's owner and back: an all-to-all before
+    (dispatch) and one after (combine) the expert GEMMs; experts replicated
+    (``None``) need none."""
+    if expert_shard is None:
+        return []
+    if token_shard != "dp" or expert_shard != "ep":
+        raise InputError(f"unsupported MoE placement tokens:{token_shard} experts:{expert_shard}")
+    return [{"collective": "all_to_all", "tensor": "X", "when": "before", "elements": ("tokens", "top_k", "hidden")},
+            {"collective": "all_to_all", "tensor": "Y", "when": "after", "elements": ("tokens", "top_k", "hidden")}]
 
 
 def _need(df: pl.DataFrame, cols, family: str) -> pl.DataFrame:
@@ -229,6 +265,27 @@ def evaluate_fused(frame: pl.DataFrame, family: str) -> pl.DataFrame:
         coll_name = remote["collective"]
         lead = "comm" if remote["when"] == "before" else "compute"
         comm_frames = [(coll_name, chunk_bytes)]
+    elif family == "moe_ep":
+        t, hd, ff, ne, kk = (df[x].to_numpy().astype(np.int64) for x in ("tokens", "hidden", "ffn", "experts", "top_k"))
+        acc = infer_moe_accesses("dp", "ep")
+        bad = ne % tp != 0
+        reasons[bad] = "experts not divisible by num_gpus"
+        local_e = ne // np.maximum(tp, 1)
+        # uniform routing: each expert receives tokens * tp * top_k / experts rows, per chunk / c
+        rows_e = np.maximum(-(-(t * tp * kk) // (ne * c)), 1)
+        reasons[((t % c) != 0) & (reasons == None)] = "tokens not divisible by chunks"  # noqa: E711
+        tiles = df.select("dtype", "block_m", "block_n", "block_k", "num_stages", "num_warps")
+        up = tiles.with_columns(pl.Series("m", rows_e), pl.Series("n", ff), pl.Series("k", hd))
+        down = tiles.with_columns(pl.Series("m", rows_e), pl.Series("n", hd), pl.Series("k", ff))
+        both = pl.concat([up, down])
+        lat2, ok2, sms2 = _eval_compute(both, np.concatenate([gpus, gpus]), "gemm")
+        # a grouped GEMM runs the rank's experts back to back: their times add
+        comp = local_e * (lat2[:n_rows] + lat2[n_rows:])
+        ok = ok2[:n_rows] & ok2[n_rows:]
+        sms = sms2[:n_rows]
+        per = (t // c * kk * hd * e_in).astype(np.int64)  # a rank's dispatch send buffer per chunk
+        comm_frames = [(acc[0]["collective"], per)]
+        lead = "comm"
     else:  # ulysses
         b, h, s, d = (df[x].to_numpy().astype(np.int64) for x in ("batch", "heads", "seq_len", "head_dim"))
         bad = (h % tp != 0) | (s % tp != 0)
@@ -248,9 +305,10 @@ def evaluate_fused(frame: pl.DataFrame, family: str) -> pl.DataFrame:
                          "bytes": np.maximum(comm_frames[0][1], 1)})
     cres = eval_coll(coll)
     comm = cres["latency_us"].to_numpy()
-    if family == "ulysses":
-        # three all-to-alls (Q, K, V) before attention and one (O) after, per head chunk
-        comm_in, comm_out = 3 * comm, comm
+    if family in ("ulysses", "moe_ep"):
+        # ulysses: three all-to-alls (Q, K, V) before attention and one (O) after, per
+        # head chunk; moe_ep: the dispatch before the experts and the combine after
+        comm_in, comm_out = (3 * comm, comm) if family == "ulysses" else (comm, comm)
         chan = np.array([default_channels(get_system(x)) for x in systems], dtype=np.float64)
         slow = sms / np.maximum(sms - chan, 1.0)
         steady = np.maximum(comp * np.where(c > 1, slow, 1.0), comm_in + comm_out)
@@ -302,4 +360,6 @@ GEMM_RS = _family("gemm_rs", _GEMM_COLS, ("system", "m", "n", "k", "dtype"),
                   "k-sharded GEMM overlapped with the ReduceScatter of its partial C")
 ULYSSES = _family("ulysses", _ATTN_COLS, ("system", "batch", "heads", "seq_len", "head_dim", "dtype"),
                   "Ulysses sequence parallelism: all-to-all, attention on heads/sp, all-to-all")
-FAMILIES = {"ag_gemm": AG_GEMM, "gemm_rs": GEMM_RS, "ulysses": ULYSSES}
+MOE_EP = _family("moe_ep", _MOE_COLS, ("system", "tokens", "hidden", "ffn", "experts", "top_k", "dtype"),
+                 "expert parallelism: all-to-all dispatch, the rank's expert GEMMs, all-to-all combine")
+FAMILIES = {"ag_gemm": AG_GEMM, "gemm_rs": GEMM_RS, "ulysses": ULYSSES, "moe_ep": MOE_EP}

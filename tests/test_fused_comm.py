@@ -78,3 +78,29 @@ def test_ulysses_runs_four_all_to_alls():
                                   "bytes": [per]}))["latency_us"][0]
     assert out["comm_us"] == pytest.approx(4 * a2a)
     assert out["latency_us"] == pytest.approx(out["compute_us"] + 4 * a2a)
+
+
+def test_moe_expert_parallel_dispatch_and_combine():
+    from kernels_catalog.fused_comm import infer_moe_accesses
+
+    acc = infer_moe_accesses("dp", "ep")
+    assert [a["collective"] for a in acc] == ["all_to_all", "all_to_all"]
+    assert [a["when"] for a in acc] == ["before", "after"]
+    assert infer_moe_accesses("dp", None) == []
+    row = dict(system="dgx_h100", tokens=2048, hidden=4096, ffn=1024, experts=32, top_k=4, dtype="bfloat16",
+               block_m=64, block_n=128, block_k=64, num_stages=3, num_warps=4, num_gpus=8, chunks=1)
+    out = evaluate_fused(pl.DataFrame([row]), "moe_ep").row(0, named=True)
+    assert out["feasible"], out["infeasible_reason"]
+    per = 2048 * 4 * 4096 * 2  # a rank's routed copies of its tokens
+    a2a = eval_coll(pl.DataFrame({"system": ["dgx_h100"], "collective": ["all_to_all"], "num_gpus": [8],
+                                  "bytes": [per]}))["latency_us"][0]
+    rows = 2048 * 8 * 4 // 32  # uniform routing: rows per expert
+    tiles = dict(dtype="bfloat16", block_m=64, block_n=128, block_k=64, num_stages=3, num_warps=4)
+    g = eval_compute(pl.DataFrame([{"m": rows, "n": 1024, "k": 4096, **tiles},
+                                   {"m": rows, "n": 4096, "k": 1024, **tiles}]), "h100_sxm", family="gemm")
+    comp = (32 // 8) * g["latency_us"].sum()
+    assert out["compute_us"] == pytest.approx(comp)
+    assert out["comm_us"] == pytest.approx(2 * a2a)
+    assert out["latency_us"] == pytest.approx(comp + 2 * a2a)
+    bad = evaluate_fused(pl.DataFrame([{**row, "experts": 30}]), "moe_ep")
+    assert not bad["feasible"][0] and "experts" in bad["infeasible_reason"][0]
