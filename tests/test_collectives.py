@@ -432,3 +432,14 @@ def test_empty_frame_and_whole_float_sizes():
     with pytest.raises(InputError, match="'bytes' has type Float64"):
         evaluate(pl.DataFrame({"system": ["dgx_h100"], "collective": ["all_reduce"], "num_gpus": [8],
                                "bytes": [1.5]}))
+
+
+def test_gpus_per_node_above_the_job_means_one_node():
+    a = evaluate(pl.DataFrame({"system": ["dgx_a100"], "collective": ["all_reduce"], "num_gpus": [2],
+                               "gpus_per_node": [8], "bytes": [1 << 24]}))
+    b = evaluate(pl.DataFrame({"system": ["dgx_a100"], "collective": ["all_reduce"], "num_gpus": [2],
+                               "gpus_per_node": [2], "bytes": [1 << 24]}))
+    assert a["feasible"][0] and a["latency_us"][0] == b["latency_us"][0]
+    c = evaluate(pl.DataFrame({"system": ["dgx_a100"], "collective": ["all_reduce"], "num_gpus": [2],
+                               "gpus_per_node": [1], "bytes": [1 << 24]}))
+    assert c["latency_us"][0] > a["latency_us"][0]  # two nodes: through the NICs

@@ -64,7 +64,8 @@ def validate(frame: pl.DataFrame, where: str = "candidates") -> pl.DataFrame:
         _require(df, "gpus_per_node", "int", where)
         if (df["gpus_per_node"] <= 0).any():
             raise InputError(f"{where}: column 'gpus_per_node' must be positive")
-        gpn = pl.col("gpus_per_node").cast(pl.Int64)
+        # more GPUs per node than the job has: the job fits in one node
+        gpn = pl.min_horizontal(pl.col("gpus_per_node").cast(pl.Int64), pl.col("num_gpus").cast(pl.Int64))
     else:
         per = {k: s.gpus_per_node for k, s in systems.items()}
         gpn = pl.min_horizontal(pl.col("system").cast(pl.String).replace_strict(per, return_dtype=pl.Int64),
