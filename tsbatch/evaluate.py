@@ -42,9 +42,12 @@ def _register_optional() -> None:
     """Families whose modules may be absent from a partial checkout."""
     try:
         from kernels_catalog.collectives import FAMILY as collective  # noqa: PLC0415
+        from kernels_catalog.fused_comm import FAMILIES as fused  # noqa: PLC0415
     except ImportError:
         return
     FAMILIES.setdefault(collective.name, collective)
+    for fam in (fused.values() if isinstance(fused, dict) else fused):
+        FAMILIES.setdefault(fam.name, fam)
 
 
 _register_optional()
