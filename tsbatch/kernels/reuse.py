@@ -149,17 +149,21 @@ XMEMO_SIZE = 512
 
 
 @jit_borrow
-def _cross_wave_hits(pb, bk, sc, mm, w, valid_from, nft, hx):
-    """``hx[j]`` for the ``nft`` first touches ``j`` listed in ``sc.grp``
-    (block ``sc.ids[j]``, ``sc.head[j]`` bytes first touched before it) of
-    wave ``w``: :func:`_cross_wave_hit`, memoized per wave ``w`` (in
-    ``mm.xtag``, ...) on the exact ``(wp, tail_b[k] + head_j)``: the rest of
-    the distance (``umid``, the once-per-tile bytes, ``u1``, ``u2``) depends
-    on ``w`` and ``wp`` alone, so equal keys mean the very same call. Blocks
-    that share their previous wave and their bytes around the wave boundary
-    (in a regular order, most of a wave's first touches) are solved once.
-    Slots tagged with another wave are free. The distance sums its terms in another order than
-    :func:`_cross_terms` (the same value for integer block sizes).
+def _cross_wave_hits(pb, bk, mm, fts, nft, ids, head, w, valid_from, hx):
+    """``hx[j]`` for the first touches ``j = fts[:nft]`` (block ``ids[j]``,
+    ``head[j]`` bytes first touched before it) of wave ``w``:
+    :func:`_cross_wave_hit`, memoized per wave ``w`` (in ``mm.xtag``, ...) on
+    the exact ``(wp, tail_b[k] + head_j)``: the rest of the distance
+    (``umid``, the once-per-tile bytes, ``u1``, ``u2``) depends on ``w`` and
+    ``wp`` alone, so equal keys mean the very same call. Blocks that share
+    their previous wave and their bytes around the wave boundary (in a
+    regular order, most of a wave's first touches) are solved once. Slots
+    tagged with another wave are free. The distance sums its terms in
+    another order than :func:`_cross_terms` (the same value for integer
+    block sizes). The wave's arrays come one by one, not as its ``Scratch``:
+    numba passes every field of a record, and with the 26 arrays of ``sc``
+    this call made bench/cache_speed.py's h100 problems ~17 % slower (42 ->
+    50 us each; alternated runs).
 
     One loop over the list with the probe written in it: an inlined helper
     that takes arrays and branches costs numba a reference count increment
@@ -173,9 +177,6 @@ def _cross_wave_hits(pb, bk, sc, mm, w, valid_from, nft, hx):
     xwp = mm.xwp
     xs = mm.xs
     xval = mm.xval
-    fts = sc.grp
-    ids = sc.ids
-    head = sc.head
     mask = xtag.shape[0] - 1
     for i in range(nft):
         j = fts[i]
@@ -632,7 +633,7 @@ def _hits_fast(pb, bk, sc, mm, w, valid_from, start, nw, n, nft, run):
             hx[j] = 1.0
     else:
         _memo_hits(sc.dist, n, True, pb.assoc2, pb.B2, pb.unit, mm.memo2_k, mm.memo2_v, hx)
-    _cross_wave_hits(pb, bk, sc, mm, w, valid_from, nft, hx)
+    _cross_wave_hits(pb, bk, mm, sc.grp, nft, sc.ids, sc.head, w, valid_from, hx)
     # per tensor (access q of every tile), in register accumulators
     for q in range(n_step):
         if q >= n:
@@ -1577,7 +1578,7 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book):
     bk.oncecum[w + 1] = bk.oncecum[w] + nw * pb.once_bytes
     if not (hit_prob_gauss(run / pb.unit, pb.assoc2, pb.B2) >= 1.0 - 1e-12):
         return False
-    _cross_wave_hits(pb, bk, sc, mm, w, valid_from, nft, hx)
+    _cross_wave_hits(pb, bk, mm, fts, nft, ids, head, w, valid_from, hx)
     # ---- L1.5 hit sums per access position q of a tile, group by group
     s15w = sc.s15w
     sig_tab = mm.sig_tab
