@@ -36,7 +36,8 @@ from tsbatch.kernels.envelope import (
 )
 from tsbatch.kernels.order import ORDER_GROUPED, ORDER_NAMES, ORDER_PERSISTENT
 
-__all__ = ["FAMILY", "COLUMNS", "DTYPES", "LIBRARY_TILES", "lower", "expand_library"]
+__all__ = ["FAMILY", "COLUMNS", "DTYPES", "LIBRARY_TILES", "LIBRARY_TILES_FP8", "SCALE_MODES",
+           "FP8_PROMOTE_K", "FP8_SCALE_BLOCK", "lower", "expand_library"]
 
 #: input dtype -> (bytes per element, output bytes, tensor-core rate key)
 DTYPES = {
@@ -70,7 +71,22 @@ COLUMNS = (
            required=False, default="grouped", choices=tuple(ORDER_NAMES)),
     Column("split_k", "int", "splits of the reduction across blocks (partials reduced "
            "with fp32 atomics)", required=False, default=1, positive=True),
+    Column("scale_mode", "str", "float8 only: how A and B are scaled back to real values: "
+           "'tensor' (one scale each, applied in the epilogue), 'row' (a scale per row of A "
+           "and per column of B, epilogue), 'block' (DeepSeek-V3: A per 1x128 and B per "
+           "128x128 block along K, applied on CUDA cores to every 128-deep partial sum); "
+           "ignored for other dtypes", required=False, default="tensor",
+           choices=("tensor", "row", "block")),
+    Column("fast_accum", "bool", "float8 only: accumulate in the tensor cores' reduced-"
+           "precision accumulator without promotion (cuBLASLt CUBLASLT_MATMUL_DESC_FAST_ACCUM, "
+           "torch._scaled_mm use_fast_accum); false: CUTLASS-style promotion to an FP32 "
+           "accumulator on CUDA cores every FP8_PROMOTE_K reduction elements",
+           required=False, default=False),
 )
+
+#: scale modes of float8 rows (column ``scale_mode``)
+SCALE_MODES = ("tensor", "row", "block")
+_SCALE_CODE = {name: i for i, name in enumerate(SCALE_MODES)}
 
 #: columns that may be null on library rows (backend == 'cublas')
 TILE_COLUMNS = ("block_m", "block_n", "block_k", "num_stages", "num_warps")
@@ -111,6 +127,39 @@ LIBRARY_TILES = {
 LIBRARY_TILES["blackwell"] = LIBRARY_TILES["hopper"]
 LIBRARY_TILES["cdna2"] = LIBRARY_TILES["ampere"]
 
+#: Library tile catalog for float8 rows, per architecture (same tuple layout).
+#: Hopper FP8 GEMMs (cuBLASLt's sm90 e4m3/e5m2 kernels, CUTLASS 3.x
+#: ``KernelTmaWarpSpecializedCooperative``/``Pingpong`` FP8 examples, DeepGEMM)
+#: take block_k = 128: a 1-byte operand's 128-element K slice is one 128-byte
+#: TMA swizzle row, and four wgmma k32 steps. Tiles are 128x128x128 and
+#: 128x256x128 / 256x128x128 (two consumer warpgroups, 8 MMA warps), persistent.
+#: No 64-row tile and no split-K: on the H20 (shared/data/gemm/
+#: pipeweave_fp8_gemm_train.parquet) every m <= 128 problem of a given k takes
+#: the time of one 128x128 tile per SM at the full per-SM FP8 rate whatever n
+#: (m = 32, k = 4096: 40.3-40.7 us from n = 768 to 4608), which a 64-row tile
+#: or split-K would halve or more; the library does not run them for FP8.
+#: Stages: as many 32 / 48 KiB A+B slots as fit beside the epilogue's shared
+#: memory (CUTLASS StageCountAutoCarveout: 6 and 4).
+LIBRARY_TILES_FP8 = {
+    "hopper": (
+        (128, 128, 128, 6, 8, 1, "persistent"),
+        (128, 256, 128, 4, 8, 1, "persistent"),
+        (256, 128, 128, 4, 8, 1, "persistent"),
+    ),
+}
+LIBRARY_TILES_FP8["blackwell"] = LIBRARY_TILES_FP8["hopper"]
+
+#: CUTLASS's FP8 accumulation promotion (``GmmaFP8Accumulation``,
+#: ``mma_promotion_interval`` = 4 wgmma k-steps of 32 = 128 reduction elements;
+#: DeepSeek-V3 tech report Sec. 3.3.2 gives the same N_C = 128): Hopper's FP8
+#: wgmma accumulates with about 14 bits of mantissa, so without fast accumulation
+#: the kernel adds the MMA's partial sum into an FP32 register accumulator on CUDA
+#: cores every FP8_PROMOTE_K elements of K (one FADD per accumulator element) and
+#: keeps both accumulators in registers. Block scaling (scale_mode 'block') does
+#: the same step as an FMA with the block's scale product, at its 128-wide blocks.
+FP8_PROMOTE_K = 128
+#: K (and N, for B) extent of one DeepSeek-V3 block scale (1x128 for A, 128x128 for B)
+FP8_SCALE_BLOCK = 128
 #: register estimate: fixed per-thread cost of addresses, loop state, masks
 REGS_BASE = 40
 
@@ -163,10 +212,13 @@ def _cdiv(a, b):
 def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_rm, eb_tab,
                 ob_tab, tc_tab, f32_code, wgmma_ok, wgmma_min, max_regs, sm_regs, sync_frac,
                 tc_eff, wg_share, g0, g1, ksteps, tiles, smem_block, threads, regs, spill, use_wg,
-                on_tc, t_bytes, work_iter, work_epi, rate, share_eff, useful_flops):
+                on_tc, t_bytes, work_iter, work_epi, rate, share_eff, useful_flops,
+                f8_code, f16_code, scode, fast):
     """One pass over the rows: every per-row quantity of :func:`lower` (the
     docstring there); ``tc_tab[d]`` is dtype ``d``'s tensor-core rate per SM
-    before the MMA path's share and the calibrated efficiency ``tc_eff``."""
+    before the MMA path's share and the calibrated efficiency ``tc_eff``.
+    ``scode``/``fast`` are the float8 rows' scale mode (:data:`SCALE_MODES`)
+    and fast-accumulation flag (ignored on other rows)."""
     for i in range(m.shape[0]):
         bmi = bm[i]
         bni = bn[i]
@@ -177,6 +229,15 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         ob = ob_tab[dcode[i]]
         tc = dcode[i] != f32_code or tf32[i]
         on_tc[i] = tc
+        f8 = dcode[i] == f8_code
+        # FP8 operands on a GPU without FP8 tensor cores (Ampere, CDNA2): the kernel
+        # converts each operand fragment to fp16 after its shared-memory load and
+        # multiplies on the fp16 tensor cores (Triton lowers an fp8 tl.dot so below
+        # sm_89: TritonGPU "decompose unsupported conversions"/FP8 upcast)
+        emul8 = f8 and tc_tab[dcode[i]] <= 0.0
+        # FP32 promotion of the FP8 partial sums (FP8_PROMOTE_K), always under
+        # block scaling, which applies its scales at the same step
+        promo = f8 and (not fast[i] or scode[i] == 2)
         a = _cdiv(m[i], bmi)
         b = _cdiv(n[i], bni)
         g0[i] = a
@@ -203,6 +264,10 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         threads[i] = th
         th1 = th if th > 1 else 1
         acc_regs = (bmi * bni) // th1
+        if promo:
+            # the MMA's partial accumulator and the FP32 accumulator it is
+            # promoted into both live in registers (CUTLASS GmmaFP8Accumulation)
+            acc_regs *= 2
         frag = 0 if wg else 2 * ((bmi // wm) + (bni // wn)) * 16 * eb // (4 * 32)
         want = acc_regs + frag + REGS_BASE
         cap = (sm_regs // th1) // 8 * 8
@@ -215,13 +280,29 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         flops = 2.0 * bmi * bni * bki
         work_iter[i, R_TC] = flops if tc else 0.0
         work_iter[i, R_CUDA] = 0.0 if tc else flops
-        a_bytes = float(bmi * bki * eb)
-        b_bytes = float(bki * bni * eb)
+        # edge tiles: rows of A (columns of B, elements of C) beyond m (n) are not
+        # fetched (TMA fills out-of-bounds boxes with zeros without reading them;
+        # Triton's masked loads and stores issue no transaction for masked lanes):
+        # a tile moves min(BM, m) rows on average over the grid, m / ceil(m / BM)
+        rows_a = m[i] / a if m[i] < a * bmi else float(bmi)
+        cols_b = n[i] / b if n[i] < b * bni else float(bni)
+        a_bytes = rows_a * bki * eb
+        b_bytes = bki * cols_b * eb
         # sector efficiency of the contiguous runs of each load (32-byte sectors)
         a_run = (bki if a_rm[i] else bmi) * eb
         b_run = (bni if b_rm[i] else bki) * eb
         a_fetch = a_bytes * (math.ceil(a_run / 32.0) * 32.0 / a_run)
         b_fetch = b_bytes * (math.ceil(b_run / 32.0) * 32.0 / b_run)
+        blocks = bki / FP8_SCALE_BLOCK  # 128-deep scale blocks per iteration
+        if f8 and scode[i] == 2:
+            # DeepSeek-V3 block scales, fp32, loaded with the operands they scale
+            # and reused as they are: A's 1x128 scales (one per row and K block,
+            # stored K-block-major so a tile's BM scales are contiguous) along
+            # grid dim 1, B's 128x128 scales (ceil(BN/128) per K block, at least
+            # one 32-byte sector) along dim 0
+            a_fetch += rows_a * 4.0 * blocks
+            nb = (bni + FP8_SCALE_BLOCK - 1) // FP8_SCALE_BLOCK
+            b_fetch += (nb * 4.0 if nb * 4.0 > 32.0 else 32.0) * blocks
         work_iter[i, R_L2] = a_fetch + b_fetch  # split by the cache model later
         if wg:
             smem_reads = bki * eb * (wg_n * bmi + wg_m * bni)
@@ -236,12 +317,37 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         ksub = 32 // eb if tc else 1
         passes = (bki + ksub - 1) // ksub
         work_iter[i, R_SMEM] = (smem_reads + ab_elems * eb) + sp * 4.0 * th * 2.0 * passes
-        c_bytes = float(bmi * bni * ob)
+        if emul8:
+            # one packed fp8x2 -> f16x2 conversion (2 FLOP-equivalent issue slots)
+            # per two operand elements each warp reads from shared memory
+            work_iter[i, R_CUDA] += smem_reads / eb
+        if promo:
+            # every FP8_PROMOTE_K of K: acc32 += partial (FADD) for each of the
+            # BM x BN accumulator elements, 2 FLOP-equivalents each at the FP32
+            # rate (an FADD takes an FMA's issue slot); under block scaling an FFMA
+            # with the block's scale product (same count), plus that product for
+            # each row and 128-column block (one FMUL each)
+            work_iter[i, R_CUDA] += 2.0 * bmi * bni * (bki / FP8_PROMOTE_K)
+            if scode[i] == 2:
+                nb = (bni + FP8_SCALE_BLOCK - 1) // FP8_SCALE_BLOCK
+                work_iter[i, R_CUDA] += 2.0 * bmi * nb * blocks
+        c_bytes = rows_a * cols_b * ob
         # split-K partials: fp32 atomics, read and write
         work_epi[i, R_L2] = bmi * bni * 4.0 * 2.0 if sk > 1 else c_bytes
         work_epi[i, R_DRAM] = bmi * bni * 4.0 if sk > 1 else c_bytes
         work_epi[i, R_CUDA] = 2.0 * bmi * bni
-        rate[i, R_TC] = tc_tab[dcode[i]] * (1.0 if wg else sync_frac) * tc_eff
+        if f8 and scode[i] == 0:
+            # per-tensor scales: the epilogue multiplies each accumulator element by
+            # scale_a * scale_b (one FMUL) after loading the two fp32 scalars
+            work_epi[i, R_CUDA] += 2.0 * bmi * bni
+            work_epi[i, R_L2] += 8.0
+        elif f8 and scode[i] == 1:
+            # per-row (A) and per-column (B) scales: BM + BN fp32 loads per tile and
+            # two FMULs per accumulator element in the epilogue
+            work_epi[i, R_CUDA] += 4.0 * bmi * bni
+            work_epi[i, R_L2] += (bmi + bni) * 4.0
+        tc_rate = tc_tab[f16_code] if emul8 else tc_tab[dcode[i]]
+        rate[i, R_TC] = tc_rate * (1.0 if wg else sync_frac) * tc_eff
         t_bytes[i, 0] = a_fetch
         t_bytes[i, 1] = b_fetch
         t_bytes[i, 2] = c_bytes
@@ -276,6 +382,10 @@ def lower(cols: dict, hw) -> TilePlan:
     rows = m.shape[0]
     order = _map_codes(np.asarray(cols["raster"], dtype=object), ORDER_NAMES)
     dcode = _map_codes(np.asarray(cols["dtype"], dtype=object), _DTYPE_CODE)
+    # float8 options; absent when a caller lowers columns validated elsewhere
+    scode = (_map_codes(np.asarray(cols["scale_mode"], dtype=object), _SCALE_CODE)
+             if "scale_mode" in cols else np.zeros(rows, dtype=np.int64))
+    fast = cols["fast_accum"] if "fast_accum" in cols else np.zeros(rows, dtype=np.bool_)
     eb_tab = np.array([v[0] for v in DTYPES.values()], dtype=np.int64)
     ob_tab = np.array([v[1] for v in DTYPES.values()], dtype=np.int64)
     sms = hw.sm_count
@@ -306,7 +416,30 @@ def lower(cols: dict, hw) -> TilePlan:
                 int(hw.sm_registers), float(hw.mma_sync_fraction), float(hw.cal("tc_efficiency")),
                 float(hw.cal("wgmma_share_efficiency")), g0, g1, ksteps, tiles, smem_block,
                 threads, regs, spill, use_wgmma, on_tc, t_bytes, work_iter, work_epi, rate,
-                share_eff, useful_flops)
+                share_eff, useful_flops, _DTYPE_CODE["float8"], _DTYPE_CODE["float16"],
+                scode, b8(fast))
+
+    # power-limited tensor clock: tc_efficiency is the sustained share of the
+    # tensor-core peak when every SM issues MMAs (the ceiling of measured GEMM
+    # throughput: the chip holds its power limit by lowering the clock). Dynamic
+    # power scales with the busy SMs times the clock, so a grid that keeps only
+    # `active` SMs busy runs them up to sms / active times faster, up to the full
+    # measured rate: tc_efficiency x min(1 / tc_efficiency, sms / active). On the
+    # H800 FP8 data (shared/data/gemm/pipeweave_fp8_gemm_train.parquet) a 32-tile
+    # m = 32 GEMM runs 2.61 ns per k (n = 4096), which is one 128x128x128 tile per
+    # SM at the full measured rate plus iter_overhead_cycles, where the largest
+    # GEMMs sustain 0.72 of it
+    # GEMMs sustain 0.72 of it. The clock drives the SM's other issue-rate
+    # resources alike (CUDA cores, shared memory), which rise with it: that
+    # 128x128x128 FP8 tile moves 80 KiB of shared memory per 128-deep step,
+    # 142 B/clk at the measured 1730 MHz against the SM's 128 B/clk, so it runs
+    # at that speed only at a higher clock
+    tc_eff = float(hw.cal("tc_efficiency"))
+    if tc_eff < 1.0:
+        active = np.minimum(tiles, sms).astype(np.float64)
+        boost = np.minimum(1.0 / tc_eff, sms / np.maximum(active, 1.0))
+        for r in (R_TC, R_CUDA, R_SMEM):
+            rate[:, r] *= boost
 
     # tensor accesses from the tile program: A reused along grid dim 1, B along
     # dim 0, C once per tile
@@ -353,32 +486,39 @@ def _map_codes(values: np.ndarray, table: dict) -> np.ndarray:
 def expand_library(cols: dict, is_lib: np.ndarray, arch: str):
     """Replace each library row by one row per catalog tile.
 
-    Returns ``(expanded_cols, parent)`` where ``parent[j]`` is the input row
-    that expanded row ``j`` stands for; non-library rows map to themselves.
+    float8 rows take :data:`LIBRARY_TILES_FP8` where the architecture has one,
+    every other row :data:`LIBRARY_TILES`. Returns ``(expanded_cols, parent)``
+    where ``parent[j]`` is the input row that expanded row ``j`` stands for;
+    non-library rows map to themselves (and come first, in input order).
     """
     cat = LIBRARY_TILES.get(arch, LIBRARY_TILES["ampere"])
-    n = len(is_lib)
     lib_idx = np.flatnonzero(is_lib)
     keep = np.flatnonzero(~is_lib)
-    reps = len(cat)
-    parent = np.concatenate([keep, np.repeat(lib_idx, reps)])
+    groups = [(lib_idx, cat)]
+    cat8 = LIBRARY_TILES_FP8.get(arch)
+    if cat8 is not None and lib_idx.size and "dtype" in cols:
+        is8 = np.asarray(cols["dtype"], dtype=object)[lib_idx] == "float8"
+        if is8.any():
+            groups = [(lib_idx[~is8], cat), (lib_idx[is8], cat8)]
+    parent = np.concatenate([keep] + [np.repeat(idx, len(c)) for idx, c in groups])
     out = {name: np.asarray(v)[parent] for name, v in cols.items()}
     if lib_idx.size:
-        tile = np.array([c[:6] for c in cat], dtype=np.int64)
-        tiled = np.tile(tile, (lib_idx.size, 1))
+        tile = np.concatenate([np.tile(np.array([c[:6] for c in cg], dtype=np.int64),
+                                       (idx.size, 1)) for idx, cg in groups])
         sl = slice(keep.size, None)
         for j, name in enumerate(("block_m", "block_n", "block_k", "num_stages", "num_warps",
                                   "split_k")):
             col = np.asarray(out[name]).astype(np.int64, copy=True)
-            col[sl] = tiled[:, j]
+            col[sl] = tile[:, j]
             out[name] = col
         rast = np.asarray(out["raster"], dtype=object).copy()
-        rast[sl] = np.tile(np.array([c[6] for c in cat], dtype=object), lib_idx.size)
+        rast[sl] = np.concatenate([np.tile(np.array([c[6] for c in cg], dtype=object), idx.size)
+                                   for idx, cg in groups])
         out["raster"] = rast
         grp = np.asarray(out["group_m"]).astype(np.int64, copy=True)
         grp[sl] = 8
         out["group_m"] = grp
-    assert parent.shape[0] == keep.size + reps * lib_idx.size and n >= 0
+    assert parent.shape[0] == keep.size + sum(idx.size * len(c) for idx, c in groups)
     return out, parent
 
 
