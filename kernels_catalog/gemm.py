@@ -139,12 +139,16 @@ LIBRARY_TILES["cdna2"] = LIBRARY_TILES["ampere"]
 #: (m = 32, k = 4096: 40.3-40.7 us from n = 768 to 4608), which a 64-row tile
 #: or split-K would halve or more; the library does not run them for FP8.
 #: Stages: as many 32 / 48 KiB A+B slots as fit beside the epilogue's shared
-#: memory (CUTLASS StageCountAutoCarveout: 6 and 4).
+#: memory (CUTLASS StageCountAutoCarveout: 6 and 4 in 227 KiB; 4 and 3 in the
+#: ~100 KiB of sm_120 parts).
 LIBRARY_TILES_FP8 = {
     "hopper": (
         (128, 128, 128, 6, 8, 1, "persistent"),
         (128, 256, 128, 4, 8, 1, "persistent"),
         (256, 128, 128, 4, 8, 1, "persistent"),
+        # the same tiles in ~100 KiB of shared memory (sm_120 parts: RTX PRO 6000)
+        (128, 128, 128, 4, 8, 1, "persistent"),
+        (128, 256, 128, 3, 8, 1, "persistent"),
     ),
 }
 LIBRARY_TILES_FP8["blackwell"] = LIBRARY_TILES_FP8["hopper"]
