@@ -56,7 +56,11 @@ def test_gemm_epilogue_resource_vector_by_hand(epi):
     ops, sfu = EPILOGUES[epi]
     assert (p.g0[0], p.g1[0], p.g2[0], p.ksteps[0]) == (4096 // BM, 4096 // BN, 1, 1024 // BK)
     assert p.work_iter[0, R_TC] == nb * 2 * BM * BN * BK          # one MMA per B tile
-    assert p.work_iter[0, R_SMEM] == (BM * BK + nb * BK * BN) * eb  # the staged loads
+    # shared memory: the staged loads, and on H100's warpgroup MMA (2 warpgroups along
+    # M at 128 rows and 8 warps) each warpgroup row re-reads B, the one column A
+    gm, gn = 2, 1
+    assert p.work_iter[0, R_SMEM] == ((BM * BK + nb * BK * BN) * eb + BK * eb * BM * gn
+                                      + nb * BK * eb * BN * gm)
     assert p.work_epi[0, R_CUDA] == 2 * BM * BN * ops
     assert p.work_epi[0, R_SFU] == BM * BN * sfu
     bias = BN * ob if epi == "bias" else 0
@@ -70,6 +74,29 @@ def test_gemm_epilogue_resource_vector_by_hand(epi):
     assert p.work_epi[0, R_DRAM] == bias + res + BM * BN * ob
     assert p.smem_block[0] == 2 * (BM * BK + nb * BK * BN) * eb
     assert p.useful_flops[0] == 2.0 * 4096 * 4096 * 1024 * nb
+
+
+@pytest.mark.parametrize("bm, bn, warps", [(bm, bn, w) for bm in (16, 32, 64, 128, 256)
+                                            for bn in (16, 32, 64, 128, 256) for w in (1, 2, 4, 8, 16)])
+def test_gemm_epilogue_warp_grid_is_gemms(bm, bn, warps):
+    """The unrolled warp grid of the TOML equals gemm.py's _warp_grid (A100, mma.sync):
+    shared-memory reads per step and the MMA fragment registers."""
+    from kernels_catalog.gemm import _warp_grid
+
+    wm, wn = _warp_grid(bm, bn, warps)
+    BK, eb = 32, 2
+    p = _plan("gemm_epilogue", [_gemm_row(block_m=bm, block_n=bn, block_k=BK, num_warps=warps)],
+              "a100")
+    # (+ the spilled registers' local-memory traffic, loaded and stored at each of the
+    # BK / 16 MMA steps, where a tile's accumulators exceed the registers)
+    spill = p.extra["register_spill"][0] * 4 * 32 * warps * 2 * (BK // 16)
+    assert p.work_iter[0, R_SMEM] == ((bm * BK + BK * bn) * eb + BK * eb * (wn * bm + wm * bn)
+                                      + spill)
+    frag = 2 * ((bm // wm) + (bn // wn)) * 16 * eb // (4 * 32)
+    # (the lowering rounds a footprint's registers up; gemm.py's floor differs only
+    # when a tile has fewer accumulators than threads)
+    want = math.ceil(bm * bn / (32 * warps)) + frag + 40
+    assert p.regs_thread[0] == min(want, 255, (65536 // (32 * warps)) // 8 * 8)
 
 
 def test_gemm_epilogue_dram_bytes_by_hand():
