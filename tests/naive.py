@@ -500,36 +500,70 @@ def gemm_lower_one(row: dict, hw) -> dict:
         else:
             wm *= 2
     threads = warps * 32
-    want = (bm * bn) // max(threads, 1) + REGS_BASE_GEMM
+    # float8: FP32 promotion of the partial sums (two accumulators in registers)
+    # unless fast accumulation; block scaling always promotes; no FP8 tensor
+    # cores: operands converted to fp16 (fp16 rate)
+    f8 = row["dtype"] == "float8"
+    mode = row.get("scale_mode", "tensor")
+    emul8 = f8 and hw.tc_tflops("float8") <= 0.0
+    promo = f8 and (not bool(row.get("fast_accum", False)) or mode == "block")
+    acc = (bm * bn) // max(threads, 1)
+    want = (2 * acc if promo else acc) + REGS_BASE_GEMM
     if not wgmma:
         want += 2 * (bm // wm + bn // wn) * 16 * eb // 128
     cap = min(hw.max_registers_per_thread, (hw.sm_registers // max(threads, 1)) // 8 * 8)
     spill = max(want - cap, 0)
     a_run = (bk if row["a_row_major"] else bm) * eb
     b_run = (bn if row["b_row_major"] else bk) * eb
-    a_fetch = bm * bk * eb * (math.ceil(a_run / 32) * 32 / a_run)
-    b_fetch = bk * bn * eb * (math.ceil(b_run / 32) * 32 / b_run)
+    # edge tiles move only their in-bounds rows / columns: m / ceil(m / BM) on average
+    rows_a, cols_b = row["m"] / g0, row["n"] / g1
+    a_fetch = rows_a * bk * eb * (math.ceil(a_run / 32) * 32 / a_run)
+    b_fetch = bk * cols_b * eb * (math.ceil(b_run / 32) * 32 / b_run)
+    blocks = bk / 128
+    nb = _ceil_div(bn, 128)
+    if f8 and mode == "block":  # fp32 1x128 (A) and 128x128 (B) scales
+        a_fetch += rows_a * 4.0 * blocks
+        b_fetch += max(nb * 4.0, 32.0) * blocks
     if wgmma:
         smem_reads = bk * eb * (wg_n * bm + wg_m * bn)
     else:
         smem_reads = bk * eb * (wn * bm + wm * bn)
     flops = 2.0 * bm * bn * bk
-    c_bytes = float(bm * bn * ob)
+    cuda = 0.0 if on_tc else flops
+    if emul8:  # a packed fp8x2 -> f16x2 conversion per two elements read
+        cuda += smem_reads / eb
+    if promo:  # an FADD (FFMA under block scaling) per accumulator element per 128 of K
+        cuda += 2.0 * bm * bn * (bk / 128)
+        if mode == "block":
+            cuda += 2.0 * bm * nb * blocks
+    c_bytes = rows_a * cols_b * ob
+    l2_epi = bm * bn * 8.0 if split > 1 else c_bytes
+    cuda_epi = 2.0 * bm * bn
+    if f8 and mode == "tensor":
+        cuda_epi += 2.0 * bm * bn
+        l2_epi += 8.0
+    elif f8 and mode == "row":
+        cuda_epi += 4.0 * bm * bn
+        l2_epi += (bm + bn) * 4.0
     path = 1.0 if wgmma else hw.mma_sync_fraction
+    eff = hw.cal("tc_efficiency")
+    # power-limited clock: fewer busy SMs than the chip run up to the full rate
+    boost = min(1.0 / eff, hw.sm_count / max(min(g0 * g1 * split, hw.sm_count), 1)) if eff < 1.0 else 1.0
     return {
         "g0": g0, "g1": g1, "ksteps": ksteps, "tiles": g0 * g1 * split,
         "smem_block": max(row["num_stages"] - 1, 1) * (bm * bk + bk * bn) * eb,
         "threads": threads, "regs_thread": min(want, cap), "register_spill": spill,
         "mma_path": "wgmma" if wgmma else ("mma_sync" if on_tc else "fma"),
-        "tensor_core": flops if on_tc else 0.0, "cuda_core": 0.0 if on_tc else flops,
+        "tensor_core": flops if on_tc else 0.0, "cuda_core": cuda,
         "l2_iter": a_fetch + b_fetch,
         "smem": smem_reads + (bm * bk + bk * bn) * eb
         + spill * 8.0 * threads * math.ceil(bk / (32 // eb if on_tc else 1)),
         "t_bytes": (a_fetch, b_fetch, c_bytes),
-        "l2_epi": bm * bn * 8.0 if split > 1 else c_bytes,
+        "l2_epi": l2_epi,
         "dram_epi": bm * bn * 4.0 if split > 1 else c_bytes,
-        "cuda_epi": 2.0 * bm * bn,
-        "tc_rate": hw.tc_tflops(tc_key) * 1e6 / hw.sm_count * path * hw.cal("tc_efficiency"),
+        "cuda_epi": cuda_epi,
+        "tc_rate": (hw.tc_tflops("float16" if emul8 else tc_key) * 1e6 / hw.sm_count * path
+                    * eff * boost),
         "share_eff": hw.cal("wgmma_share_efficiency") if wgmma else 1.0,
         "useful_flops": 2.0 * row["m"] * row["n"] * row["k"],
     }
