@@ -142,6 +142,9 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
 
     # ---- work of the actions (and each synchronous body action's work per resource)
     on_tc = np.broadcast_to(np.asarray(prog.tensor_cores(env), dtype=bool), (n,))
+    # a dtype without a tensor-core rate on this GPU (fp8 before Hopper) runs on CUDA cores
+    tc_has = np.array([hw.tc_tflops(prog.dtypes[d]["tc"] or "float16") > 0 for d in prog.dtypes])
+    on_tc = on_tc & tc_has[env["_dtype_code"]]
     body = prog.body
     bi = {a.name: k for k, a in enumerate(body)}
     sync_work: list[list[tuple[int, np.ndarray]]] = [[] for _ in body]
@@ -258,6 +261,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         "program": prog}
     for name, e in prog.extra_outputs:
         extra[name] = _arr(e, env, n)
+    extra["outputs"] = tuple(name for name, _ in prog.extra_outputs)
     return TilePlan(
         g0=g[0], g1=g[1], g2=g[2], order=order,
         group=np.maximum(_arr(prog.group, env, n, i64), 1), ksteps=ksteps, stages=stages,

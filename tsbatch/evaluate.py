@@ -318,7 +318,8 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
                                      where=np.isfinite(lat) & (lat > 0)),
         "util": env["util"],
     }
-    out.update({k: v for k, v in plan.extra.items() if k in ("mma_path", "register_spill")})
+    keep = ("mma_path", "register_spill") + tuple(plan.extra.get("outputs", ()))
+    out.update({k: v for k, v in plan.extra.items() if k in keep})
     if timings is not None:
         timings["occupancy_s"] = timings.get("occupancy_s", 0.0) + (t1 - t0)
         timings["cache_s"] = timings.get("cache_s", 0.0) + (t2 - t1)
@@ -459,6 +460,8 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
     data["steady_order"] = _text(onames, ocodes[pick])
     data["t_chain_us"] = (plan.chain_us[pick] if plan.chain_us is not None
                           else np.zeros(n))
+    for name in plan.extra.get("outputs", ()):  # a program's [output] values
+        data[name] = res[name][pick]
     if m != n:  # the winning catalog tile of each library row, as text (vectorized)
         parts = {c: np.asarray(cols[c])[pick] for c in
                  ("block_m", "block_n", "block_k", "num_stages", "num_warps", "split_k")}
