@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["Column", "TilePlan", "Family"]
+__all__ = ["Column", "TilePlan", "Family", "map_codes"]
 
 
 @dataclass(frozen=True)
@@ -119,3 +119,12 @@ class Family:
             if c.name == name:
                 return c
         raise KeyError(name)
+
+
+def map_codes(values: np.ndarray, table: dict) -> np.ndarray:
+    """Map an object array of strings to integer codes (``KeyError`` on a string
+    not in ``table``): a dict lookup per row, ~45 ns, where sorting the strings
+    took ~280 ns a row."""
+    if values.size and type(values[0]) is str and (values == values[0]).all():
+        return np.full(values.shape[0], table[values[0]], dtype=np.int64)  # one value
+    return np.fromiter(map(table.__getitem__, values), dtype=np.int64, count=values.shape[0])

@@ -28,7 +28,7 @@ import numpy as np
 
 from pathlib import Path
 
-from kernels_catalog.base import Column, Family, TilePlan
+from kernels_catalog.base import Column, Family, TilePlan, map_codes
 from kernels_catalog.program import load_program
 from tsbatch.kernels._config import jit_exact
 from tsbatch.kernels.envelope import (
@@ -384,10 +384,10 @@ def lower(cols: dict, hw) -> TilePlan:
     split = i64(cols["split_k"])
     group = i64(cols["group_m"])
     rows = m.shape[0]
-    order = _map_codes(np.asarray(cols["raster"], dtype=object), ORDER_NAMES)
-    dcode = _map_codes(np.asarray(cols["dtype"], dtype=object), _DTYPE_CODE)
+    order = map_codes(np.asarray(cols["raster"], dtype=object), ORDER_NAMES)
+    dcode = map_codes(np.asarray(cols["dtype"], dtype=object), _DTYPE_CODE)
     # float8 options; absent when a caller lowers columns validated elsewhere
-    scode = (_map_codes(np.asarray(cols["scale_mode"], dtype=object), _SCALE_CODE)
+    scode = (map_codes(np.asarray(cols["scale_mode"], dtype=object), _SCALE_CODE)
              if "scale_mode" in cols else np.zeros(rows, dtype=np.int64))
     fast = cols["fast_accum"] if "fast_accum" in cols else np.zeros(rows, dtype=np.bool_)
     eb_tab = np.array([v[0] for v in DTYPES.values()], dtype=np.int64)
@@ -476,15 +476,6 @@ def lower(cols: dict, hw) -> TilePlan:
             "tiles": tiles,
         },
     )
-
-
-def _map_codes(values: np.ndarray, table: dict) -> np.ndarray:
-    """Map an object array of strings to integer codes (``KeyError`` on a string
-    not in ``table``): a dict lookup per row, ~45 ns, where sorting the strings
-    took ~280 ns a row."""
-    if values.size and type(values[0]) is str and (values == values[0]).all():
-        return np.full(values.shape[0], table[values[0]], dtype=np.int64)  # one value
-    return np.fromiter(map(table.__getitem__, values), dtype=np.int64, count=values.shape[0])
 
 
 def expand_library(cols: dict, is_lib: np.ndarray, arch: str):

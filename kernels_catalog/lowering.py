@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels_catalog.base import Column, Family, TilePlan
+from kernels_catalog.base import Family, TilePlan, map_codes
 from kernels_catalog.program import TileProgram
 from tsbatch.kernels.envelope import (
     N_RES, R_CUDA, R_DRAM, R_L15, R_L2, R_NAMES, R_SFU, R_SMEM, R_TC,
@@ -72,7 +72,7 @@ def program_env(prog: TileProgram, cols: dict, hw) -> dict:
             v = v.astype(np.bool_, copy=False)
         env[c.name] = v
     names = list(prog.dtypes)
-    code = _codes(np.asarray(cols["dtype"], dtype=object), {d: i for i, d in enumerate(names)})
+    code = map_codes(np.asarray(cols["dtype"], dtype=object), {d: i for i, d in enumerate(names)})
     eb = np.array([float(prog.dtypes[d]["eb"]) for d in names])
     ob = np.array([float(prog.dtypes[d].get("ob", prog.dtypes[d]["eb"])) for d in names])
     tc = np.array([1.0 if prog.dtypes[d]["tc"] else 0.0 for d in names])
@@ -82,12 +82,6 @@ def program_env(prog: TileProgram, cols: dict, hw) -> dict:
     for name, e in prog.lets:
         env[name] = np.broadcast_to(e(env), (n,))
     return env
-
-
-def _codes(values: np.ndarray, table: dict) -> np.ndarray:
-    if values.size and (values == values[0]).all():
-        return np.full(values.shape[0], table[values[0]], dtype=np.int64)
-    return np.fromiter(map(table.__getitem__, values), dtype=np.int64, count=values.shape[0])
 
 
 def _arr(e, env, n, dtype=np.float64):
@@ -119,7 +113,6 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     stages = np.maximum(_arr(prog.stages, env, n, i64), 1)
     warps = np.maximum(_arr(prog.warps, env, n, i64), 1)
     threads = warps * 32
-    env["warps_"] = warps
     wg = _arr(prog.wgmma, env, n) > 0
 
     # ---- tensors
@@ -250,7 +243,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     if prog.order in ORDER_NAMES:
         order = np.full(n, ORDER_NAMES[prog.order], dtype=np.int64)
     else:  # a text column of order names (validated against its choices)
-        order = _codes(np.asarray(env[prog.order], dtype=object), ORDER_NAMES)
+        order = map_codes(np.asarray(env[prog.order], dtype=object), ORDER_NAMES)
     cyc = 1.0 / hw.rate("clock_mhz")
     launches = _arr(prog.launches, env, n) if prog.launches is not None else np.ones(n)
     useful = (_arr(prog.useful_flops, env, n) if prog.useful_flops is not None
@@ -291,5 +284,3 @@ def family_from_program(prog: TileProgram) -> Family:
 
 #: column names taken as schedule (not workload) when a program names no workload
 _SCHEDULE_HINTS = {"block_m", "block_n", "block_k", "num_stages", "num_warps", "group_m"}
-
-assert Column  # re-exported for programs built in Python

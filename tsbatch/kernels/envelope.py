@@ -89,6 +89,23 @@ COMPUTE = np.array([1, 1, 1, 1, 0, 0, 0, 0], dtype=np.int64)
 
 
 @jit_scalar
+def _rate_on_sm(rr, is_shared, is_compute, is_tc, active, f, shared_units, share_eff):
+    """A resource's rate for one SM's tiles (0 when the chip lacks it): a shared
+    resource's chip rate divided among the active SMs, a compute resource at
+    the issue-slot fraction ``f``, the tensor cores at ``share_eff`` when
+    several issue groups share them."""
+    if rr <= 0.0:
+        return 0.0
+    if is_shared != 0:
+        rr = rr / active
+    if is_compute != 0:
+        rr = rr * f
+    if is_tc and shared_units:
+        rr = rr * share_eff
+    return rr
+
+
+@jit_scalar
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0, sync=0.0,
                  chain=0.0, streams=1.0):
@@ -112,15 +129,10 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     mem = 0.0
     epi = 0.0
     for r in range(work_iter.shape[0]):
-        rr = rate[r]
+        rr = _rate_on_sm(rate[r], shared[r], compute[r], r == R_TC, active, f, shared_units,
+                         share_eff)
         if rr <= 0.0:
             continue
-        if shared[r] != 0:
-            rr = rr / active
-        if compute[r] != 0:
-            rr = rr * f
-        if r == R_TC and shared_units:
-            rr = rr * share_eff
         u = work_iter[r] / rr
         e = work_epi[r] / rr
         if persist_tiles > 0 and compute[r] == 0:
@@ -188,15 +200,10 @@ def resource_floor(work_iter, work_epi, rate, shared, compute, p, active, ksteps
         f = 1.0
     out = 0.0
     for r in range(work_iter.shape[0]):
-        rr = rate[r]
+        rr = _rate_on_sm(rate[r], shared[r], compute[r], r == R_TC, active, f, shared_units,
+                         share_eff)
         if rr <= 0.0:
             continue
-        if shared[r] != 0:
-            rr = rr / active
-        if compute[r] != 0:
-            rr = rr * f
-        if r == R_TC and shared_units:
-            rr = rr * share_eff
         u = p * (ksteps * work_iter[r] + work_epi[r]) / rr
         if u > out:
             out = u
