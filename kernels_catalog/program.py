@@ -284,6 +284,7 @@ class TileProgram:
     extra_outputs: tuple[tuple[str, Expr], ...] = ()
     launches: Expr | None = None
     _orders: np.ndarray | None = field(default=None, repr=False)
+    _order_texts: list | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------ DAG
     @property
@@ -306,8 +307,15 @@ class TileProgram:
 
     def order_names(self, k: int) -> str:
         """Order ``k`` as text: the body's synchronous actions in issue order."""
-        body = self.body
-        return " > ".join(body[j].name for j in self.orders()[k] if not body[j].is_async)
+        return self.order_texts()[k]
+
+    def order_texts(self) -> list[str]:
+        """Every legal order as text (made once and kept, like :meth:`orders`)."""
+        if self._order_texts is None:
+            body = self.body
+            self._order_texts = [" > ".join(body[j].name for j in o if not body[j].is_async)
+                                 for o in self.orders()]
+        return self._order_texts
 
     def has_chain(self) -> bool:
         """Whether any synchronous body action depends on another synchronous one

@@ -162,9 +162,8 @@ def order_names(plan: TilePlan, fam: Family) -> tuple[list[str], np.ndarray]:
     prog = fam.program
     if prog is None:
         return [""], np.zeros(len(plan), dtype=np.int64)
-    k = prog.orders().shape[0]
     codes = plan.order_idx if plan.order_idx is not None else np.zeros(len(plan), dtype=np.int64)
-    return [prog.order_names(i) for i in range(k)], codes
+    return prog.order_texts(), codes
 
 
 class CacheMemo:
