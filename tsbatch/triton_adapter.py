@@ -13,22 +13,30 @@
     def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, ...): ...
 
 Triton calls the returned function with the configuration list and the
-kernel's named arguments (``fn(configs, named_args, **kwargs)``); it returns
-the predicted-best ``top`` fraction of the configurations, fastest first,
-for the problem at hand. Nothing here imports Triton: configurations are
-read through their ``kwargs``, ``num_warps`` and ``num_stages`` attributes.
+kernel's named arguments (``fn(configs, named_args, **kwargs)``): its
+``Autotuner`` passes the arguments given by position, named after the
+kernel's parameters, as ``named_args``, and the arguments given by keyword
+(with ``grid`` and ``warmup``) as ``kwargs``. It returns the predicted-best
+``top`` fraction of the configurations, fastest first, for the problem at
+hand. Nothing here imports Triton: configurations are read through their
+``kwargs``, ``num_warps``, ``num_stages`` and ``num_ctas`` attributes.
+Tested against Triton 3.9.0 (tests/test_triton_real.py: a real
+``@triton.jit`` matmul, ``triton.Config`` objects and ``Autotuner.run``).
 
 Problem sizes
-    Looked up in ``named_args`` (then in ``kwargs``) under ``key_map``'s
+    Looked up in ``named_args`` (then in ``kwargs``, for arguments given by
+    keyword) under ``key_map``'s
     names when given (``{"m": "M", "n": "N", "k": "K"}``), else under the
     first present of ``M``/``m``/``SIZE_M``/``size_m`` (likewise for N, K).
 
 Element type
     ``dtype=`` when given; else the ``.dtype`` of the argument named
-    ``dtype_from``; else of the first named argument that has a ``.dtype``.
+    ``dtype_from``; else of the first argument that has a ``.dtype`` (those
+    given by position first, then those given by keyword).
     ``torch.float16``/``fp16``/``half`` -> float16, ``torch.bfloat16``/``bf16``
     -> bfloat16, ``torch.float32``/``fp32``/``float`` -> float32, any
-    ``float8*``/``fp8*`` -> float8.
+    ``float8*``/``fp8*`` -> float8 (Triton's own ``tl.float16`` is ``fp16``,
+    ``tl.float8e4nv`` is ``fp8e4nv``; numpy's ``float16`` is read too).
 
 Configuration keys (in ``Config.kwargs``; ``config_map`` overrides)
     ``block_m``: ``BLOCK_M``, ``BLOCK_SIZE_M``, ``BM``, ``block_m``
@@ -36,8 +44,10 @@ Configuration keys (in ``Config.kwargs``; ``config_map`` overrides)
     ``group_m`` (default 8); ``split_k``: ``SPLIT_K``, ``split_k``
     (default 1). ``num_warps`` and ``num_stages`` come from the attributes
     (Triton's defaults 4 and 3 when ``None``). Configurations without all
-    three tile sizes cannot be judged: they are kept, after the ranked ones,
-    in their input order.
+    three tile sizes cannot be judged, nor can those of a thread-block
+    cluster (``num_ctas`` above 1: the model predicts one CTA per tile):
+    they are kept, after the ranked ones, in their input order. ``maxnreg``
+    is not read (the register estimate is the model's own).
 """
 
 from __future__ import annotations
@@ -90,8 +100,11 @@ def dtype_name(dtype) -> str:
 
 
 def config_to_dict(config, config_map: dict | None = None) -> dict | None:
-    """tsbatch columns of one ``triton.Config``; ``None`` if it lacks a tile size."""
+    """tsbatch columns of one ``triton.Config``; ``None`` if it cannot be judged
+    (it lacks a tile size, or runs as a cluster of ``num_ctas`` > 1 CTAs)."""
     kw = getattr(config, "kwargs", None) or {}
+    if (getattr(config, "num_ctas", None) or 1) != 1:
+        return None
     out = {}
     for col, names in CONFIG_NAMES.items():
         if config_map and col in config_map:
@@ -125,18 +138,19 @@ def _size(name: str, named_args: dict, kwargs: dict, key_map: dict | None) -> in
                      f"{{'{name}': '<argument name>'}}")
 
 
-def _dtype(named_args: dict, dtype, dtype_from: str | None) -> str:
+def _dtype(named_args: dict, kwargs: dict, dtype, dtype_from: str | None) -> str:
     if dtype is not None:
         return dtype_name(dtype)
     if dtype_from is not None:
-        if dtype_from not in named_args:
+        src = named_args if dtype_from in named_args else kwargs
+        if dtype_from not in src:
             raise InputError(f"dtype_from={dtype_from!r} is not a kernel argument "
-                             f"(arguments: {', '.join(map(repr, named_args))})")
-        dt = getattr(named_args[dtype_from], "dtype", None)
+                             f"(arguments: {', '.join(map(repr, {**named_args, **kwargs}))})")
+        dt = getattr(src[dtype_from], "dtype", None)
         if dt is None:
             raise InputError(f"kernel argument {dtype_from!r} has no .dtype")
         return dtype_name(dt)
-    for value in named_args.values():
+    for value in (*named_args.values(), *kwargs.values()):
         dt = getattr(value, "dtype", None)
         if dt is not None:
             return dtype_name(dt)
@@ -179,7 +193,7 @@ def early_config_prune(hw: str | HwSpec = "h100", top: float = 0.05, dtype_from:
         configs = list(configs)
         named = dict(named_args or {})
         wl = {x: _size(x, named, kwargs, key_map) for x in ("m", "n", "k")}
-        wl["dtype"] = _dtype(named, dtype, dtype_from)
+        wl["dtype"] = _dtype(named, kwargs, dtype, dtype_from)
         wl.update(extra)
         judged, rows, unjudged = [], [], []
         for c in configs:
