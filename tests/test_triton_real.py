@@ -102,8 +102,9 @@ class Recorder:
 
 def _tuned(configs, prune_fn, key=("M", "N", "K")):
     """``triton.autotune`` around the kernel, the GPU steps recorded instead of run."""
+    jitted = triton.jit(matmul_kernel.fn)  # a JITFunction of its own, whose run is replaced
     kernel = triton.autotune(configs, key=list(key),
-                             prune_configs_by={"early_config_prune": prune_fn})(matmul_kernel)
+                             prune_configs_by={"early_config_prune": prune_fn})(jitted)
     assert isinstance(kernel, triton.runtime.Autotuner)
     kernel.benched, kernel.launched = [], []
 
@@ -115,7 +116,8 @@ def _tuned(configs, prune_fn, key=("M", "N", "K")):
         kernel.launched.append(kwargs)
 
     kernel._bench = bench
-    kernel.fn.run = launch
+    assert kernel.fn is jitted
+    jitted.run = launch
     return kernel
 
 
