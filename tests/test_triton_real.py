@@ -12,7 +12,9 @@ launches the fastest. Only the two steps that need a GPU are replaced, on
 the one ``Autotuner`` instance: ``_bench`` (records which configurations
 Triton would time and returns a made-up time) and the compiled kernel's
 ``run`` (records the launch). Tensors are numpy arrays, whose ``.dtype``
-Triton puts in its tuning key as it does torch's.
+Triton puts in its tuning key as it does torch's. ``Autotuner.warmup`` (ahead-of-
+time compilation), which prunes the same way, is exercised with the compile step
+recorded instead of run.
 
 ``scripts/test.sh`` installs the ``triton`` extra and sets
 ``TSBATCH_REQUIRE_TRITON=1``, so in CI a missing Triton fails these tests
@@ -162,6 +164,25 @@ def test_autotune_benchmarks_only_the_predicted_top():
                   [_columns(x) for x in configs], hw="h100", top=0.1)
     assert rec.calls[1]["kept"] == [configs[i] for i in small.indices]
     assert small.indices != ref.indices  # the sizes reached the model
+
+
+def test_autotune_warmup_compiles_only_the_predicted_top():
+    """``Autotuner.warmup`` (ahead-of-time compilation) runs the same pruning step."""
+    configs = _configs()
+    rec = Recorder(early_config_prune(hw="h200", top=0.05))
+    kernel = _tuned(configs, rec)
+    compiled = []
+    kernel.fn.warmup = lambda *args, **kwargs: compiled.append(kwargs)
+    a, b, c = _arrays()
+    kernel.warmup(a, b, c, 8192, 8192, 512, 512, 1, 8192, 1, 8192, 1, grid=(1,))
+    (call,) = rec.calls
+    ref = prune({"m": 8192, "n": 8192, "k": 512, "dtype": "float16"},
+                [_columns(x) for x in configs], hw="h200", top=0.05)
+    assert call["kept"] == [configs[i] for i in ref.indices]
+    assert len(compiled) == len(call["kept"]) == keep_count(len(configs), 0.05)
+    assert [{k: kw[k] for k in cfg.all_kwargs()} for kw, cfg in zip(compiled, call["kept"])] \
+        == [cfg.all_kwargs() for cfg in call["kept"]]
+    assert kernel.benched == [] and kernel.launched == []
 
 
 def test_autotune_with_keyword_arguments_and_bfloat16_hint():
