@@ -35,5 +35,7 @@ jit_borrow = fast_loading(njit(cache=True, fastmath=FASTMATH, nogil=True, _nrt=F
 #: decorator for serial kernels whose arithmetic must match numpy's to the bit
 #: (lowering: plain IEEE operations in source order, no contraction)
 jit_exact = fast_loading(njit(cache=True, nogil=True))
+#: the same, inlined into callers (the simulator's small helpers)
+jit_exact_inline = fast_loading(njit(cache=True, nogil=True, inline="always"))
 #: decorator for row-parallel array kernels (``prange`` over rows)
 jit_parallel = fast_loading(njit(cache=True, fastmath=FASTMATH, nogil=True, parallel=True))

@@ -1,58 +1,109 @@
-"""Load cached kernels without numba's full compiler set-up.
+"""How tsbatch's kernels find their compiled code: fast loading, and code that ships.
 
-Before it loads a cached overload, numba refreshes the target context
-(``numba.core.caching.Cache.load_overload``): it imports and installs every
-typing and lowering registry numba has (``numba.cpython.*``, ``numba.np.*``,
-``numba.typed.*``, ...). Those registries are what the *compiler* needs; a
-cached overload is finished machine code plus pickled type descriptions and
-needs only the runtime (NRT, initialized here). On a warm ``tsbatch
-evaluate`` the refresh is a third of a second or more, about as long as
-importing numba itself.
+Two things change from numba's own ``cache=True``, for tsbatch's dispatchers
+only (never a user's):
 
-:func:`install` gives a dispatcher a cache that initializes the runtime and
-loads the overload directly. Nothing else changes: the same files are read
-(caching stays on, same index and data), a miss still compiles, and
-compiling still refreshes the context first (``CompilerBase.__init__``), as
-does any failure while loading, which retries with numba's own path. Only
-tsbatch's own dispatchers are affected, never a user's.
+*Fast loading.* Before it loads a cached overload, numba refreshes the target
+context (``numba.core.caching.Cache.load_overload``): it imports and installs
+every typing and lowering registry numba has (``numba.cpython.*``,
+``numba.np.*``, ``numba.typed.*``, ...). Those registries are what the
+*compiler* needs; a cached overload is finished machine code plus pickled type
+descriptions and needs only the runtime (NRT, initialized here). On a warm
+``tsbatch evaluate`` the refresh is a third of a second or more, about as long
+as importing numba itself. ``TSBATCH_NUMBA_FASTLOAD=0`` keeps numba's refresh.
+
+*Shipped code.* A wheel built from this tree carries compiled kernels: the
+build (``setup.py``) runs :mod:`tsbatch._precompile` with
+``TSBATCH_PRECOMPILE=1``, which makes every overload compiled in that process
+be written to ``_nbcache/`` beside its module instead of the usual cache. At
+run time, when the usual cache (``__pycache__`` or ``NUMBA_CACHE_DIR``) has no
+entry for a signature, the loader looks in ``_nbcache/``. The entry is numba's
+own index and data format, keyed as numba keys it: numba's version, a hash of
+the module's source, the function's bytecode, the signature and the CPU name
+and features. So shipped code loads only on a machine and install that match
+what built it; anywhere else the lookup misses and the kernel compiles as it
+always did (and is then stored in the usual cache). ``TSBATCH_PRECOMPILED=0``
+ignores the shipped code (for measuring a cold start).
+
+Compiling still refreshes the context first (``CompilerBase.__init__``), as
+does any failure while loading, which retries with numba's own path.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 
-from numba.core.caching import FunctionCache
+from numba.core.caching import FunctionCache, IndexDataCacheFile
 
-__all__ = ["install"]
+__all__ = ["install", "fast_loading", "SHIPPED_DIR"]
 
 #: ``TSBATCH_NUMBA_FASTLOAD=0`` keeps numba's own loading (for comparison)
 ENABLED = os.environ.get("TSBATCH_NUMBA_FASTLOAD", "1") != "0"
+#: ``TSBATCH_PRECOMPILED=0`` ignores the compiled code a wheel ships
+USE_SHIPPED = os.environ.get("TSBATCH_PRECOMPILED", "1") != "0"
+#: set by the wheel build: overloads compiled now are written to the shipped cache
+PRECOMPILING = os.environ.get("TSBATCH_PRECOMPILE", "0") == "1"
+#: the directory, beside each kernel module, that holds shipped compiled code
+SHIPPED_DIR = "_nbcache"
 
 
-class _FastLoadCache(FunctionCache):
-    """A :class:`FunctionCache` whose loading skips the registry refresh."""
+class _TsbatchCache(FunctionCache):
+    """A :class:`FunctionCache` that loads fast and falls back to shipped code."""
+
+    _shipped = None  # IndexDataCacheFile of the shipped cache, or None
 
     def load_overload(self, sig, target_context):
         try:
-            from numba.core.runtime import rtsys
+            if ENABLED:
+                from numba.core.runtime import rtsys
 
-            rtsys.initialize(target_context)  # what the loaded code needs at run time
+                rtsys.initialize(target_context)  # what the loaded code needs at run time
+            else:
+                target_context.refresh()
             with self._guard_against_spurious_io_errors():
-                return self._load_overload(sig, target_context)
+                data = self._load_overload(sig, target_context)
+                if data is None and self._shipped is not None and self._enabled:
+                    key = self._index_key(sig, target_context.codegen())
+                    found = self._shipped.load(key)
+                    if found is not None:
+                        data = self._impl.rebuild(target_context, found)
+                return data
         except Exception:
             # anything unexpected: numba's own path (refresh, then load)
             return super().load_overload(sig, target_context)
 
 
+def _shipped_file(cache: FunctionCache, create: bool):
+    """The shipped cache file of ``cache``'s function (None where there is none)."""
+    try:
+        where = os.path.join(os.path.dirname(inspect.getfile(cache._py_func)), SHIPPED_DIR)
+        if create:
+            os.makedirs(where, exist_ok=True)
+        elif not os.path.isdir(where):
+            return None
+        return IndexDataCacheFile(cache_path=where, filename_base=cache._impl.filename_base,
+                                  source_stamp=cache._impl.locator.get_source_stamp())
+    except (OSError, TypeError):
+        return None
+
+
 def install(dispatcher):
-    """Give ``dispatcher`` (``njit(cache=True)``) the fast-loading cache; returns it."""
-    if ENABLED and type(getattr(dispatcher, "_cache", None)) is FunctionCache:
-        dispatcher._cache.__class__ = _FastLoadCache
+    """Give ``dispatcher`` (``njit(cache=True)``) tsbatch's cache; returns it."""
+    cache = getattr(dispatcher, "_cache", None)
+    if type(cache) is FunctionCache:
+        cache.__class__ = _TsbatchCache
+        if PRECOMPILING:
+            shipped = _shipped_file(cache, create=True)
+            if shipped is not None:
+                cache._cache_file = shipped  # compiled code goes where the wheel takes it
+        elif USE_SHIPPED:
+            cache._shipped = _shipped_file(cache, create=False)
     return dispatcher
 
 
 def fast_loading(decorator):
-    """Wrap an ``njit(...)`` decorator so that its dispatchers load fast."""
+    """Wrap an ``njit(...)`` decorator so that its dispatchers use tsbatch's cache."""
 
     def wrap(fn):
         return install(decorator(fn))

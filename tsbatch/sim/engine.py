@@ -52,7 +52,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from tsbatch.kernels._config import jit_exact, jit_exact_inline
 
 from tsbatch.errors import InputError
 from tsbatch.sim.graph import OP_RESOURCE, OPS, RESOURCES, TileGraph
@@ -290,7 +290,7 @@ def simulate(graph: TileGraph, machine: Machine, *, record: bool = False,
 # event heap keyed by (time, sequence)
 
 
-@njit(cache=True, nogil=True)
+@jit_exact
 def _hpush(ht, hs, hk, hl, hn, hmeta, t, kind, slot, node):
     i = hmeta[0]
     seq = hmeta[1]
@@ -313,7 +313,7 @@ def _hpush(ht, hs, hk, hl, hn, hmeta, t, kind, slot, node):
     hn[i] = node
 
 
-@njit(cache=True, nogil=True)
+@jit_exact
 def _hpop(ht, hs, hk, hl, hn, hmeta):
     """Remove the minimum; returns (time, kind, slot, node)."""
     t0 = ht[0]
@@ -351,7 +351,7 @@ def _hpop(ht, hs, hk, hl, hn, hmeta):
     return t0, k0, l0, n0
 
 
-@njit(cache=True, nogil=True, inline="always")
+@jit_exact_inline
 def _reserve_issue(mask_u, now, sm, nsp, issue_clk, port_free):
     """Issue time of a node ready at ``now``: the latest free issue port among
     its sub-partitions (bits of ``mask_u``), which it then holds ``issue_clk``."""
@@ -366,7 +366,7 @@ def _reserve_issue(mask_u, now, sm, nsp, issue_clk, port_free):
     return t_iss
 
 
-@njit(cache=True, nogil=True)
+@jit_exact
 def _release(v, edge_kind, bind, now, slot, cta, base, n, sm, nsp, issue_clk, mask, succ_ptr,
              succ_idx, succ_kind, rem, port_free, recording, rec_f, rec_i,
              ht, hs, hk, hl, hn, hmeta):
@@ -392,7 +392,7 @@ def _release(v, edge_kind, bind, now, slot, cta, base, n, sm, nsp, issue_clk, ma
 # ---------------------------------------------------------------------------
 
 
-@njit(cache=True, nogil=True)
+@jit_exact
 def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
          succ_ptr, succ_idx, succ_kind, n_pred,
          t_rows, t_cols, t_eb, t_rm, t_base, cta_m, cta_n,

@@ -19,7 +19,7 @@ TileSight §3.5.2), so the simulator is the exact oracle for that model.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from tsbatch.kernels._config import jit_exact_inline
 
 __all__ = ["lru_new", "l15_new", "lru_access", "set_of", "LruCache"]
 
@@ -44,7 +44,7 @@ def l15_new(n_groups: int, capacity_lines: int, assoc: int):
     return np.tile(tags, max(int(n_groups), 1)), meta
 
 
-@njit(cache=True, nogil=True, inline="always")
+@jit_exact_inline
 def set_of(line, n_sets):
     """Set index of a line: Fibonacci hash of the line number, mapped onto the sets by
     multiply-shift (``(h32 * n_sets) >> 32`` of the hash's high 32 bits: uniform, no division)."""
@@ -52,7 +52,7 @@ def set_of(line, n_sets):
     return np.int64((h * np.uint64(n_sets)) >> np.uint64(32))
 
 
-@njit(cache=True, nogil=True, inline="always")
+@jit_exact_inline
 def lru_access(tags, meta, line):
     """Touch one line; returns True on a hit. A miss inserts it and drops the set's LRU way."""
     a = meta[1]

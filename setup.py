@@ -1,0 +1,51 @@
+"""Build hook: a wheel of tsbatch carries its compiled numba kernels.
+
+Everything about the package is in pyproject.toml; this file only adds one
+step to ``build_py``. After the modules are copied into the build tree, it runs
+``python -m tsbatch._precompile`` there with ``TSBATCH_PRECOMPILE=1``, which
+compiles the kernels for the signatures that ``explain``, ``sweep``,
+``prune()`` and the other first calls use and writes the code to ``_nbcache/``
+beside each kernel module, so the wheel ships it and a new install's first
+call loads instead of compiling (tsbatch/kernels/_fastload.py says when
+shipped code is used and when it falls back to compiling).
+
+``TSBATCH_BUILD_PRECOMPILE=0`` skips the step (a wheel without compiled code,
+which compiles on first use). An editable install skips it too: its kernels
+compile into ``__pycache__`` on first use, as numba does. A failing step never
+fails the build; it is reported and the wheel is built without that code.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+
+class build_py_precompiled(build_py):
+    def run(self):
+        super().run()
+        if getattr(self, "editable_mode", False) or \
+                os.environ.get("TSBATCH_BUILD_PRECOMPILE", "1") == "0":
+            return
+        lib = Path(self.build_lib).resolve()
+        for old in lib.glob("tsbatch/**/_nbcache"):
+            shutil.rmtree(old)  # code of an earlier build of other sources
+        env = dict(os.environ, TSBATCH_PRECOMPILE="1", TQDM_DISABLE="1")
+        env.pop("NUMBA_CACHE_DIR", None)
+        # keep the build environment's own path entries (pip's isolated build env)
+        env["PYTHONPATH"] = os.pathsep.join([str(lib)] + [p for p in [env.get("PYTHONPATH")] if p])
+        print("tsbatch: compiling the numba kernels for the wheel (a minute or more; "
+              "TSBATCH_BUILD_PRECOMPILE=0 skips)", flush=True)
+        res = subprocess.run([sys.executable, "-m", "tsbatch._precompile"], cwd=lib, env=env)
+        if res.returncode != 0:
+            print("tsbatch: precompiling failed; the wheel's kernels compile on first use",
+                  flush=True)
+
+
+setup(cmdclass={"build_py": build_py_precompiled})
