@@ -91,6 +91,11 @@ class TilePlan:
     #: such a row is infeasible with that rule's text as its reason
     blocked: np.ndarray | None = None
     rules: tuple = ()
+    #: per-row flag: the row broke a rule checked before lowering (sizes the model
+    #: cannot represent, what the backend cannot build) and was lowered from
+    #: placeholder values; its numbers mean nothing and results leave them null
+    #: (None: no such row)
+    unlowered: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.g0.shape[0])

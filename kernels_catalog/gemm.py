@@ -37,7 +37,7 @@ from tsbatch.kernels.envelope import (
 from tsbatch.kernels.order import ORDER_GROUPED, ORDER_NAMES, ORDER_PERSISTENT
 
 __all__ = ["FAMILY", "COLUMNS", "DTYPES", "LIBRARY_TILES", "LIBRARY_TILES_FP8", "SCALE_MODES",
-           "FP8_PROMOTE_K", "FP8_SCALE_BLOCK", "lower", "expand_library"]
+           "FP8_PROMOTE_K", "FP8_SCALE_BLOCK", "ADMIT_RULES", "admit", "lower", "expand_library"]
 
 #: input dtype -> (bytes per element, output bytes, tensor-core rate key)
 DTYPES = {
@@ -359,6 +359,96 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         useful_flops[i] = 2.0 * m[i] * n[i] * k[i]
 
 
+#: Triton's largest tensor, in elements (``triton.language.TRITON_MAX_TENSOR_NUMEL``)
+TRITON_MAX_TENSOR_NUMEL = 1 << 20
+#: tl.dot's smallest block dimension (M, N and K of both operands)
+TRITON_MIN_DOT = 16
+#: the model's integer quantities (grid tiles, tile iterations, shared-memory
+#: bytes) stay below this, far inside int64
+SIZE_LIMIT = float(2 ** 62)
+#: most tiles (programs) of one launch: CUDA's gridDim.x limit, which also bounds
+#: the cache model's per-launch arrays (waves, blocks)
+MAX_GRID_TILES = float(2 ** 31 - 1)
+#: most distinct operand blocks of one launch the cache model keeps a record of
+#: (its memory grows with them: ~40 bytes each)
+MAX_CACHE_BLOCKS = float(2 ** 24)
+
+#: Why a row is not lowered (:func:`admit`); codes are 1-based indices. Sizes whose
+#: products the model cannot represent, then what Triton cannot build (its own
+#: rules: power-of-two ``tl.arange`` extents and warp counts, ``tl.dot``'s 16-wide
+#: minimum, the tensor-size cap)
+ADMIT_RULES = (
+    "sizes too large: 2*m*n*k FLOPs or an operand's bytes exceed int64 (2^63)",
+    "grid too large: more than 2^31 - 1 tiles (ceil(m/block_m) x ceil(n/block_n) x split_k; "
+    "CUDA's gridDim.x limit)",
+    "sizes too large for the cache model: more than 2^24 operand blocks "
+    "(split_k x (ceil(m/block_m) + ceil(n/block_n)))",
+    "sizes too large: the grid's tiles times their reduction steps exceed 2^62",
+    "shared memory per block exceeds the per-block limit",
+    "threads per block exceed the per-block limit",
+    "triton: block_m must be a power of two",
+    "triton: block_n must be a power of two",
+    "triton: block_k must be a power of two",
+    "triton: num_warps must be a power of two",
+    "triton: tl.dot needs block_m >= 16",
+    "triton: tl.dot needs block_n >= 16",
+    "triton: tl.dot needs block_k >= 16",
+    "triton: a block has more than 2^20 elements (TRITON_MAX_TENSOR_NUMEL)",
+)
+
+
+def _pow2(a: np.ndarray) -> np.ndarray:
+    return (a > 0) & ((a & (a - 1)) == 0)
+
+
+def admit(cols: dict) -> np.ndarray:
+    """Per row, the 1-based code of the first :data:`ADMIT_RULES` entry it
+    breaks (0: none). Sizes are checked in float64, so a product that would
+    wrap in int64 is caught; the Triton rules apply to ``backend = 'triton'``
+    rows (library rows carry catalog tiles)."""
+    f = lambda a: np.asarray(a, dtype=np.float64)  # noqa: E731
+    i64 = lambda a: np.asarray(a, dtype=np.int64)  # noqa: E731
+    m, n, k = f(cols["m"]), f(cols["n"]), f(cols["k"])
+    bm, bn, bk = f(cols["block_m"]), f(cols["block_n"]), f(cols["block_k"])
+    rows = m.shape[0]
+    eb = np.array([v[0] for v in DTYPES.values()], dtype=np.float64)[
+        map_codes(np.asarray(cols["dtype"], dtype=object), _DTYPE_CODE)] if rows else m
+    split = f(cols["split_k"]) if "split_k" in cols else np.ones(rows)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        flops = 2.0 * m * n * k
+        elems = np.maximum(np.maximum(m * k, k * n), m * n) * 4.0
+        tiles = (np.ceil(m / np.maximum(bm, 1.0)) * np.ceil(n / np.maximum(bn, 1.0))
+                 * np.maximum(split, 1.0))
+        blocks = (np.ceil(m / np.maximum(bm, 1.0)) + np.ceil(n / np.maximum(bn, 1.0))) \
+            * np.maximum(split, 1.0)
+        steps = np.ceil(np.ceil(k / np.maximum(split, 1.0)) / np.maximum(bk, 1.0))
+        smem = np.maximum(f(cols["num_stages"]) - 1.0, 1.0) * (bm * bk + bk * bn) * eb
+    tri = (np.asarray(cols["backend"], dtype=object) != "cublas") if "backend" in cols \
+        else np.ones(rows, dtype=bool)
+    ibm, ibn, ibk, iw = (i64(cols[c]) for c in ("block_m", "block_n", "block_k", "num_warps"))
+    checks = (
+        ~(flops < 2.0 ** 63) | ~(elems < 2.0 ** 63),
+        ~(tiles <= MAX_GRID_TILES),
+        ~(blocks <= MAX_CACHE_BLOCKS),
+        ~(tiles * np.maximum(steps, 1.0) < SIZE_LIMIT),
+        ~(smem < SIZE_LIMIT),
+        ~(f(cols["num_warps"]) < 2.0 ** 20),
+        tri & ~_pow2(ibm), tri & ~_pow2(ibn), tri & ~_pow2(ibk), tri & ~_pow2(iw),
+        tri & (ibm < TRITON_MIN_DOT), tri & (ibn < TRITON_MIN_DOT), tri & (ibk < TRITON_MIN_DOT),
+        tri & ((bm * bn > TRITON_MAX_TENSOR_NUMEL) | (bm * bk > TRITON_MAX_TENSOR_NUMEL)
+               | (bk * bn > TRITON_MAX_TENSOR_NUMEL)),
+    )
+    code = np.zeros(rows, dtype=np.int64)
+    for j, hit in enumerate(checks):
+        code = np.where((code == 0) & hit, j + 1, code)
+    return code
+
+
+#: the values a row not admitted is lowered with (its results are dropped)
+_PLACEHOLDER = {"m": 16, "n": 16, "k": 16, "block_m": 16, "block_n": 16, "block_k": 16,
+                "num_stages": 2, "num_warps": 4, "split_k": 1, "group_m": 1}
+
+
 def lower(cols: dict, hw) -> TilePlan:
     """Lower validated GEMM candidate columns to a :class:`TilePlan` for ``hw``.
 
@@ -380,6 +470,13 @@ def lower(cols: dict, hw) -> TilePlan:
     """
     i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
     b8 = lambda a: np.ascontiguousarray(a, dtype=np.bool_)  # noqa: E731
+    blocked = admit(cols)
+    if blocked.any():  # lowered with harmless values; residency marks them infeasible
+        bad = blocked > 0
+        cols = dict(cols)
+        for c, v in _PLACEHOLDER.items():
+            if c in cols:
+                cols[c] = np.where(bad, v, np.asarray(cols[c], dtype=np.int64))
     m, n, k = i64(cols["m"]), i64(cols["n"]), i64(cols["k"])
     split = i64(cols["split_k"])
     group = i64(cols["group_m"])
@@ -454,6 +551,10 @@ def lower(cols: dict, hw) -> TilePlan:
 
     cyc = 1.0 / clock_mhz
     path_code = np.where(use_wgmma, 2, on_tc.astype(np.int64))
+    # a super-group taller than the grid orders the tiles as one of the grid's
+    # height does (Triton's grouped order); the clamp keeps absurd values from
+    # wrapping the order's products
+    group = np.where(group > 2 ** 31, np.maximum(g0, 1), group)
     return TilePlan(
         g0=g0, g1=g1, g2=split, order=order, group=group, ksteps=ksteps,
         stages=i64(cols["num_stages"]), smem_block=smem_block, regs_thread=regs,
@@ -468,6 +569,9 @@ def lower(cols: dict, hw) -> TilePlan:
         useful_flops=useful_flops,
         share_eff=share_eff,
         sync_us=np.full(rows, hw.cal("iter_sync_cycles") * cyc),
+        blocked=blocked if blocked.any() else None,
+        rules=ADMIT_RULES if blocked.any() else (),
+        unlowered=(blocked > 0) if blocked.any() else None,
         extra={
             # an object array: polars takes Python strings ~8x faster than numpy's
             # fixed-width unicode (24 against 3 ms for 60k rows)

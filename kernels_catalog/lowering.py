@@ -37,7 +37,8 @@ from tsbatch.kernels.envelope import (
 )
 from tsbatch.kernels.order import ORDER_NAMES, ORDER_PERSISTENT
 
-__all__ = ["lower_program", "family_from_program", "program_env", "TMEM_BYTES_PER_SM"]
+__all__ = ["lower_program", "family_from_program", "program_env", "admit_program", "ADMIT_RULES",
+           "TMEM_BYTES_PER_SM"]
 
 #: Blackwell tensor memory per SM: 128 lanes x 512 columns x 4 bytes (CUDA PTX ISA,
 #: "Tensor Memory", tcgen05)
@@ -57,15 +58,16 @@ def _hw_names(hw) -> dict:
     }
 
 
-def program_env(prog: TileProgram, cols: dict, hw) -> dict:
+def program_env(prog: TileProgram, cols: dict, hw, shadow: bool = False) -> dict:
     """The columns, dtype numbers, GPU numbers and every ``[let]`` of ``prog``
-    evaluated on the batch (arrays of the batch's length)."""
+    evaluated on the batch (arrays of the batch's length). ``shadow``: integer
+    columns as float64, so that no integer expression can wrap (:func:`admit_program`)."""
     n = len(np.asarray(cols["dtype"]))
     env: dict = {}
     for c in prog.columns:
         v = np.asarray(cols[c.name])
         if c.kind == "int":
-            v = v.astype(np.int64, copy=False)
+            v = v.astype(np.float64 if shadow else np.int64, copy=False)
         elif c.kind == "float":
             v = v.astype(np.float64, copy=False)
         elif c.kind == "bool":
@@ -82,6 +84,95 @@ def program_env(prog: TileProgram, cols: dict, hw) -> dict:
     for name, e in prog.lets:
         env[name] = np.broadcast_to(e(env), (n,))
     return env
+
+
+#: rules checked before a program is lowered (:func:`admit_program`); a row breaking
+#: one is lowered from placeholder values and its numbers are left null
+ADMIT_RULES = (
+    "sizes too large: the tile program's integer sizes overflow int64",
+    "grid too large: more than 2^31 - 1 tiles (CUDA's gridDim.x limit)",
+    "sizes too large for the cache model: more than 2^24 operand blocks",
+    "sizes too large: the grid's tiles times their loop steps exceed 2^62",
+)
+#: see kernels_catalog.gemm: MAX_GRID_TILES, MAX_CACHE_BLOCKS, SIZE_LIMIT
+_MAX_TILES, _MAX_BLOCKS, _SIZE_LIMIT = float(2 ** 31 - 1), float(2 ** 24), float(2 ** 62)
+
+
+def _differs(a, b) -> np.ndarray:
+    """Where an expression's int64 value ``a`` is not its float64 value ``b`` (beyond
+    float rounding): the int64 arithmetic wrapped."""
+    a = np.asarray(a)
+    b = np.asarray(b, dtype=np.float64)
+    if a.dtype.kind not in "iu":
+        a = a.astype(np.float64)
+    af = a.astype(np.float64)
+    same = (af == b) | (np.isnan(af) & np.isnan(b)) | (
+        np.abs(af - b) <= 1e-6 * np.maximum(np.abs(af), np.abs(b)))
+    return ~same
+
+
+def _program_exprs(prog: TileProgram):
+    """Every size expression of ``prog`` that feeds the plan."""
+    yield from prog.grid
+    yield from (prog.steps, prog.stages, prog.warps, prog.group, prog.base_registers,
+                prog.spill_passes)
+    for e in (prog.streams, prog.launches, prog.useful_flops):
+        if e is not None:
+            yield e
+    for t in prog.tensors:
+        yield t.bytes
+    for f in prog.footprints:
+        yield f.bytes
+    for a in prog.actions:
+        for _, e in a.uses:
+            yield e
+    for _, e in prog.extra_outputs:
+        yield e
+
+
+def admit_program(prog: TileProgram, cols: dict, hw, env: dict) -> np.ndarray:
+    """Per row, the 1-based code of the first :data:`ADMIT_RULES` entry it breaks
+    (0: none): every expression evaluated again with the integer columns as
+    float64 (``env`` is the int64 evaluation) must agree with its int64 value,
+    and the grid must stay within the model's limits."""
+    n = env["eb"].shape[0]
+    with np.errstate(all="ignore"):
+        fenv = program_env(prog, cols, hw, shadow=True)
+        wrap = np.zeros(n, dtype=bool)
+        for name, _ in prog.lets:
+            wrap |= np.broadcast_to(_differs(env[name], fenv[name]), (n,))
+        for e in _program_exprs(prog):
+            wrap |= np.broadcast_to(_differs(e(env), e(fenv)), (n,))
+        g = [np.maximum(np.broadcast_to(np.asarray(e(fenv), dtype=np.float64), (n,)), 0.0)
+             for e in prog.grid]
+        tiles = g[0] * g[1] * g[2]
+        blocks = np.zeros(n)
+        for t in prog.tensors:
+            if t.cadence == "step":
+                span = np.ones(n)
+                for d in range(3):
+                    if not (t.mask >> d) & 1:
+                        span = span * g[d]
+                blocks = blocks + span
+        steps = np.maximum(np.broadcast_to(np.asarray(prog.steps(fenv), dtype=np.float64),
+                                           (n,)), 1.0)
+        checks = (wrap, ~(tiles <= _MAX_TILES), ~(blocks <= _MAX_BLOCKS),
+                  ~(tiles * steps < _SIZE_LIMIT))
+    code = np.zeros(n, dtype=np.int64)
+    for j, hit in enumerate(checks):
+        code = np.where((code == 0) & hit, j + 1, code)
+    return code
+
+
+def _placeholder_cols(prog: TileProgram, cols: dict, bad: np.ndarray) -> dict:
+    """``cols`` with the rows ``bad`` replaced by harmless values: 16 for positive
+    integer columns, the default (or 1) for the other numeric ones."""
+    out = dict(cols)
+    for c in prog.columns:
+        if c.kind in ("int", "float"):
+            v = 16 if c.positive else (c.default if c.default is not None else 1)
+            out[c.name] = np.where(bad, v, np.asarray(cols[c.name]))
+    return out
 
 
 def _arr(e, env, n, dtype=np.float64):
@@ -105,13 +196,18 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     from tsbatch.kernels.dag import best_orders  # noqa: PLC0415
     from tsbatch.kernels.rowhash import dedup_rows  # noqa: PLC0415
 
-    env = program_env(prog, cols, hw)
+    with np.errstate(all="ignore"):  # wrapped rows may divide by zero; they are not kept
+        env = program_env(prog, cols, hw)
+        admitted = admit_program(prog, cols, hw, env)
+    if admitted.any():  # lowered with harmless values; residency marks them infeasible
+        env = program_env(prog, _placeholder_cols(prog, cols, admitted > 0), hw)
     n = env["eb"].shape[0]
     i64 = np.int64
     g = [np.maximum(_arr(e, env, n, i64), 0) for e in prog.grid]
     ksteps = np.maximum(_arr(prog.steps, env, n, i64), 1)
     stages = np.maximum(_arr(prog.stages, env, n, i64), 1)
-    warps = np.maximum(_arr(prog.warps, env, n, i64), 1)
+    # at most 2^20 warps (far past any GPU's 32 a block), so that threads cannot wrap
+    warps = np.minimum(np.maximum(_arr(prog.warps, env, n, i64), 1), 1 << 20)
     threads = warps * 32
     wg = _arr(prog.wgmma, env, n) > 0
 
@@ -183,11 +279,11 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
                      * hw.cal("tc_efficiency"))
 
     # ---- rules (and tensor memory outside Blackwell)
-    rules = [r.reason for r in prog.rules]
-    blocked = np.zeros(n, dtype=np.int64)
+    rules = list(ADMIT_RULES) + [r.reason for r in prog.rules]
+    blocked = admitted.copy()
     for k, r in enumerate(prog.rules):
         hit = np.broadcast_to(np.asarray(r.when(env), dtype=bool), (n,))
-        blocked = np.where((blocked == 0) & hit, k + 1, blocked)
+        blocked = np.where((blocked == 0) & hit, len(ADMIT_RULES) + k + 1, blocked)
     if prog.footprints and any(f.placement == "tmem" for f in prog.footprints):
         cap_t = TMEM_BYTES_PER_SM if hw.mma == "tcgen05" else 0
         rules.append("tensor memory (TMEM) footprint exceeds the SM's "
@@ -250,7 +346,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
               else g[0] * g[1] * g[2] * (ksteps * work_iter[:, R_TC] + work_epi[:, R_TC]))
     extra = {"mma_path": np.array(["fma", "mma_sync", "wgmma"], dtype=object)[
         np.where(wg & on_tc, 2, on_tc.astype(np.int64))],
-        "register_spill": spill.astype(np.int64), "tiles": g[0] * g[1] * g[2],
+        "register_spill": np.minimum(spill, _SIZE_LIMIT).astype(np.int64), "tiles": g[0] * g[1] * g[2],
         "program": prog}
     for name, e in prog.extra_outputs:
         extra[name] = _arr(e, env, n)
@@ -258,7 +354,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     return TilePlan(
         g0=g[0], g1=g[1], g2=g[2], order=order,
         group=np.maximum(_arr(prog.group, env, n, i64), 1), ksteps=ksteps, stages=stages,
-        smem_block=np.ceil(smem).astype(np.int64), regs_thread=regs, threads=threads,
+        smem_block=np.minimum(np.ceil(smem), _SIZE_LIMIT).astype(np.int64), regs_thread=regs, threads=threads,
         warps=warps, t_mask=t_mask[:, :T], t_per_step=t_per_step[:, :T], t_bytes=t_bytes[:, :T],
         work_iter=work_iter, work_epi=work_epi, rate=rate, warps_full=float(hw.warp_schedulers),
         lat_us=np.full(n, hw.cal("mem_latency_us")),
@@ -270,7 +366,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         share_eff=np.where(wg, hw.cal("wgmma_share_efficiency"), 1.0),
         sync_us=np.full(n, hw.cal("iter_sync_cycles") * cyc),
         chain_us=chain, streams=streams, order_idx=best, blocked=blocked, rules=tuple(rules),
-        extra=extra)
+        unlowered=(admitted > 0) if admitted.any() else None, extra=extra)
 
 
 def family_from_program(prog: TileProgram) -> Family:

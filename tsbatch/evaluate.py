@@ -328,6 +328,14 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
     return out
 
 
+#: the reason of a row whose occupancy allows it but whose predicted latency is not
+#: a finite number (every output row is feasible with a finite latency, or
+#: infeasible with a reason)
+NOT_FINITE_REASON = "sizes too large: the predicted latency is not a finite number"
+#: result columns kept for a row not lowered (the others are null)
+_KEPT_WHEN_UNLOWERED = ("feasible", "infeasible_reason", "bottleneck", "library_tile",
+                        "steady_order")
+
 #: the bottleneck names, indexed by :func:`_bottleneck`'s codes
 _BOTTLENECK_NAMES = R_NAMES + ("latency", "launch", "")
 
@@ -443,8 +451,14 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
     reason_text = _text(reason_names(plan), reason)
     util = res["util"][pick]
     latp = lat[pick]
+    feasible = res["feasible"][pick]
+    lost = feasible & ~np.isfinite(latp)
+    if lost.any():  # the contract: a feasible row has a finite latency
+        feasible = feasible & ~lost
+        reason_text = pl.select(pl.when(pl.Series(lost)).then(pl.lit(NOT_FINITE_REASON))
+                                .otherwise(reason_text)).to_series()
     data = {
-        "feasible": res["feasible"][pick],
+        "feasible": feasible,
         "infeasible_reason": reason_text,
     }
     for name in ("latency_us", "t_prologue_us", "t_steady_us", "t_epilogue_us", "t_launch_us",
@@ -478,6 +492,11 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
         pl.col("library_tile").cast(pl.String),
         pl.col("steady_order").cast(pl.String),
     )
+    if plan.unlowered is not None and plan.unlowered[pick].any():
+        # rows not lowered (a rule checked before lowering): no model numbers
+        mask = pl.Series(plan.unlowered[pick])
+        out = out.with_columns([pl.when(mask).then(None).otherwise(pl.col(c)).alias(c)
+                                for c in out.columns if c not in _KEPT_WHEN_UNLOWERED])
     drop = [c for c in out.columns if c in df.columns]
     result = pl.concat([df.drop(drop), out], how="horizontal")
     t4 = time.perf_counter()

@@ -55,9 +55,9 @@ import polars as pl
 
 from kernels_catalog import gemm as gemm_family
 from tsbatch.errors import InputError
-from tsbatch.evaluate import evaluate_plan, resolve_hw
+from tsbatch.evaluate import evaluate_plan, reason_names, residency, resolve_hw
 from tsbatch.hw import HwSpec
-from tsbatch.kernels.occupancy import REASON_TEXT, resident_tiles
+from tsbatch.kernels.occupancy import REASON_TEXT
 from tsbatch.kernels.order import ORDER_NAMES
 from tsbatch.rank import keep_count
 from tsbatch.schema import text_full
@@ -314,9 +314,10 @@ def _cols(wl: tuple, cfg: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------- model
 
 
-def _infeasible_message(wl: tuple, reason: np.ndarray, hw: HwSpec) -> str:
+def _infeasible_message(wl: tuple, reason: np.ndarray, hw: HwSpec, names=None) -> str:
     codes, counts = np.unique(reason, return_counts=True)
-    why = "; ".join(f"{int(c)} x {REASON_TEXT.get(int(code), 'infeasible')}"
+    text = dict(enumerate(names)) if names is not None else REASON_TEXT
+    why = "; ".join(f"{int(c)} x {text.get(int(code), 'infeasible')}"
                     for code, c in zip(codes, counts))
     return (f"none of the {reason.shape[0]} configurations can run on {hw.name} for "
             f"m={wl[0]}, n={wl[1]}, k={wl[2]}, dtype={wl[3]} ({why})")
@@ -329,10 +330,10 @@ def _select(wl: tuple, cfg: dict[str, np.ndarray], hw: HwSpec, top: float,
     n = cols["m"].shape[0]
     keep = keep_count(n, top)
     plan = gemm_family.lower(cols, hw)
-    p, reason = resident_tiles(plan.smem_block, plan.regs_thread, plan.threads, hw)
+    p, reason = residency(plan, hw)  # with the rules checked before lowering (Triton's)
     feas = np.flatnonzero(p > 0)
     if feas.size == 0:
-        raise NoFeasibleConfigError(_infeasible_message(wl, reason, hw))
+        raise NoFeasibleConfigError(_infeasible_message(wl, reason, hw, reason_names(plan)))
     keep = min(keep, feas.size)
     if not screen:
         lat = evaluate_plan(take_plan(plan, feas), hw)["latency_us"]
