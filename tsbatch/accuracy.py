@@ -231,12 +231,9 @@ PREDICTORS: dict[str, Predictor] = {"gemm": _gemm_predictor, "attention": _atten
 def _read(path: Path) -> pl.DataFrame:
     if not path.exists():
         raise InputError(f"{path}: measured file not found")
-    if path.is_dir():
-        raise InputError(f"{path}: is a directory, expected a Parquet file")
-    try:
-        return pl.read_parquet(path)
-    except Exception as exc:  # polars raises several kinds for a bad file
-        raise InputError(f"{path}: cannot read as Parquet ({type(exc).__name__}: {exc})") from exc
+    from tsbatch.schema import read_table  # Parquet, Arrow IPC, CSV or NDJSON by extension
+
+    return read_table(path, "measured")
 
 
 def detect_family(columns: Sequence[str], path: str | Path = "<frame>") -> FamilySpec:

@@ -28,7 +28,16 @@ def _out_path(p: str) -> Path:
     path = Path(p)
     if path.exists() and path.is_dir():
         raise InputError(f"{path}: output path is a directory")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"{path}: output directory {parent} does not exist")
     return path
+
+
+def _named(src, exc: InputError) -> InputError:
+    """``exc`` with the file ``src`` named first (validation errors name only the column)."""
+    text = str(exc)
+    return exc if text.startswith(str(src)) else InputError(f"{src}: {text}")
 
 
 def _add_sampling_args(p) -> None:
@@ -78,12 +87,44 @@ def _sampling(args) -> dict:
 
 # ----------------------------------------------------------------------------- evaluate
 def cmd_evaluate(args) -> int:
+    import tempfile
+
+    from tsbatch.schema import table_format
+
+    src = args.candidates
+    with tempfile.TemporaryDirectory(prefix="tsbatch-in-") as tmp:
+        if table_format(src) != "parquet":
+            # Arrow IPC, CSV and NDJSON are streamed into a Parquet file once, which
+            # every path below (batched reads, workload counts) then scans
+            args.candidates = _to_parquet(src, Path(tmp) / "candidates.parquet")
+        try:
+            return _evaluate(args, src)
+        except InputError as exc:
+            raise _named(src, exc) from None
+
+
+def _to_parquet(src, dst: Path) -> str:
+    import polars as pl
+
+    from tsbatch.schema import scan_table, table_error
+
+    lf = scan_table(src)
+    try:
+        lf.sink_parquet(dst)
+    except (Exception, pl.exceptions.PanicException) as exc:  # several types, unreadable files
+        raise table_error(src, exc) from exc
+    return str(dst)
+
+
+def _evaluate(args, src) -> int:
     import polars as pl
 
     from tsbatch.evaluate import CacheMemo, evaluate, get_family, resolve_hw, sampling_metadata
-    from tsbatch.io import ParquetSink, provenance, read_ahead, sha256_file, write_parquet
+    from tsbatch.io import (
+        ParquetSink, provenance, read_ahead, read_output, sha256_file, write_parquet,
+    )
     from tsbatch.rank import parse_top
-    from tsbatch.schema import read_candidates
+    from tsbatch.schema import read_candidates, scan_table, table_error
 
     for flag, v in (("--batch-rows", args.batch_rows), ("--rank-bucket-rows", args.rank_bucket_rows)):
         if v < 1:
@@ -92,15 +133,12 @@ def cmd_evaluate(args) -> int:
     out = _out_path(args.output)
     top = parse_top(args.top)
     sampling = _sampling(args)
+    scan = scan_table(args.candidates)  # a one-line InputError when unreadable
     try:
-        scan = pl.scan_parquet(args.candidates)
         total = scan.select(pl.len()).collect().item()
         names = scan.collect_schema().names()
-    except FileNotFoundError:
-        raise InputError(f"{args.candidates}: no such file") from None
-    except Exception:
-        read_candidates(args.candidates)  # raises the descriptive InputError
-        raise
+    except (Exception, pl.exceptions.PanicException) as exc:  # polars raises several types for corrupt files
+        raise table_error(src, exc) from exc
     if args.family is None:
         from tsbatch.evaluate import detect_family
 
@@ -113,17 +151,40 @@ def cmd_evaluate(args) -> int:
     # would end up holding the whole file
     one = total <= args.batch_rows
 
+    def read_batch(a: int):
+        try:
+            return pl.scan_parquet(args.candidates).slice(a, args.batch_rows).collect()
+        except (Exception, pl.exceptions.PanicException) as exc:  # a file corrupt past its footer
+            raise table_error(src, exc) from exc
+
     def stream():
         # the next batch is read on a thread while this one is worked on
-        return read_ahead([
-            (lambda a=a: pl.scan_parquet(args.candidates).slice(a, args.batch_rows).collect())
-            for a in range(0, total, args.batch_rows)])
+        return read_ahead([(lambda a=a: read_batch(a))
+                           for a in range(0, total, args.batch_rows)])
 
     batches = [read_candidates(args.candidates)] if one else stream()
-    meta = provenance(hw, fam.name, {"candidates": sha256_file(args.candidates)},
+    meta = provenance(hw, fam.name, {"candidates": sha256_file(src)},
                       extra={"top_fraction": str(top), **sampling_metadata(sampling)})
     ranked = bool(args.rank or args.top)
     t0 = time.perf_counter()
+    if ranked and fam.lower is None:
+        # a family that evaluates its frames itself (collectives) has no tile plan
+        # to screen or bound: every row is predicted, then ranked
+        from tsbatch.rank import rank
+
+        wl = [c for c in fam.workload_columns if c in names]
+        parts = [evaluate(df, hw, args.family, **sampling) for df in batches]
+        full_res = pl.concat(parts, how="vertical") if parts else None
+        n_rows = sum(p.height for p in parts)
+        n_inf = sum(int((~p.get_column("feasible")).sum()) for p in parts)
+        res = rank(full_res, wl, top if top else 1.0)
+        write_parquet(res, out, meta)
+        kept = res.height
+        full = ""
+        dt = time.perf_counter() - t0
+        print(f"evaluated {n_rows:,} candidates on {hw.name} in {dt:.2f} s; {n_inf:,} "
+              f"infeasible; wrote {kept:,} rows to {out}")
+        return 0
     # cache problems solved in one batch are reused by the next (none to share
     # when the file is one batch)
     memo = None if one else CacheMemo(max_problems=RANKED_MEMO_PROBLEMS)
@@ -206,7 +267,7 @@ def cmd_evaluate(args) -> int:
           f"({n_rows / max(dt, 1e-9):,.0f} rows/s); {n_inf:,} infeasible; "
           f"wrote {kept:,} rows to {out}")
     if not args.quiet and kept:
-        show = pl.read_parquet(out, n_rows=200_000).filter(pl.col("feasible")) \
+        show = read_output(out, n_rows=200_000).filter(pl.col("feasible")) \
             .sort("latency_us").head(5)
         _print_top(show)
     return 0
@@ -261,7 +322,9 @@ def cmd_sweep(args) -> int:
           f"{summary['seconds']:.1f} s ({rate:,.0f} rows/s)")
     print(f"kept the top {top:.0%} per workload: {summary['kept']:,} rows -> {out}")
     if not args.quiet:
-        df = pl.read_parquet(out)
+        from tsbatch.io import read_output
+
+        df = read_output(out)
         first = df.filter(pl.col("rank") == 1)
         best = first.sort("latency_us", descending=True).head(10)
         print("best configuration per workload (slowest workloads first):")
@@ -352,10 +415,15 @@ def cmd_explain(args) -> int:
     else:
         df = _assigned_row(fam, args.assign)
     res = evaluate(df, hw, fam)
+    if res.height == 0:
+        raise InputError("no candidate row to explain")
+    row = res.row(0, named=True)
     if args.json:
-        print(json.dumps(res.row(0, named=True), default=str, indent=2))
+        print(json.dumps(row, default=str, indent=2))
+    elif fam.lower is None:  # a family evaluating its frames itself: its result columns
+        print("\n".join(f"{k}: {v}" for k, v in row.items()))
     else:
-        print(explain_text(res.row(0, named=True), hw, fam))
+        print(explain_text(row, hw, fam))
     return 0
 
 
@@ -452,10 +520,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     e = sub.add_parser("evaluate", help="predict every row of a candidate Parquet file",
                        description="Predict every candidate row; write results with provenance.")
-    e.add_argument("candidates", help="candidate Parquet file (GEMM columns: m, n, k, dtype, "
-                                      "block_m, block_n, block_k, num_stages, num_warps, ...)")
+    e.add_argument("candidates", help="candidate table: Parquet, Arrow IPC/Feather (.arrow, "
+                                      ".feather, .ipc), CSV or NDJSON (.ndjson, .jsonl), by "
+                                      "extension (GEMM columns: m, n, k, dtype, block_m, "
+                                      "block_n, block_k, num_stages, num_warps, ...)")
     e.add_argument("--hw", required=True, help="GPU name (see 'tsbatch hw')")
-    e.add_argument("-o", "--output", required=True, help="output Parquet file")
+    e.add_argument("-o", "--output", required=True,
+                   help="output file: Parquet, or CSV when the name ends in .csv")
     e.add_argument("--family", default=None,
                    help="kernel family (tsbatch families) or a tile program FILE.toml; "
                         "default: the family whose columns the file has")

@@ -22,7 +22,8 @@ import tsbatch
 from tsbatch.errors import InputError
 from tsbatch.hw import HwSpec
 
-__all__ = ["provenance", "ParquetSink", "write_parquet", "sha256_file", "sha256_bytes"]
+__all__ = ["provenance", "ParquetSink", "write_parquet", "read_output", "is_csv", "sha256_file",
+           "sha256_bytes"]
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -44,11 +45,16 @@ def _catalog_hash(family: str) -> str:
 
     from tsbatch.evaluate import get_family  # noqa: PLC0415 (evaluate imports io lazily)
 
-    prog = getattr(get_family(family), "program", None)
+    fam = get_family(family)
+    prog = getattr(fam, "program", None)
     if prog is not None and Path(prog.source).is_file():
         low = importlib.import_module("kernels_catalog.lowering")
         return sha256_bytes((sha256_file(prog.source) + sha256_file(low.__file__)).encode())
-    mod = importlib.import_module(f"kernels_catalog.{family}")
+    try:
+        mod = importlib.import_module(f"kernels_catalog.{family}")
+    except ImportError:  # a family defined in a module of another name (collectives)
+        fn = fam.evaluate if fam.evaluate is not None else fam.lower
+        mod = importlib.import_module(fn.__module__)
     return sha256_file(mod.__file__)
 
 
@@ -71,6 +77,18 @@ def provenance(hw: HwSpec, family: str, inputs: dict[str, str], extra: dict | No
     return meta
 
 
+def is_csv(path: str | Path) -> bool:
+    """Whether an output path names a CSV file (else Parquet is written)."""
+    return Path(path).suffix.lower() == ".csv"
+
+
+def read_output(path: str | Path, n_rows: int | None = None) -> pl.DataFrame:
+    """Read back an output file written by :class:`ParquetSink` (Parquet or CSV)."""
+    if is_csv(path):
+        return pl.read_csv(path, n_rows=n_rows, infer_schema_length=None)
+    return pl.read_parquet(path, n_rows=n_rows)
+
+
 class ParquetSink:
     """Append record batches to a Parquet file; commit renames it into place.
 
@@ -78,6 +96,10 @@ class ParquetSink:
     e.g. an autotuner's) is written by polars alone, and pyarrow, whose import
     costs a quarter of a second, is loaded only when a second batch arrives
     and batches must be streamed into one file.
+
+    A path ending in ``.csv`` is written as CSV instead (a header, then every
+    batch's rows; no metadata: CSV has no place for it). Columns CSV cannot
+    hold (lists, structs) raise :class:`InputError` and nothing is written.
     """
 
     def __init__(self, path: str | Path, metadata: dict[str, str]):
@@ -85,11 +107,24 @@ class ParquetSink:
         parent = self.path.parent if str(self.path.parent) else Path(".")
         if not parent.exists():
             raise InputError(f"{self.path}: output directory {parent} does not exist")
+        if self.path.is_dir():
+            raise InputError(f"{self.path}: output path is a directory")
         self.tmp = parent / f".{self.path.name}.tmp-{os.getpid()}"
         self.metadata = dict(metadata)
         self.pending: pl.DataFrame | None = None
         self.writer = None  # pyarrow.parquet.ParquetWriter once streaming
         self.rows = 0
+        self.csv = is_csv(self.path)
+        self._csv_started = False
+
+    def _write_csv(self, df: pl.DataFrame) -> None:
+        for name, dtype in df.schema.items():
+            if dtype.is_nested() or dtype == pl.Object:
+                raise InputError(f"{self.path}: column {name!r} of type {dtype} cannot be "
+                                 f"written to CSV (write Parquet instead)")
+        with open(self.tmp, "ab" if self._csv_started else "wb") as fh:
+            df.write_csv(fh, include_header=not self._csv_started)
+        self._csv_started = True
 
     def _append(self, df: pl.DataFrame) -> None:
         import pyarrow.parquet as pq
@@ -102,6 +137,10 @@ class ParquetSink:
         self.writer.write_table(table.cast(self.writer.schema))
 
     def write(self, df: pl.DataFrame) -> None:
+        if self.csv:
+            self._write_csv(df)
+            self.rows += df.height
+            return
         if self.writer is None and self.pending is None:
             self.pending = df
         else:
@@ -112,6 +151,12 @@ class ParquetSink:
         self.rows += df.height
 
     def commit(self, empty_schema: pl.DataFrame | None = None) -> None:
+        if self.csv:
+            if not self._csv_started:
+                self._write_csv((empty_schema if empty_schema is not None
+                                 else pl.DataFrame()).head(0))
+            os.replace(self.tmp, self.path)
+            return
         if self.writer is None:
             df = self.pending
             if df is None:

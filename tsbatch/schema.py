@@ -16,23 +16,119 @@ import polars as pl
 from kernels_catalog.base import Family
 from tsbatch.errors import InputError
 
-__all__ = ["to_polars", "read_candidates", "validate", "text_full"]
+__all__ = ["to_polars", "read_candidates", "read_table", "scan_table", "table_format", "FORMATS",
+           "validate", "text_full"]
 
 _INT = (pl.Int8, pl.Int16, pl.Int32, pl.Int64, pl.UInt8, pl.UInt16, pl.UInt32, pl.UInt64)
 
 
-def read_candidates(path: str | Path) -> pl.DataFrame:
-    """Read a candidate Parquet file; unreadable files raise :class:`InputError`."""
-    path = Path(path)
+#: candidate table formats, by file extension (anything else is read as Parquet)
+FORMATS = {
+    ".parquet": "parquet", ".pq": "parquet",
+    ".arrow": "ipc", ".feather": "ipc", ".ipc": "ipc",
+    ".csv": "csv",
+    ".ndjson": "ndjson", ".jsonl": "ndjson",
+}
+_FORMAT_NAMES = {"parquet": "Parquet", "ipc": "Arrow IPC (Feather)", "csv": "CSV",
+                 "ndjson": "NDJSON"}
+
+
+def table_format(path: str | Path) -> str:
+    """``parquet``, ``ipc``, ``csv`` or ``ndjson``, from the file's extension."""
+    return FORMATS.get(Path(path).suffix.lower(), "parquet")
+
+
+def _first_line(exc: Exception, limit: int = 200) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
+def _check_file(path: Path, what: str) -> str:
     if not path.exists():
         raise InputError(f"{path}: no such file")
     if path.is_dir():
-        raise InputError(f"{path}: is a directory, expected a Parquet file")
+        raise InputError(f"{path}: is a directory, expected a {what} file")
+    return table_format(path)
+
+
+def table_error(path: str | Path, exc: Exception) -> InputError:
+    """The one-line :class:`InputError` of a table that cannot be read."""
+    fmt = _FORMAT_NAMES[table_format(path)]
+    return InputError(f"{path}: not a readable {fmt} file ({type(exc).__name__}: "
+                      f"{_first_line(exc)})")
+
+
+def _check_columns(path: Path, names) -> None:
+    seen = set()
+    for c in names:
+        if c in seen:
+            raise InputError(f"{path}: column {c!r} appears more than once")
+        seen.add(c)
+
+
+#: what a reader may raise on a malformed file (polars panics are BaseExceptions)
+_READ_ERRORS = (Exception, pl.exceptions.PanicException)
+
+
+def _read_ipc(path: Path) -> pl.DataFrame:
+    """An Arrow IPC (Feather) file, through pyarrow (whose reader checks the file's
+    buffers; polars' may panic on a malformed one)."""
+    import pyarrow.feather as feather
+
+    table = feather.read_table(path, memory_map=False)
+    _check_columns(path, table.column_names)
+    return pl.from_arrow(table) if table.num_columns else pl.DataFrame()
+
+
+def scan_table(path: str | Path) -> pl.LazyFrame:
+    """A lazy scan of a table file in the format its extension names (Arrow IPC
+    is read at once, see :func:`_read_ipc`)."""
+    path = Path(path)
+    fmt = _check_file(path, "table")
     try:
-        return pl.read_parquet(path)
-    except Exception as exc:  # polars raises several types for corrupt files
-        raise InputError(f"{path}: not a readable Parquet file ({type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
+        if fmt == "ipc":
+            lf = _read_ipc(path).lazy()
+        elif fmt == "csv":
+            lf = pl.scan_csv(path)
+        elif fmt == "ndjson":
+            lf = pl.scan_ndjson(path)
+        else:
+            lf = pl.scan_parquet(path)
+        _check_columns(path, lf.collect_schema().names())
+    except InputError:
+        raise
+    except _READ_ERRORS as exc:  # polars raises several types for unreadable files
+        raise table_error(path, exc) from exc
+    return lf
+
+
+def read_table(path: str | Path, what: str = "candidate") -> pl.DataFrame:
+    """Read a table file (Parquet, Arrow IPC/Feather, CSV or NDJSON by extension);
+    an unreadable one raises a one-line :class:`InputError` naming the file."""
+    path = Path(path)
+    fmt = _check_file(path, what)
+    try:
+        if fmt == "ipc":
+            df = _read_ipc(path)
+        elif fmt == "csv":
+            df = pl.read_csv(path)
+        elif fmt == "ndjson":
+            df = pl.read_ndjson(path)
+        else:
+            df = pl.read_parquet(path)
+    except InputError:
+        raise
+    except _READ_ERRORS as exc:  # polars raises several types for corrupt files
+        raise table_error(path, exc) from exc
+    _check_columns(path, df.columns)
+    return df
+
+
+def read_candidates(path: str | Path) -> pl.DataFrame:
+    """Read a candidate table (Parquet, Arrow IPC/Feather, CSV or NDJSON, by
+    extension); unreadable files raise :class:`InputError`."""
+    return read_table(path, "candidate")
 
 
 def to_polars(candidates) -> pl.DataFrame:
@@ -127,6 +223,10 @@ def validate(df: pl.DataFrame, family: Family, offset: int = 0) -> tuple[dict, n
                 raise InputError(f"column '{c.name}' must be integer, got {s.dtype}")
             if has_null:
                 s = s.fill_null(0 if c.required else (c.default or 0))
+            if s.dtype == pl.UInt64 and s.len() and (s.max() or 0) > np.iinfo(np.int64).max:
+                i = _first_bad((s > np.iinfo(np.int64).max).fill_null(False).to_numpy())
+                raise InputError(f"column '{c.name}' has {s[i]} at row {offset + i}, beyond "
+                                 f"int64 (2^63 - 1)")
             arr = (s if s.dtype == pl.Int64 else s.cast(pl.Int64)).to_numpy()
         elif c.kind == "bool":
             if s.dtype not in (pl.Boolean, pl.Null):
@@ -139,7 +239,15 @@ def validate(df: pl.DataFrame, family: Family, offset: int = 0) -> tuple[dict, n
                 raise InputError(f"column '{c.name}' must be text, got {s.dtype}")
             arr, uniq = _text(s, c.default if c.default is not None else "")
         else:
+            if not (s.dtype.is_numeric() or s.dtype == pl.Null):
+                raise InputError(f"column '{c.name}' must be a number, got {s.dtype}")
+            if has_null:
+                s = s.fill_null(float(c.default) if c.default is not None else 0.0)
             arr = s.cast(pl.Float64).to_numpy()
+            if n and not np.isfinite(arr).all():
+                i = _first_bad(~np.isfinite(arr))
+                raise InputError(f"column '{c.name}' must be a finite number; row {offset + i} "
+                                 f"has {arr[i]}")
         if has_null:
             bad = nulls & ~is_lib if c.name in tile_cols else nulls
             if c.required and bad.any():
