@@ -147,7 +147,8 @@ def fresh_install(args) -> int:
     print(f"installed into a new venv in {time.perf_counter() - t:.0f} s")
     site = Path(subprocess.run([str(py), "-c", "import tsbatch, os; print(os.path.dirname("
                                 "tsbatch.__file__))"], check=True, capture_output=True,
-                               text=True).stdout.strip())
+                               text=True, cwd=tmp).stdout.strip())  # not this tree's tsbatch
+    assert site.is_relative_to(venv), site
     cli = [str(venv / "bin" / "tsbatch")]
     commands = {
         "explain": cli + ["explain", "--hw", "h100", "--m", "4096", "--n", "4096", "--k", "4096",
@@ -173,7 +174,7 @@ def fresh_install(args) -> int:
         log = res.stdout.splitlines() + res.stderr.splitlines()
         saved = [ln.split("/")[-1].rstrip("'") for ln in log if "[cache] data saved" in ln]
         if args.verbose:
-            loaded = collections.Counter(ln.split("/")[-2] for ln in log
+            loaded = collections.Counter("/".join(ln.split("/")[-4:-1]) for ln in log
                                          if "[cache] data loaded" in ln)
             print(f"  {cmd[1] if len(cmd) > 1 else cmd[0]} shipped={shipped}: {dt:.2f} s, "
                   f"saved {len(saved)}, loaded {dict(loaded)}", flush=True)
