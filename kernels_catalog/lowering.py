@@ -175,6 +175,10 @@ def _placeholder_cols(prog: TileProgram, cols: dict, bad: np.ndarray) -> dict:
     return out
 
 
+def _group(group: np.ndarray, g0: np.ndarray) -> np.ndarray:
+    return np.where(group > 2 ** 31, np.maximum(g0, 1), group)
+
+
 def _arr(e, env, n, dtype=np.float64):
     return np.ascontiguousarray(np.broadcast_to(e(env), (n,)), dtype=dtype)
 
@@ -353,7 +357,10 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     extra["outputs"] = tuple(name for name, _ in prog.extra_outputs)
     return TilePlan(
         g0=g[0], g1=g[1], g2=g[2], order=order,
-        group=np.maximum(_arr(prog.group, env, n, i64), 1), ksteps=ksteps, stages=stages,
+        # a super-group taller than the grid orders tiles as one of the grid's height
+        # (Triton's grouped order); the clamp keeps absurd values from wrapping
+        group=_group(np.maximum(_arr(prog.group, env, n, i64), 1), g[0]),
+        ksteps=ksteps, stages=stages,
         smem_block=np.minimum(np.ceil(smem), _SIZE_LIMIT).astype(np.int64), regs_thread=regs, threads=threads,
         warps=warps, t_mask=t_mask[:, :T], t_per_step=t_per_step[:, :T], t_bytes=t_bytes[:, :T],
         work_iter=work_iter, work_epi=work_epi, rate=rate, warps_full=float(hw.warp_schedulers),

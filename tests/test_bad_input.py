@@ -159,3 +159,13 @@ def test_prune_drops_what_triton_cannot_build():
     kept = prune({"m": 4096, "n": 4096, "k": 4096, "dtype": "float16"}, cfgs, hw="h100", top=1.0)
     assert [c["num_warps"] for c in kept.configs] == [8]
     assert kept.n_feasible == 1 and np.isfinite(kept.latency_us).all()
+
+
+def test_huge_group_m_of_a_tile_program_does_not_trap():
+    """group_m = 2^62 under the persistent order wrapped the order kernel's group
+    width to 0 (an integer division trap killed the process; found by the fuzz)."""
+    base = fuzz.BASE["moe_grouped_gemm"]
+    df = pl.DataFrame([{**base, "group_m": g, "raster": "persistent"} for g in (8, 2 ** 62)])
+    res = evaluate(df, "h100", "moe_grouped_gemm")
+    _contract(res)
+    assert res["feasible"].all()
