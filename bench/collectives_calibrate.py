@@ -38,6 +38,8 @@ GRIDS = {
     "net_node_bw_gbps": np.arange(5.0, 200.1, 1.0),
     "nccl_channels": np.arange(2, 33, 1),
     "duplex_factor": np.arange(1.0, 2.001, 0.02),
+    "net_duplex_factor": np.arange(1.0, 2.001, 0.02),
+    "net_burst_efficiency": np.arange(0.05, 1.001, 0.01),
     "nvlink_alpha_us": np.arange(0.2, 3.01, 0.1),
 }
 
@@ -85,6 +87,10 @@ def main(argv=None) -> int:
     ap.add_argument("--node-cap", action="store_true", help="also fit net_node_bw_gbps")
     ap.add_argument("--channels", action="store_true", help="also fit nccl_channels")
     ap.add_argument("--duplex", action="store_true", help="also fit duplex_factor")
+    ap.add_argument("--net-duplex", action="store_true", help="also fit net_duplex_factor (a NIC's own)")
+    ap.add_argument("--burst", action="store_true",
+                    help="also fit net_burst_efficiency (point-to-point messages within NCCL_BUFFSIZE)")
+    ap.add_argument("--only", default="", help="comma-separated constants to fit (default: all named)")
     ap.add_argument("--alpha", action="store_true",
                     help="also fit the NVLink hop latency (links.nvlink.alpha_us, NCCL's 0.6 us)")
     args = ap.parse_args(argv)
@@ -103,6 +109,12 @@ def main(argv=None) -> int:
     if args.duplex:
         keys_large.append("duplex_factor")
         cal.setdefault("duplex_factor", 1.6)
+    if args.net_duplex:
+        keys_large.append("net_duplex_factor")
+        cal.setdefault("net_duplex_factor", cal.get("duplex_factor", 1.6))
+    if args.burst:
+        keys_large.append("net_burst_efficiency")
+        cal.setdefault("net_burst_efficiency", cal.get("net_efficiency", 0.3))
     if args.channels:
         keys_large.append("nccl_channels")
         cal.setdefault("nccl_channels", 12)
@@ -113,11 +125,14 @@ def main(argv=None) -> int:
     keys_large = [k for k in keys_large if used.get(k.split("_")[0], True)]
     if system.nvlink is None or system.nvlink.topology == "switched":
         keys_large = [k for k in keys_large if k != "pcie_efficiency"]  # no PCIe path in collectives
+    only = [k for k in args.only.split(",") if k]
+    if only:
+        keys_large = [k for k in keys_large if k in only]
     for _ in range(3):
         for k in keys_large:
             scores = [(_score(large, system, {**cal, k: v}), v) for v in GRIDS[k]]
             cal[k] = float(min(scores)[1])
-        for k in ("launch_overhead_us", "rank_skew_us"):
+        for k in [k for k in ("launch_overhead_us", "rank_skew_us") if not only or k in only]:
             scores = [(_score(small, system, {**cal, k: v}), v) for v in GRIDS[k]]
             cal[k] = float(min(scores)[1])
     print(f"{system.key}: fitted on {frame['file'].n_unique()} file(s), {small.height} rows < 64 KiB, "

@@ -77,13 +77,21 @@ def numpy_baseline(row_plan, nbytes, plans, a):
             s = a["var_sel_lat_us"][v] + S * inv
             s[S > a["var_sel_max_bytes"][v]] = np.inf
             sel[j] = s
-            t = np.full(idx.size, a["var_base_us"][v])
-            for k in range(a["var_stage_ptr"][v], a["var_stage_ptr"][v + 1]):
-                l0, l1 = a["stage_load_ptr"][k], a["stage_load_ptr"][k + 1]
-                bw = np.minimum(a["link_bw_gbps"][a["load_link"][l0:l1]] * a["var_proto_eff"][v],
-                                a["var_cap_gbps"][v])
-                worst = (a["load_frac"][l0:l1] / (bw * 1e3)).max()
-                t += a["stage_reps"][k] * (a["stage_alpha_us"][k] + S * worst)
+            # the line of the channels NCCL runs at each size, and of the network buffer window
+            nch = a["var_n_chan"][v]
+            k = np.clip(np.floor(S / a["var_chan_unit"][v]), 1, nch).astype(np.int64) if nch > 1 else 1
+            ln = a["var_line_ptr"][v] + k - 1 + np.where(S < a["var_window_bytes"][v], nch, 0)
+            t = np.zeros(idx.size)
+            for line in np.unique(ln):
+                m = ln == line
+                tl = np.full(int(m.sum()), a["line_base_us"][line])
+                for kk in range(a["line_stage_ptr"][line], a["line_stage_ptr"][line + 1]):
+                    l0, l1 = a["stage_load_ptr"][kk], a["stage_load_ptr"][kk + 1]
+                    bw = np.minimum(a["link_bw_gbps"][a["load_link"][l0:l1]] * a["line_proto_eff"][line],
+                                    a["line_cap_gbps"][line])
+                    worst = (a["load_frac"][l0:l1] / (bw * 1e3)).max()
+                    tl += a["stage_reps"][kk] * (a["stage_alpha_us"][kk] + S[m] * worst)
+                t[m] = tl
             cost[j] = t
         best = np.argmin(sel, axis=0)
         best[~np.isfinite(sel.min(axis=0))] = 0
@@ -126,7 +134,8 @@ def main() -> None:
     agree = np.allclose(lat[ok], lat_np[ok], rtol=1e-9)
     n = args.rows
     print(f"{n} message sizes, {len(plans)} configurations ({int(feas.sum())} feasible), "
-          f"{len(a['var_base_us'])} variants, {len(a['stage_alpha_us'])} stages")
+          f"{len(a['var_sel_lat_us'])} variants, {len(a['line_base_us'])} cost lines, "
+          f"{len(a['stage_alpha_us'])} stages")
     print(f"numba kernel, all threads : {t_kernel * 1e3:9.1f} ms  {n / t_kernel / 1e6:7.2f} M sizes/s")
     print(f"numba kernel, one thread  : {t_kernel1 * 1e3:9.1f} ms  {n / t_kernel1 / 1e6:7.2f} M sizes/s")
     print(f"numpy baseline            : {t_np * 1e3:9.1f} ms  {n / t_np / 1e6:7.2f} M sizes/s")

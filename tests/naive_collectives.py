@@ -29,28 +29,47 @@ def nccl_selection_us(var, nbytes: float) -> float:
     return var.sel_lat_us + nbytes * inv
 
 
-def link_bw(plan, var, link: int, bw_override: dict | None = None) -> float:
+def nccl_channels(var, nbytes: float) -> int:
+    """enqueue.cc's loop, literally: start from all channels, drop one while too few bytes."""
+    nc = var.n_chan
+    while nc >= 2 and nbytes < nc * var.chan_unit:
+        nc -= 1
+    return nc
+
+
+def cost_line(var, nbytes: float):
+    """The variant's line for this size: (stages, protocol efficiency, cap)."""
+    if not var.lines:
+        return var.stages, var.proto_eff, var.cap_gbps
+    k = nccl_channels(var, nbytes) if math.isfinite(var.chan_unit) else 1
+    burst = var.window_bytes > 0 and nbytes < var.window_bytes
+    line = var.lines[(var.n_chan if burst else 0) + k - 1]
+    return line.stages, line.proto_eff, line.cap_gbps
+
+
+def link_bw(plan, var, link: int, bw_override: dict | None = None, eff=None, cap=None) -> float:
     bw = (bw_override or {}).get(link, plan.topology.bw[link])
-    return min(bw * var.proto_eff, var.cap_gbps)
+    return min(bw * (var.proto_eff if eff is None else eff), var.cap_gbps if cap is None else cap)
 
 
 def eq11_us(plan, var, nbytes: float, bw_override: dict | None = None) -> float:
-    """Eq. 11 summed over the variant's stages (us)."""
+    """Eq. 11 summed over the stages of the variant's line for this size (us)."""
+    stages, eff, cap = cost_line(var, nbytes)
     t = var.base_us
     if var.pipelined:
         loads: dict = {}
-        for s in var.stages:
+        for s in stages:
             t += s.reps * s.alpha_us
             for lk, f in s.loads.items():
                 loads[lk] = loads.get(lk, 0.0) + s.reps * f
         worst = 0.0
         for lk, f in loads.items():
-            worst = max(worst, f * nbytes / (link_bw(plan, var, lk, bw_override) * 1e3))
+            worst = max(worst, f * nbytes / (link_bw(plan, var, lk, bw_override, eff, cap) * 1e3))
         return t + worst
-    for s in var.stages:
+    for s in stages:
         worst = 0.0
         for lk, f in s.loads.items():
-            worst = max(worst, f * nbytes / (link_bw(plan, var, lk, bw_override) * 1e3))
+            worst = max(worst, f * nbytes / (link_bw(plan, var, lk, bw_override, eff, cap) * 1e3))
         t += s.reps * (s.alpha_us + worst)
     return t
 

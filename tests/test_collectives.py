@@ -318,22 +318,29 @@ def test_never_faster_when_a_link_gets_slower(df, data):
 
 @pytest.mark.parametrize("algorithm,protocol", [("ring", "simple"), ("tree", "ll128"), ("ring", "ll")])
 def test_slower_system_links_never_speed_a_forced_collective_up(algorithm, protocol):
+    # LL128 on across nodes (a DGX's GPU reaches its NIC within a PCIe switch), so the
+    # forced tree/LL128 rows run on two nodes too
     sy = get_system("dgx_a100")
+    sy = dataclasses.replace(sy, calibration={**sy.calibration, "net_ll128": 1.0})
     slow = dataclasses.replace(sy, calibration={**sy.calibration, "nvlink_efficiency": 0.3,
                                                 "net_efficiency": 0.1})
     df = pl.DataFrame({"system": ["dgx_a100"] * 4, "collective": ["all_reduce"] * 4,
                        "num_gpus": [8, 8, 16, 16], "gpus_per_node": [8, 8, 8, 8],
                        "bytes": [1 << 16, 1 << 26, 1 << 16, 1 << 26],
                        "algorithm": [algorithm] * 4, "protocol": [protocol] * 4})
-    fast = evaluate(df)["latency_us"].to_numpy()
-    plan_mod.build_plan.cache_clear()
     orig = plan_mod.get_system
-    plan_mod.get_system = lambda name: slow if name == "dgx_a100" else orig(name)
-    try:
-        slower = evaluate(df)["latency_us"].to_numpy()
-    finally:
-        plan_mod.get_system = orig
+
+    def run(system):
         plan_mod.build_plan.cache_clear()
+        plan_mod.get_system = lambda name: system if name == "dgx_a100" else orig(name)
+        try:
+            return evaluate(df)["latency_us"].to_numpy()
+        finally:
+            plan_mod.get_system = orig
+            plan_mod.build_plan.cache_clear()
+
+    fast, slower = run(sy), run(slow)
+    assert np.isfinite(fast).all()
     assert np.all(slower >= fast)
     assert slower[1] > fast[1]
 
@@ -443,3 +450,104 @@ def test_gpus_per_node_above_the_job_means_one_node():
     c = evaluate(pl.DataFrame({"system": ["dgx_a100"], "collective": ["all_reduce"], "num_gpus": [2],
                                "gpus_per_node": [1], "bytes": [1 << 24]}))
     assert c["latency_us"][0] > a["latency_us"][0]  # two nodes: through the NICs
+
+
+# ------------------------------------------------------------------ channels, 2-node tree, buffer window
+def test_channel_rule_by_hand():
+    """NCCL's enqueue.cc rule: nc = clamp(floor(nBytes / (nt * threadThreshold)), 1, nChannels).
+
+    16 GPUs, 8 per node, ring/Simple forced on dgx_a100 (12 channels, one per NVLink link):
+    nt * threshold = 512 * 64 = 32 KiB; 8 rings across the nodes (one per NIC)."""
+    p = build_plan("dgx_a100", "all_reduce", 16, 8, "ring", "simple")
+    (v,) = p.variants
+    assert v.chan_unit == 512 * 64 and v.n_chan == 12
+    topo = p.topology
+    nic = topo.ids[("nic_out", 0, 7)]  # the NIC of node 0's last GPU: ring 0 leaves there
+    for nbytes, k in ((1024, 1), (40 << 10, 1), (64 << 10, 2), (100 << 10, 3), (12 * 32 << 10, 12), (1 << 30, 12)):
+        assert naive.nccl_channels(v, nbytes) == k
+        line = v.kernel_lines()[v.line_index(float(nbytes))]
+        assert line.channels == k
+        rings = min(k, 8)
+        # every step of every active ring carries 1/(n * rings) of the message over its edges
+        step = next(s for s in line.stages if "inter-node" in s.name)
+        assert step.loads[nic] == pytest.approx(1 / (16 * rings))
+    # tree/LL128 on one node: its cap is nc x perChMaxTreeLL128Bw (20 GB/s on Ampere);
+    # nt * threshold = 640 * 8 = 5 KiB
+    (t,) = build_plan("dgx_a100", "all_reduce", 8, 8, "tree", "ll128").variants
+    assert t.chan_unit == 640 * 8
+    assert t.kernel_lines()[t.line_index(3 * 5120.0)].cap_gbps == pytest.approx(3 * 20.0)
+    assert t.kernel_lines()[t.line_index(float(1 << 20))].cap_gbps == pytest.approx(12 * 20.0)
+    # ring/LL: the threshold is multiplied by the rank count: 512 * 8 * 8 bytes per channel
+    (r,) = build_plan("dgx_a100", "all_reduce", 8, 8, "ring", "ll").variants
+    assert r.chan_unit == 512 * 8 * 8
+    # an all-gather's nBytes is one rank's share: the unit is in whole-buffer bytes
+    (g,) = build_plan("dgx_a100", "all_gather", 8, 8, "ring", "ll128").variants
+    assert g.chan_unit == 640 * 8 * 8
+
+
+def test_fewer_channels_are_never_faster_per_byte():
+    """Within one variant a line with fewer channels has no smaller slope (fewer rings, lower caps)."""
+    p = build_plan("dgx_a100", "all_reduce", 16, 8, "ring", "simple")
+    a = plans_to_arrays([p])
+    from tsbatch.kernels.alphabeta import _variant_lines
+
+    nl = len(a["line_base_us"])
+    la, lb, ll = np.empty(nl), np.empty(nl), np.empty(nl, dtype=np.int64)
+    _variant_lines(a["line_base_us"], a["line_stage_ptr"], a["line_proto_eff"], a["line_cap_gbps"],
+                   a["stage_alpha_us"], a["stage_reps"], a["stage_load_ptr"], a["load_link"], a["load_frac"],
+                   a["link_bw_gbps"], la, lb, ll)
+    assert np.all(np.diff(lb) <= 1e-18)
+
+
+def test_two_node_tree_rated_twice_the_ring_by_nccl():
+    """search.cc raises a tree graph's bwIntra up to 2x its bwInter; tuning.cc rates every
+    algorithm by bwIntra on <= 2 nodes; ring/Simple latency x1.4 across nodes (plateau)."""
+    from tsbatch.collectives import nccl
+
+    p = build_plan("dgx_a100", "all_reduce", 16, 8)
+    by = {(v.algorithm, v.protocol): v for v in p.variants}
+    ring, tree = by[("ring", "simple")], by[("tree", "simple")]
+    bus = plan_mod._ring_bus_bw(p.topology, "all_reduce")
+    ch = plan_mod.default_channels(p.system)
+    ring_bw = bus * 16 / 30
+    tree_bw = min(2 * bus * 0.92, ch * 23.6) * 0.5  # perChMaxTreeBw, Ampere, 2 nodes
+    assert 1 / (ring.sel_inv_bw * 1e3) == pytest.approx(ring_bw)
+    assert 1 / (tree.sel_inv_bw * 1e3) == pytest.approx(tree_bw)
+    lat_no_plateau = (8.4 / 6.6 * p.system.base_latency_us
+                      + (30 - 4) * max(3.4, 3 * nccl.NET_OVERHEAD_US) + 4 * 14.0)
+    assert ring.sel_lat_us == pytest.approx(1.4 * lat_no_plateau)
+    # three nodes: bwInter for both, no factor 2
+    p3 = build_plan("dgx_a100", "all_reduce", 24, 8)
+    by3 = {(v.algorithm, v.protocol): v for v in p3.variants}
+    bus3 = plan_mod._ring_bus_bw(p3.topology, "all_reduce")
+    assert 1 / (by3[("tree", "simple")].sel_inv_bw * 1e3) == pytest.approx(min(bus3 * 0.92, ch * 17.8) * 0.5)
+
+
+def test_two_node_choice_follows_tree_correction_windows():
+    """dgx_a100, 4 GPUs at 2 per node: NCCL's tree/Simple correction factor is 0.8 from 8 to
+    16 MiB and 0.7 from 16 to 64 MiB; the model runs the tree in the first and the ring in
+    the second (as the vidur measurements switch bandwidth at exactly 8 and 16 MiB)."""
+    df = pl.DataFrame({"system": ["dgx_a100"] * 4, "collective": ["all_reduce"] * 4, "num_gpus": [4] * 4,
+                       "gpus_per_node": [2] * 4, "bytes": [(8 << 20) - 1, 8 << 20, (16 << 20) - 1, 16 << 20]})
+    got = evaluate(df)["algorithm_used"].to_list()
+    assert got == ["ring", "tree", "tree", "ring"]
+
+
+def test_network_buffer_window_by_hand():
+    """a100_pcie_nvlink_pairs, send/recv across nodes: under NCCL_BUFFSIZE (4 MiB) the message
+    crosses the Ethernet at net_burst_efficiency, from 4 MiB on at net_efficiency."""
+    sy = get_system("a100_pcie_nvlink_pairs")
+    p = build_plan(sy.key, "send_recv", 2, 1)
+    v = next(x for x in p.variants if x.protocol == "simple")
+    assert v.window_bytes == 4 << 20
+    spec = sy.net.bw_gbps
+    for nbytes, eff in (((4 << 20) - 4096, sy.cal("net_burst_efficiency")), (4 << 20, sy.cal("net_efficiency"))):
+        line = v.kernel_lines()[v.line_index(float(nbytes))]
+        (stage,) = line.stages
+        serial = max(f * nbytes / (p.topology.bw[lk] * 1e3) for lk, f in stage.loads.items())
+        assert serial == pytest.approx(nbytes / (spec * eff * 1e3))
+        t, _ = naive.predict(p, float(nbytes))
+        assert t == pytest.approx(v.base_us + stage.alpha_us + serial)
+    # no window inside a node, nor on a system that calibrates none
+    assert all(x.window_bytes == 0 for x in build_plan(sy.key, "send_recv", 2, 2).variants)
+    assert all(x.window_bytes == 0 for x in build_plan("dgx_a100", "send_recv", 2, 1).variants)

@@ -100,10 +100,11 @@ def explain_collective(system: str, collective: str, num_gpus: int, nbytes: int,
     chosen = None
     for var in plan.variants:
         sel = var.sel_lat_us + nbytes * var.sel_inv_bw
-        stages = var.kernel_stages()
+        line = var.kernel_lines()[var.line_index(float(nbytes))]
+        stages = var.kernel_stages(line.stages)
         t = var.base_us
         for alpha, reps, loads in stages:
-            worst = max((f * nbytes / (min(topo.bw[lk] * var.proto_eff, var.cap_gbps) * 1e3)
+            worst = max((f * nbytes / (min(topo.bw[lk] * line.proto_eff, line.cap_gbps) * 1e3)
                          for lk, f in loads.items()), default=0.0)
             t += reps * (alpha + worst)
         mark = "*" if (var.algorithm, var.protocol) == (out["algorithm_used"], out["protocol_used"]) else " "
@@ -112,18 +113,23 @@ def explain_collective(system: str, collective: str, num_gpus: int, nbytes: int,
         sel_txt = "n/a" if not math.isfinite(sel) else f"{sel:9.2f}"
         lines.append(f"   {mark} {var.algorithm:>18s} / {var.protocol:<6s} {sel_txt} us -> {t:9.2f} us")
     var = chosen
+    line = var.kernel_lines()[var.line_index(float(nbytes))]
+    burst = var.window_bytes > 0 and nbytes < var.window_bytes
     lines.append(f"  fixed cost {var.base_us:.2f} us (NCCL base latency + harness launch and rank skew); "
-                 f"protocol bandwidth factor {var.proto_eff:.3g}"
-                 + (f", per-link cap {var.cap_gbps:.0f} GB/s" if math.isfinite(var.cap_gbps) else ""))
+                 f"protocol bandwidth factor {line.proto_eff:.3g}"
+                 + (f", per-link cap {line.cap_gbps:.0f} GB/s" if math.isfinite(line.cap_gbps) else "")
+                 + (f"; {line.channels} of {var.n_chan} NCCL channels at this size"
+                    if math.isfinite(var.chan_unit) else "")
+                 + ("; within NCCL_BUFFSIZE: network at its burst rate" if burst else ""))
     lines.append(f"  stages ({var.n_stages} in all{', pipelined: loads add, one serialization' if var.pipelined else ''}):")
     import numpy as np
 
-    for s in var.stages:
+    for s in line.stages:
         links = sorted(s.loads.items(), key=lambda kv: -kv[1] / topo.bw[kv[0]])
         ptr = np.array([0, len(links)], dtype=np.int64)
         st = stage_times(float(nbytes), np.array([s.alpha_us]), np.array([1.0]), ptr,
                          np.array([lk for lk, _ in links], dtype=np.int64),
-                         np.array([f for _, f in links]), np.array(topo.bw), var.proto_eff, var.cap_gbps)[0]
+                         np.array([f for _, f in links]), np.array(topo.bw), line.proto_eff, line.cap_gbps)[0]
         lines.append(f"   - {s.name} x{s.reps}: {len(s.exchanges)} exchanges, alpha {s.alpha_us:.2f} us, "
                      f"{st:.2f} us each")
         for lk, f in links[:4]:

@@ -101,9 +101,14 @@ _KEY = ["_system", "collective", "num_gpus", "_gpn", "_algorithm", "_protocol", 
 
 
 def plans_to_arrays(plans: list[Plan]) -> dict:
-    """Concatenate plans into the kernel's CSR arrays (link ids offset per plan)."""
+    """Concatenate plans into the kernel's CSR arrays (link ids offset per plan).
+
+    Plan -> variants (``plan_var_ptr``) -> cost lines (``var_line_ptr``: one per active
+    channel count, and per side of the network buffer window) -> stages -> link loads.
+    """
     plan_var_ptr = [0]
-    var_base, var_eff, var_cap, var_stage_ptr = [], [], [], [0]
+    var_line_ptr, var_unit, var_nch, var_win = [0], [], [], []
+    line_base, line_eff, line_cap, line_stage_ptr = [], [], [], [0]
     sel_lat, sel_inv, sel_tree, sel_max = [], [], [], []
     st_alpha, st_reps, st_load_ptr = [], [], [0]
     ld_link, ld_frac, link_bw = [], [], []
@@ -113,27 +118,34 @@ def plans_to_arrays(plans: list[Plan]) -> dict:
         if plan.topology is not None:
             link_bw.extend(plan.topology.bw)
         for vi, v in enumerate(plan.variants):
-            var_base.append(v.base_us)
-            var_eff.append(v.proto_eff)
-            var_cap.append(v.cap_gbps)
             sel_lat.append(v.sel_lat_us)
             sel_inv.append(v.sel_inv_bw)
             sel_tree.append(v.sel_tree)
             sel_max.append(v.sel_max_bytes)
+            var_unit.append(v.chan_unit if v.lines else math.inf)
+            var_nch.append(v.n_chan if v.lines else 1)
+            var_win.append(v.window_bytes if v.lines else 0.0)
             var_index.append((pi, vi))
-            for alpha, reps, loads in v.kernel_stages():
-                st_alpha.append(alpha)
-                st_reps.append(reps)
-                for lk, f in loads.items():
-                    ld_link.append(off + lk)
-                    ld_frac.append(f)
-                st_load_ptr.append(len(ld_link))
-            var_stage_ptr.append(len(st_alpha))
-        plan_var_ptr.append(len(var_base))
+            for line in v.kernel_lines():
+                line_base.append(v.base_us)
+                line_eff.append(line.proto_eff)
+                line_cap.append(line.cap_gbps)
+                for alpha, reps, loads in v.kernel_stages(line.stages):
+                    st_alpha.append(alpha)
+                    st_reps.append(reps)
+                    for lk, f in loads.items():
+                        ld_link.append(off + lk)
+                        ld_frac.append(f)
+                    st_load_ptr.append(len(ld_link))
+                line_stage_ptr.append(len(st_alpha))
+            var_line_ptr.append(len(line_base))
+        plan_var_ptr.append(len(sel_lat))
     i64 = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
     f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
-    return dict(plan_var_ptr=i64(plan_var_ptr), var_base_us=f64(var_base), var_stage_ptr=i64(var_stage_ptr),
-                var_proto_eff=f64(var_eff), var_cap_gbps=f64(var_cap), stage_alpha_us=f64(st_alpha),
+    return dict(plan_var_ptr=i64(plan_var_ptr), var_line_ptr=i64(var_line_ptr), var_chan_unit=f64(var_unit),
+                var_n_chan=i64(var_nch), var_window_bytes=f64(var_win),
+                line_base_us=f64(line_base), line_stage_ptr=i64(line_stage_ptr),
+                line_proto_eff=f64(line_eff), line_cap_gbps=f64(line_cap), stage_alpha_us=f64(st_alpha),
                 stage_reps=f64(st_reps), stage_load_ptr=i64(st_load_ptr), load_link=i64(ld_link),
                 load_frac=f64(ld_frac), link_bw_gbps=f64(link_bw), var_sel_lat_us=f64(sel_lat),
                 var_sel_inv_bw=f64(sel_inv), var_sel_tree=i64(sel_tree), var_sel_max_bytes=f64(sel_max),

@@ -32,7 +32,7 @@ import math
 
 __all__ = ["PROTOCOLS", "ALGORITHMS", "HW_LAT_US", "BASE_LAT_US", "TREE_CORRECTION",
            "P2P_LL_THRESHOLD_BYTES", "proto_bandwidth", "hop_latency_us", "base_latency_us",
-           "selection_model", "arch_index", "kind_of"]
+           "selection_model", "arch_index", "kind_of", "channel_unit_bytes"]
 
 PROTOCOLS = ("ll", "ll128", "simple")
 #: algorithms tsbatch decomposes; "nccl" ones are those NCCL's tuner chooses among
@@ -64,6 +64,20 @@ TREE_CORRECTION = (
 )
 #: NCCL_P2P_LL_THRESHOLD default: point-to-point messages up to this size use LL
 P2P_LL_THRESHOLD_BYTES = 16384
+#: search.cc (ncclTopoCompute, pass 2): a tree graph's bwIntra rises while it is under
+#: twice its bwInter; tuning.cc uses bwIntra for every algorithm on up to two nodes
+TREE_2NODE_BW_FACTOR = 2.0
+#: ncclTopoGetAlgoTime: ring/Simple all-reduce latency x1.4 on several nodes (compute capability >= 8.0)
+RING_PLATEAU_LAT = 1.4
+#: NCCL ``src/include/comm.h``: per-thread bytes before another channel (LL, LL128, Simple);
+#: the ring LL threshold is multiplied by the rank count (``tuning.cc``)
+THREAD_THRESHOLD = (8, 8, 64)
+#: ``src/include/device.h``: NCCL_LL_MAX_NTHREADS, NCCL_LL128_MAX_NTHREADS, NCCL_SIMPLE_MAX_NTHREADS
+MAX_NTHREADS = (512, 640, 512)
+#: ``src/graph/topo.h`` PCI_BW: a ring of at most this bus bandwidth runs Simple on 256 threads
+PCI_BW_GBPS = 12.0
+#: ``src/include/comm.h`` DEFAULT_BUFFER_SIZE_BYTES: NCCL_BUFFSIZE, 4 MiB per channel and peer
+NCCL_BUFFSIZE_BYTES = float(1 << 22)
 #: network post overhead per inter-node ring step (us; x3 for Simple), NCCL 2.19 getNetOverhead (x86)
 NET_OVERHEAD_US = 1.0
 
@@ -81,6 +95,11 @@ def selection_model(algorithm: str, protocol: str, collective: str, n: int, node
     kind = kind_of(algorithm)
     ppn = n / nodes
     eff, cap = proto_bandwidth(algorithm, protocol, collective, nodes, ppn, channels, arch)
+    if kind == "tree" and nodes == 2:
+        # search.cc pass 2 raises a tree graph's bwIntra up to twice its bwInter, and
+        # tuning.cc rates every algorithm by bwIntra on up to two nodes (the ring's
+        # bwIntra stays equal to its bwInter): NCCL rates the 2-node tree 2x the ring
+        bus_bw_gbps = TREE_2NODE_BW_FACTOR * bus_bw_gbps
     bus = min(bus_bw_gbps * eff, cap)
     if kind == "ring":
         nsteps = 2 * (n - 1) if collective == "all_reduce" else n - 1
@@ -97,11 +116,31 @@ def selection_model(algorithm: str, protocol: str, collective: str, n: int, node
         if nodes > 1:
             intra = max(intra, NET_OVERHEAD_US * (3 if protocol == "simple" else 1))
         lat += (nsteps - n_inter) * intra + n_inter * inter
+        if protocol == "simple" and nodes > 1 and collective == "all_reduce":
+            # ncclTopoGetAlgoTime's "plateau effect of ring" (x1.4 from Ampere on, 1.9 before),
+            # applied from nBytes / (nChannels nRanks) >= 64, i.e. at every size Simple can win
+            lat *= RING_PLATEAU_LAT
     elif kind == "tree":
         lat += 2 * ((ppn - 1) * intra + math.log2(nodes) * inter) if nodes > 1 else 2 * (ppn - 1) * intra
     else:
         lat = intra + (inter if nodes > 1 else 0.0)
     return lat, bus * ratio
+
+
+def channel_unit_bytes(algorithm: str, protocol: str, n: int, nt_simple: int | None = None) -> float:
+    """``nt x threadThreshold``: bytes per channel below which NCCL drops a channel.
+
+    ``src/enqueue.cc`` (2.19, ``topoGetAlgoInfo``): ``while (nBytes < nc*nt*threadThreshold)
+    { if (nc >= 2) nc--; ... }`` over ring and tree; ``nt`` is the protocol's maximum
+    thread count (Ring/Simple: 256 where the ring's bandwidth is at most PCI_BW,
+    ``tuning.cc``), ``threadThreshold`` the per-thread bytes (ring LL: x nRanks).
+    """
+    p = PROTOCOLS.index(protocol)
+    nt = MAX_NTHREADS[p]
+    if p == 2 and kind_of(algorithm) == "ring" and nt_simple:
+        nt = nt_simple
+    thr = THREAD_THRESHOLD[p] * (n if (p == 0 and kind_of(algorithm) == "ring") else 1)
+    return float(nt * thr)
 
 
 def arch_index(arch: str) -> str:

@@ -111,23 +111,53 @@ class Variant:
     sel_inv_bw: float = 0.0  # us per byte
     sel_tree: int = -1  # protocol row of NCCL's tree correction, -1: none
     sel_max_bytes: float = math.inf
+    #: the variant's cost lines by size (:class:`Line`): ``n_chan`` lines for 1 ... n_chan
+    #: active channels (message bytes per channel step ``chan_unit``: NCCL's
+    #: ``nBytes < nc * nt * threadThreshold`` rule), then, where ``window_bytes > 0``,
+    #: as many again for messages under ``window_bytes`` (the network's burst rate).
+    #: Empty: one line, the variant's own stages, efficiency and cap.
+    lines: list = field(default_factory=list)
+    chan_unit: float = math.inf
+    n_chan: int = 1
+    window_bytes: float = 0.0
 
     @property
     def n_stages(self) -> int:
         return sum(s.reps for s in self.stages)
 
-    def kernel_stages(self) -> list[tuple[float, float, dict]]:
+    def kernel_lines(self) -> list["Line"]:
+        return self.lines or [Line(self.stages, self.proto_eff, self.cap_gbps, self.n_chan)]
+
+    def line_index(self, nbytes: float) -> int:
+        """Which of :meth:`kernel_lines` a message of ``nbytes`` runs on."""
+        k = 1 if not math.isfinite(self.chan_unit) else int(min(max(nbytes // self.chan_unit, 1), self.n_chan))
+        k = min(k, self.n_chan)
+        off = self.n_chan if (self.window_bytes > 0 and nbytes < self.window_bytes) else 0
+        return off + k - 1 if self.lines else 0
+
+    def kernel_stages(self, stages: list | None = None) -> list[tuple[float, float, dict]]:
         """(alpha, reps, loads) as the kernel sees them: a pipelined variant's
         stages merged into one (loads summed, latencies summed)."""
-        if not self.pipelined or len(self.stages) <= 1:
-            return [(s.alpha_us, float(s.reps), s.loads) for s in self.stages]
+        stages = self.stages if stages is None else stages
+        if not self.pipelined or len(stages) <= 1:
+            return [(s.alpha_us, float(s.reps), s.loads) for s in stages]
         loads: dict = {}
         alpha = 0.0
-        for s in self.stages:
+        for s in stages:
             alpha += s.reps * s.alpha_us
             for lk, f in s.loads.items():
                 loads[lk] = loads.get(lk, 0.0) + s.reps * f
         return [(alpha, 1.0, loads)]
+
+
+@dataclass
+class Line:
+    """One cost line of a variant: its stages with ``channels`` NCCL channels active."""
+
+    stages: list
+    proto_eff: float
+    cap_gbps: float
+    channels: int = 0
 
 
 @dataclass
@@ -158,6 +188,8 @@ class Topology:
         self.cls: list[str] = []
         self.hw: list[str] = []
         self.alpha_ll: list[float] = []
+        #: route network hops over the burst-rate links (lines under the buffer window)
+        self.burst = False
 
     def node(self, r: int) -> int:
         return r // self.gpn
@@ -202,8 +234,12 @@ class Topology:
 
     def _port(self, key: tuple, bw: float, cls: str, hw: str, alpha: float) -> list[int]:
         """The shared both-directions capacity of a port (``duplex_factor`` x one
-        direction's bandwidth), when the system declares one (< 2: imperfect duplex)."""
-        dup = self.system.calibration.get("duplex_factor", 0.0)
+        direction's bandwidth; a NIC's ``net_duplex_factor`` where given), when the
+        system declares one (< 2: imperfect duplex)."""
+        cal = self.system.calibration
+        dup = cal.get("duplex_factor", 0.0)
+        if hw == "net":
+            dup = cal.get("net_duplex_factor", dup)
         if dup <= 0 or dup >= 2:
             return []
         return [self._link(("duplex",) + key, bw * dup, cls + "_duplex", hw, alpha)]
@@ -227,10 +263,14 @@ class Topology:
             bw = sy.link_bw_gbps("net")
             ns, nd = self.node(s), self.node(d)
             js, jd = self.nic(self.local(s)), self.nic(self.local(d))
-            out = [self._link(("nic_out", ns, js), bw, "net", "net", net.alpha_us),
-                   self._link(("nic_in", nd, jd), bw, "net", "net", net.alpha_us)]
-            out += self._port(("nic", ns, js), bw, "net", "net", net.alpha_us)
-            out += self._port(("nic", nd, jd), bw, "net", "net", net.alpha_us)
+            o, i, pt = "nic_out", "nic_in", "nic"
+            if self.burst:  # a message within NCCL's buffer: the network's burst rate
+                bw = net.bw_gbps * sy.calibration["net_burst_efficiency"]
+                o, i, pt = "nic_out_burst", "nic_in_burst", "nic_burst"
+            out = [self._link((o, ns, js), bw, "net", "net", net.alpha_us),
+                   self._link((i, nd, jd), bw, "net", "net", net.alpha_us)]
+            out += self._port((pt, ns, js), bw, "net", "net", net.alpha_us)
+            out += self._port((pt, nd, jd), bw, "net", "net", net.alpha_us)
             cap = sy.calibration.get("net_node_bw_gbps", 0.0)
             if cap > 0:  # a node's whole network share (calibrated; 0: the NICs' sum, no cap)
                 out.append(self._link(("node_out", ns), cap, "net_node", "net", net.alpha_us))
@@ -269,14 +309,17 @@ class Topology:
 
 
 # ------------------------------------------------------------------ stages
-def _rings(topo: Topology) -> list[list[int]]:
+def _rings(topo: Topology, channels: int = 0) -> list[list[int]]:
     """NCCL-like rings: one on a node; across nodes one per NIC a node's ranks can reach,
-    each leaving a node through a different GPU (and so a different NIC)."""
+    each leaving a node through a different GPU (and so a different NIC); with
+    ``channels`` > 0 active channels, at most that many rings (channel c runs ring c mod R)."""
     n, gpn = topo.n, topo.gpn
     if topo.nodes == 1:
         return [list(range(n))]
     nics = sorted({topo.nic(l) for l in range(gpn)})
     r_count = max(1, min(gpn, len(nics)))
+    if channels > 0:
+        r_count = min(r_count, channels)
     rings = []
     for j in range(r_count):
         o = j * gpn // r_count
@@ -285,8 +328,9 @@ def _rings(topo: Topology) -> list[list[int]]:
     return rings
 
 
-def _ring_stages(topo: Topology, collective: str, steps_per_phase: list[tuple[str, int]]) -> list[Stage]:
-    rings = _rings(topo)
+def _ring_stages(topo: Topology, collective: str, steps_per_phase: list[tuple[str, int]],
+                 channels: int = 0) -> list[Stage]:
+    rings = _rings(topo, channels)
     n = topo.n
     frac = 1.0 / (n * len(rings))
     ex = [Exchange(r[i], r[(i + 1) % n], frac) for r in rings for i in range(n)]
@@ -345,9 +389,11 @@ def _pow2(n: int) -> bool:
     return n >= 1 and (n & (n - 1)) == 0
 
 
-def stages_for(topo: Topology, collective: str, algorithm: str) -> tuple[list[Stage], bool] | str:
-    """Stages of ``collective`` by ``algorithm`` on ``topo``, and whether they pipeline;
-    a string says why the combination cannot run."""
+def stages_for(topo: Topology, collective: str, algorithm: str,
+               channels: int = 0) -> tuple[list[Stage], bool] | str:
+    """Stages of ``collective`` by ``algorithm`` on ``topo`` (rings: with ``channels``
+    active channels, 0: all), and whether they pipeline; a string says why the
+    combination cannot run."""
     n = topo.n
     sy = topo.system
     if algorithm not in VALID_ALGORITHMS[collective]:
@@ -355,9 +401,10 @@ def stages_for(topo: Topology, collective: str, algorithm: str) -> tuple[list[St
                 f"(valid: {', '.join(VALID_ALGORITHMS[collective])})")
     if algorithm == "ring":
         if collective == "all_reduce":
-            return _ring_stages(topo, collective, [("reduce-scatter", n - 1), ("all-gather", n - 1)]), False
+            return _ring_stages(topo, collective, [("reduce-scatter", n - 1), ("all-gather", n - 1)],
+                                channels), False
         phase = "reduce-scatter" if collective == "reduce_scatter" else "all-gather"
-        return _ring_stages(topo, collective, [(phase, n - 1)]), False
+        return _ring_stages(topo, collective, [(phase, n - 1)], channels), False
     if algorithm == "tree":
         return _chain_tree_stages(topo), True
     if algorithm == "nvls":
@@ -411,7 +458,10 @@ def _protocols(topo: Topology, collective: str, algorithm: str, stages: list[Sta
     # LL128 only where every intra-node hop is NVLink (NCCL enables it on NVLink paths only)
     nvl = all(topo.intra_is_nvlink(e.src, e.dst) for s in stages for e in s.exchanges
               if e.src >= 0 and e.dst >= 0 and topo.node(e.src) == topo.node(e.dst))
-    return ("ll", "ll128", "simple") if nvl and topo.system.nvlink is not None else ("ll", "simple")
+    # ... and, across nodes, only where the GPU reaches its NIC within a PCIe switch (NCCL's
+    # typeInter <= PATH_PXB): a system file whose cluster does not says net_ll128 = 0
+    net_ok = topo.nodes == 1 or topo.system.calibration.get("net_ll128", 1.0) > 0
+    return ("ll", "ll128", "simple") if nvl and net_ok and topo.system.nvlink is not None else ("ll", "simple")
 
 
 def _cost(topo: Topology, stages: list[Stage], algorithm: str, protocol: str) -> list[Stage]:
@@ -502,6 +552,7 @@ def build_plan(system_key: str, collective: str, n: int, gpn: int, algorithm: st
                     if collective not in ("send_recv", "all_to_all") else 0.0)
             base += system.cal("launch_overhead_us") + system.cal("rank_skew_us") * math.log2(n)
             var = Variant(a, p, _cost(topo, stages, a, p), pipelined, base, eff, cap)
+            _add_lines(var, topo, collective, stages, ch, arch, bus_bw, pinned=bool(channels))
             if collective in ("send_recv", "all_to_all"):
                 # NCCL point-to-point: LL up to NCCL_P2P_LL_THRESHOLD, Simple beyond
                 ll = p == "ll"
@@ -516,6 +567,58 @@ def build_plan(system_key: str, collective: str, n: int, gpn: int, algorithm: st
                 var.sel_tree = nccl.PROTOCOLS.index(p) if a == "tree" else -1
             variants.append(var)
     return Plan(system, collective, n, gpn, topo, variants, "; ".join(reasons) if not variants else "")
+
+
+def _add_lines(var: Variant, topo: Topology, collective: str, stages: list[Stage], ch: int,
+               arch: str, bus_bw: float, pinned: bool) -> None:
+    """The variant's cost lines by message size (:attr:`Variant.lines`).
+
+    Channels (NCCL ``src/enqueue.cc``, ``topoGetAlgoInfo``, ring/tree channel tuning):
+    NCCL starts from all ``ch`` channels and drops one while ``nBytes < nc * nt *
+    threadThreshold``, so a message runs on ``nc = clamp(floor(nBytes / (nt *
+    threadThreshold)), 1, ch)`` channels (:func:`nccl.channel_unit_bytes`). Fewer
+    channels lower the protocol's per-channel caps (``nc x perCh``) and, across nodes,
+    the rings (NICs) in use. A forced ``channels`` column pins ``ch``; point-to-point
+    and NVLS keep their channels.
+
+    Network buffer window: a point-to-point message across nodes of less than
+    NCCL_BUFFSIZE (4 MiB, ``src/include/comm.h`` DEFAULT_BUFFER_SIZE_BYTES) runs at the
+    system's ``net_burst_efficiency`` where the system file calibrates one.
+    """
+    sy = topo.system
+    algo, proto = var.algorithm, var.protocol
+    p2p = collective in ("send_recv", "all_to_all")
+    window = 0.0
+    if p2p and topo.nodes > 1 and "net_burst_efficiency" in sy.calibration:
+        window = nccl.NCCL_BUFFSIZE_BYTES * ((topo.n - 1) if collective == "all_to_all" else 1)
+    unit = math.inf
+    if not p2p and algo in ("ring", "tree") and not pinned:
+        # Ring/Simple runs 256 threads only where the ring graph's nominal bwIntra x
+        # nChannels is at most PCI_BW (12 GB/s): never on these systems' graphs
+        u = nccl.channel_unit_bytes(algo, proto, topo.n)
+        # nBytes of an all-gather / reduce-scatter is one rank's share of the row's buffer
+        unit = u * (topo.n if collective in ("all_gather", "reduce_scatter") else 1)
+    if not math.isfinite(unit) and window <= 0:
+        return
+    lines: list[Line] = []
+    ks = range(1, ch + 1) if math.isfinite(unit) else [ch]
+    for burst in ((False, True) if window > 0 else (False,)):
+        topo.burst = burst
+        try:
+            for k in ks:
+                if algo == "ring" and topo.nodes > 1:
+                    got = stages_for(topo, collective, algo, channels=k)
+                    st = got[0]
+                else:
+                    st = stages
+                eff, cap = nccl.proto_bandwidth(algo, proto, collective, topo.nodes, float(topo.gpn), k, arch)
+                lines.append(Line(_cost(topo, st, algo, proto), eff, cap, k))
+        finally:
+            topo.burst = False
+    var.lines = lines
+    var.chan_unit = unit
+    var.n_chan = len(ks)
+    var.window_bytes = window
 
 
 def _ring_bus_bw(topo: Topology, collective: str) -> float:

@@ -30,8 +30,14 @@ CALIBRATION_KEYS = ("launch_overhead_us", "rank_skew_us", "nvlink_efficiency",
 #: network bandwidth per direction (a shared uplink or host limit; absent: no cap);
 #: nccl_channels is the channel count NCCL runs (its LL128 and tree caps are per channel)
 #: duplex_factor: a port's two directions together carry this many times one direction's
-#: bandwidth (2 or absent: perfect full duplex)
-OPTIONAL_CALIBRATION_KEYS = ("net_node_bw_gbps", "nccl_channels", "duplex_factor")
+#: bandwidth (2 or absent: perfect full duplex);
+#: net_ll128: 0 where NCCL leaves LL128 off across nodes (the GPU does not reach its NIC
+#: within a PCIe switch: typeInter > PATH_PXB); absent or 1: on as on a DGX
+#: net_duplex_factor: the same for a NIC port (absent: duplex_factor);
+#: net_burst_efficiency: achieved fraction of the network link's spec for a point-to-point
+#: message that fits in NCCL's buffer (NCCL_BUFFSIZE, 4 MiB; absent: net_efficiency)
+OPTIONAL_CALIBRATION_KEYS = ("net_node_bw_gbps", "nccl_channels", "duplex_factor", "net_ll128",
+                             "net_duplex_factor", "net_burst_efficiency")
 
 
 @dataclass(frozen=True)

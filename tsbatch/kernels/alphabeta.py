@@ -45,26 +45,27 @@ MIN_SHARE_ROWS = 1 << 16
 
 
 @jit_serial
-def _variant_lines(var_base_us, var_stage_ptr, var_proto_eff, var_cap_gbps, stage_alpha_us,
+def _variant_lines(line_base_us, line_stage_ptr, line_proto_eff, line_cap_gbps, stage_alpha_us,
                    stage_reps, stage_load_ptr, load_link, load_frac, link_bw_gbps,
                    out_a, out_b, out_link):
-    """Eq. 11 stage by stage, once per variant: ``T(S) = a + b S``.
+    """Eq. 11 stage by stage, once per cost line: ``T(S) = a + b S``.
 
     A stage's bottleneck serialization ``max_l beta_l B_{l,k}`` is linear in
     the message size (every ``B_{l,k}`` is ``load_frac * S``), so its
     bottleneck link and its per-byte cost are found once per stage for all
     rows: ``a = base + sum_k reps_k alpha_k`` and ``b = sum_k reps_k max_l
     frac_l / bw_l``. ``out_link`` is the bottleneck link of the stage with the
-    largest serialization.
+    largest serialization. A variant has one line per active channel count
+    (and per side of the network buffer window); a row picks its line by size.
     """
-    for v in range(var_base_us.shape[0]):
-        a = var_base_us[v]
+    for v in range(line_base_us.shape[0]):
+        a = line_base_us[v]
         b = 0.0
-        eff = var_proto_eff[v]
-        cap = var_cap_gbps[v]
+        eff = line_proto_eff[v]
+        cap = line_cap_gbps[v]
         best_link = -1
         best_term = -1.0
-        for k in range(var_stage_ptr[v], var_stage_ptr[v + 1]):
+        for k in range(line_stage_ptr[v], line_stage_ptr[v + 1]):
             worst = 0.0
             worst_link = -1
             for j in range(stage_load_ptr[k], stage_load_ptr[k + 1]):
@@ -88,7 +89,8 @@ def _variant_lines(var_base_us, var_stage_ptr, var_proto_eff, var_cap_gbps, stag
 
 
 @jit_serial
-def _rows(row_plan, row_var, nbytes, plan_var_ptr, var_a, var_b, var_link, var_sel_lat_us,
+def _rows(row_plan, row_var, nbytes, plan_var_ptr, var_line_ptr, var_chan_unit, var_n_chan,
+          var_window_bytes, line_a, line_b, line_link, var_sel_lat_us,
           var_sel_inv_bw, var_sel_tree, var_sel_max_bytes, tree_corr, out_us, out_var, out_link,
           out_bw_us, lo, hi):
     for i in range(lo, hi):
@@ -125,10 +127,21 @@ def _rows(row_plan, row_var, nbytes, plan_var_ptr, var_a, var_b, var_link, var_s
             out_link[i] = -1
             out_bw_us[i] = np.nan
             continue
-        bw = var_b[best_v] * nbytes[i]
-        out_us[i] = var_a[best_v] + bw
+        # the line of the channels NCCL runs at this size (enqueue.cc: nc = clamp(nBytes /
+        # (nt * threadThreshold), 1, nChannels)) and of the network buffer window
+        x = nbytes[i]
+        nch = var_n_chan[best_v]
+        k = 1
+        if nch > 1:
+            q = x / var_chan_unit[best_v]
+            k = nch if q >= nch else (int(q) if q >= 1.0 else 1)
+        ln = var_line_ptr[best_v] + k - 1
+        if x < var_window_bytes[best_v]:
+            ln += nch
+        bw = line_b[ln] * x
+        out_us[i] = line_a[ln] + bw
         out_var[i] = best_v
-        out_link[i] = var_link[best_v]
+        out_link[i] = line_link[ln]
         out_bw_us[i] = bw
 
 
@@ -147,10 +160,11 @@ def stage_times(nbytes: float, stage_alpha_us: np.ndarray, stage_reps: np.ndarra
     return out
 
 
-def evaluate_rows(row_plan, row_var, nbytes, plan_var_ptr, var_base_us, var_stage_ptr,
-                  var_proto_eff, var_cap_gbps, stage_alpha_us, stage_reps, stage_load_ptr,
-                  load_link, load_frac, link_bw_gbps, var_sel_lat_us, var_sel_inv_bw,
-                  var_sel_tree, var_sel_max_bytes, tree_corr, *, threads: int | None = None):
+def evaluate_rows(row_plan, row_var, nbytes, plan_var_ptr, var_line_ptr, var_chan_unit, var_n_chan,
+                  var_window_bytes, line_base_us, line_stage_ptr, line_proto_eff, line_cap_gbps,
+                  stage_alpha_us, stage_reps, stage_load_ptr, load_link, load_frac, link_bw_gbps,
+                  var_sel_lat_us, var_sel_inv_bw, var_sel_tree, var_sel_max_bytes, tree_corr, *,
+                  threads: int | None = None):
     """Predict every row: the variant NCCL's tuner picks (or the forced one), costed by Eq. 11.
 
     Parameters
@@ -165,11 +179,18 @@ def evaluate_rows(row_plan, row_var, nbytes, plan_var_ptr, var_base_us, var_stag
         ``sel_tree >= 0``), among those with ``bytes <= sel_max_bytes``.
     nbytes : float64 (n,)
         Message size in bytes.
-    plan_var_ptr, var_stage_ptr, stage_load_ptr : int64
-        CSR offsets: plan -> variants, variant -> stages, stage -> link loads.
-    var_base_us, var_proto_eff, var_cap_gbps : float64 (n_var,)
-        Per variant: fixed cost (software base latency and launch), protocol
-        bandwidth efficiency and per-link bandwidth ceiling in GB/s.
+    plan_var_ptr, var_line_ptr, line_stage_ptr, stage_load_ptr : int64
+        CSR offsets: plan -> variants, variant -> cost lines, line -> stages,
+        stage -> link loads.
+    var_chan_unit : float64, var_n_chan : int64, var_window_bytes : float64 (n_var,)
+        Per variant: message bytes per NCCL channel step (NCCL runs ``clamp(floor(bytes /
+        unit), 1, n_chan)`` channels; line ``k - 1``), the number of channel lines, and the
+        network buffer window (messages under it take the ``n_chan`` lines after those;
+        0: none).
+    line_base_us, line_proto_eff, line_cap_gbps : float64 (n_line,)
+        Per line: fixed cost (software base latency and launch), protocol
+        bandwidth efficiency and per-link bandwidth ceiling in GB/s (the
+        protocol's per-channel cap times the line's channels).
     stage_alpha_us, stage_reps : float64 (n_stage,)
         Per stage: routed hop latency and how many identical stages it stands for.
     load_link : int64, load_frac : float64 (n_load,)
@@ -193,38 +214,35 @@ def evaluate_rows(row_plan, row_var, nbytes, plan_var_ptr, var_base_us, var_stag
     Eq. 11 of TileSight: a stage costs its routed hop latency plus the
     serialization of its bottleneck link; a collective is the ordered sum of
     its stages. The bottleneck term is linear in the message size, so each
-    stage's bottleneck link is found once (``_variant_lines``) and a row costs
-    its chosen variant's ``a + b * bytes``. Time never falls when a link's
-    bandwidth falls: every stage term is non-increasing in ``link_bw_gbps``,
-    and the choice of variant (NCCL's model, fixed per plan) does not read it.
+    line's stage bottlenecks are found once (``_variant_lines``) and a row costs
+    its chosen variant's line ``a + b * bytes``, the line found in O(1) from the
+    size. Time never falls when a link's bandwidth falls: every stage term is
+    non-increasing in ``link_bw_gbps``, and neither the choice of variant (NCCL's
+    model, fixed per plan) nor the choice of line (by size) reads it.
     """
     n = int(nbytes.shape[0])
-    args = [np.ascontiguousarray(a, dtype=np.int64) for a in (row_plan, row_var)]
-    args.append(np.ascontiguousarray(nbytes, dtype=np.float64))
-    args.append(np.ascontiguousarray(plan_var_ptr, dtype=np.int64))
-    args.append(np.ascontiguousarray(var_base_us, dtype=np.float64))
-    args.append(np.ascontiguousarray(var_stage_ptr, dtype=np.int64))
-    args += [np.ascontiguousarray(a, dtype=np.float64) for a in (var_proto_eff, var_cap_gbps,
-                                                                    stage_alpha_us, stage_reps)]
-    args.append(np.ascontiguousarray(stage_load_ptr, dtype=np.int64))
-    args.append(np.ascontiguousarray(load_link, dtype=np.int64))
-    args += [np.ascontiguousarray(a, dtype=np.float64) for a in (load_frac, link_bw_gbps,
-                                                                    var_sel_lat_us, var_sel_inv_bw)]
-    args.append(np.ascontiguousarray(var_sel_tree, dtype=np.int64))
-    args.append(np.ascontiguousarray(var_sel_max_bytes, dtype=np.float64))
-    args.append(np.ascontiguousarray(tree_corr, dtype=np.float64))
+    i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
+    f64 = lambda a: np.ascontiguousarray(a, dtype=np.float64)  # noqa: E731
+    row_plan, row_var, nbytes = i64(row_plan), i64(row_var), f64(nbytes)
+    plan_var_ptr, var_line_ptr = i64(plan_var_ptr), i64(var_line_ptr)
+    var_chan_unit, var_n_chan, var_window_bytes = f64(var_chan_unit), i64(var_n_chan), f64(var_window_bytes)
+    line_args = (f64(line_base_us), i64(line_stage_ptr), f64(line_proto_eff), f64(line_cap_gbps),
+                 f64(stage_alpha_us), f64(stage_reps), i64(stage_load_ptr), i64(load_link),
+                 f64(load_frac), f64(link_bw_gbps))
+    sel = (f64(var_sel_lat_us), f64(var_sel_inv_bw), i64(var_sel_tree), f64(var_sel_max_bytes), f64(tree_corr))
     out_us = np.empty(n, dtype=np.float64)
     out_var = np.empty(n, dtype=np.int64)
     out_link = np.empty(n, dtype=np.int64)
     out_bw = np.empty(n, dtype=np.float64)
     if n == 0:
         return out_us, out_var, out_link, out_bw
-    nv = int(args[4].shape[0])
-    var_a = np.empty(nv, dtype=np.float64)
-    var_b = np.empty(nv, dtype=np.float64)
-    var_link = np.empty(nv, dtype=np.int64)
-    _variant_lines(*args[4:14], var_a, var_b, var_link)
+    nl = int(line_args[0].shape[0])
+    line_a = np.empty(nl, dtype=np.float64)
+    line_b = np.empty(nl, dtype=np.float64)
+    line_link = np.empty(nl, dtype=np.int64)
+    _variant_lines(*line_args, line_a, line_b, line_link)
     bounds = [0, n] if threads == 1 else even_bounds(n, MIN_SHARE_ROWS)
-    run_shares(_rows, (*args[:4], var_a, var_b, var_link, *args[14:], out_us, out_var, out_link,
+    run_shares(_rows, (row_plan, row_var, nbytes, plan_var_ptr, var_line_ptr, var_chan_unit, var_n_chan,
+                       var_window_bytes, line_a, line_b, line_link, *sel, out_us, out_var, out_link,
                        out_bw), bounds)
     return out_us, out_var, out_link, out_bw
