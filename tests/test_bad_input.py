@@ -169,3 +169,15 @@ def test_huge_group_m_of_a_tile_program_does_not_trap():
     res = evaluate(df, "h100", "moe_grouped_gemm")
     _contract(res)
     assert res["feasible"].all()
+
+
+def test_accuracy_value_beyond_its_column_type_is_an_input_error(tmp_path, capsys):
+    """A measured value beyond accuracy's canonical type (Int32) was a polars
+    InvalidOperationError traceback (found by the fuzz)."""
+    meas = pl.DataFrame([{**BASE, "num_stages": 2 ** 40, "group_m": 8, "backend": "triton",
+                          "time_ms": 0.1, "gpu": "h100"}])
+    src = tmp_path / "h100_m.parquet"
+    meas.write_parquet(src)
+    assert main(["accuracy", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert "num_stages" in err and len(err.strip().splitlines()) == 1

@@ -291,10 +291,13 @@ def _prepare(df: pl.DataFrame, spec: FamilySpec, path: Path) -> pl.DataFrame:
         raise InputError(f"{path}: missing column(s) {', '.join(repr(c) for c in missing)} ({spec.name} data)")
     _check_types(df, spec, path)
     keep = list(spec.input_cols) + [spec.time_col] + (["gpu"] if "gpu" in df.columns else [])
-    df = df.select(keep).with_columns(
-        [pl.col(c).cast(t) for c, t in spec.casts.items()]
-        + [pl.col(spec.time_col).cast(pl.Float64)]
-    )
+    try:
+        df = df.select(keep).with_columns(
+            [pl.col(c).cast(t) for c, t in spec.casts.items()]
+            + [pl.col(spec.time_col).cast(pl.Float64)]
+        )
+    except pl.exceptions.InvalidOperationError as exc:  # a value beyond the column's type
+        raise InputError(f"{path}: {str(exc).strip().splitlines()[0]}") from None
     if "tf32" in df.columns:
         df = df.with_columns(pl.col("tf32").fill_null(False))
     return df
