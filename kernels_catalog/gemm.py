@@ -208,6 +208,61 @@ def _warpgroup_grid(bm, warps):
 
 
 @jit_exact
+def _fma_smem_bytes(bm, bn, bk, warps, a_rm, b_rm):
+    """Shared-memory traffic of Triton's FMA dot (IEEE FP32) per iteration, as
+    bytes of 128-byte wavefronts (conflicting accesses replay as wavefronts).
+
+    The accumulator takes the row-major store's blocked layout: 4 consecutive
+    columns a thread (16 bytes), ``tn = min(32, BN / 4)`` lanes along N, the
+    rest of the warp along M, warps along N while columns remain, then M. A
+    dot operand with a blocked parent is staged without swizzling, in the
+    order of its global load (SwizzledSharedEncodingAttr: vec = perPhase =
+    maxPhase = 1 when the parent is not an MMA layout), and each thread reads
+    its rows of A and columns of B for every k, 16-byte vectors along the
+    shared contiguous dimension (linear-layout local_load):
+
+    - B row-major (N contiguous): a warp reads tn x 16 consecutive bytes per
+      column group and k: ceil(tn * 16 / 128) wavefronts.
+    - B column-major (K contiguous): each column is a 16-byte vector of four k;
+      the tn columns of a warp lie BK words apart, all in one bank group, so
+      they replay: tn wavefronts per column and four k.
+    - A row-major (K contiguous): the warp's 32 / tn rows likewise, per four k.
+    - A column-major (M contiguous): a row's value is a broadcast: one
+      wavefront per row and k.
+    """
+    sn = 4 if bn >= 4 else bn
+    tn = bn // sn
+    if tn > 32:
+        tn = 32
+    if tn < 1:
+        tn = 1
+    tm = 32 // tn
+    wn = bn // (sn * tn)
+    if wn > warps:
+        wn = warps
+    if wn < 1:
+        wn = 1
+    wm = warps // wn
+    if wm < 1:
+        wm = 1
+    reps_n = bn // (sn * tn * wn)
+    if reps_n < 1:
+        reps_n = 1
+    reps_m = bm // (tm * wm)
+    if reps_m < 1:
+        reps_m = 1
+    if b_rm:
+        b_wf = reps_n * float((tn * sn * 4 + 127) // 128)
+    else:
+        b_wf = reps_n * sn * tn / 4.0
+    if a_rm:
+        a_wf = reps_m * tm / 4.0
+    else:
+        a_wf = float(reps_m)
+    return 128.0 * bk * warps * (a_wf + b_wf)
+
+
+@jit_exact
 def _cdiv(a, b):
     return -((-a) // b) if b != 0 else 0
 
@@ -217,12 +272,13 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
                 ob_tab, tc_tab, f32_code, wgmma_ok, wgmma_min, max_regs, sm_regs, sync_frac,
                 tc_eff, wg_share, g0, g1, ksteps, tiles, smem_block, threads, regs, spill, use_wg,
                 on_tc, t_bytes, work_iter, work_epi, rate, share_eff, useful_flops,
-                f8_code, f16_code, scode, fast):
+                f8_code, f16_code, scode, fast, lib):
     """One pass over the rows: every per-row quantity of :func:`lower` (the
     docstring there); ``tc_tab[d]`` is dtype ``d``'s tensor-core rate per SM
     before the MMA path's share and the calibrated efficiency ``tc_eff``.
     ``scode``/``fast`` are the float8 rows' scale mode (:data:`SCALE_MODES`)
-    and fast-accumulation flag (ignored on other rows)."""
+    and fast-accumulation flag (ignored on other rows); ``lib`` marks library
+    (cuBLAS) rows, whose FP32 kernels stage conflict-free operand layouts."""
     for i in range(m.shape[0]):
         bmi = bm[i]
         bni = bn[i]
@@ -310,8 +366,12 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         work_iter[i, R_L2] = a_fetch + b_fetch  # split by the cache model later
         if wg:
             smem_reads = bki * eb * (wg_n * bmi + wg_m * bni)
-        else:
+        elif tc or lib[i]:
+            # (the library's SGEMM kernels transpose A and B into M- and
+            # N-contiguous shared tiles on the way in: conflict-free reads)
             smem_reads = bki * eb * (wn * bmi + wm * bni)
+        else:
+            smem_reads = _fma_smem_bytes(bmi, bni, bki, w, a_rm[i], b_rm[i])
         # spilled accumulator registers live in local memory (L1, which shares the
         # SM's SRAM and its bandwidth with shared memory): every MMA instruction
         # along K reads and writes the whole accumulator, so each spilled 4-byte
@@ -481,6 +541,8 @@ def lower(cols: dict, hw) -> TilePlan:
     split = i64(cols["split_k"])
     group = i64(cols["group_m"])
     rows = m.shape[0]
+    lib = (np.asarray(cols["backend"], dtype=object) == "cublas") if "backend" in cols \
+        else np.zeros(rows, dtype=np.bool_)
     order = map_codes(np.asarray(cols["raster"], dtype=object), ORDER_NAMES)
     dcode = map_codes(np.asarray(cols["dtype"], dtype=object), _DTYPE_CODE)
     # float8 options; absent when a caller lowers columns validated elsewhere
@@ -518,7 +580,7 @@ def lower(cols: dict, hw) -> TilePlan:
                 float(hw.cal("wgmma_share_efficiency")), g0, g1, ksteps, tiles, smem_block,
                 threads, regs, spill, use_wgmma, on_tc, t_bytes, work_iter, work_epi, rate,
                 share_eff, useful_flops, _DTYPE_CODE["float8"], _DTYPE_CODE["float16"],
-                scode, b8(fast))
+                scode, b8(fast), lib)
 
     # power-limited tensor clock: tc_efficiency is the sustained share of the
     # tensor-core peak when every SM issues MMAs (the ceiling of measured GEMM

@@ -469,6 +469,29 @@ def _ceil_div(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+def fma_smem_bytes(bm: int, bn: int, bk: int, warps: int, a_row_major: bool,
+                   b_row_major: bool) -> float:
+    """Twin of kernels_catalog.gemm._fma_smem_bytes: count the 128-byte wavefronts
+    of one k-step warp by warp, lane by lane, then scale by BK."""
+    per_thread_n = min(4, bn)
+    lanes_n = max(min(32, bn // per_thread_n), 1)
+    lanes_m = 32 // lanes_n
+    warps_n = max(min(bn // (per_thread_n * lanes_n), warps), 1)
+    warps_m = max(warps // warps_n, 1)
+    cols_per_warp = max(bn // (per_thread_n * lanes_n * warps_n), 1)  # column groups a lane owns
+    rows_per_warp = max(bm // (lanes_m * warps_m), 1)                 # rows a lane owns
+    wavefronts = 0.0
+    for _warp in range(warps):
+        for _g in range(cols_per_warp):
+            if b_row_major:  # lanes_n lanes x 16 contiguous bytes, broadcast over lanes_m
+                wavefronts += math.ceil(lanes_n * per_thread_n * 4 / 128)
+            else:  # per column: a 16-byte vector of 4 k; lanes_n columns in one bank group
+                wavefronts += per_thread_n * lanes_n / 4
+        for _r in range(rows_per_warp):
+            wavefronts += lanes_m / 4 if a_row_major else 1
+    return 128.0 * bk * wavefronts
+
+
 def gemm_lower_one(row: dict, hw) -> dict:
     """One candidate's lowered quantities, as ``lower`` documents them.
 
@@ -526,8 +549,11 @@ def gemm_lower_one(row: dict, hw) -> dict:
         b_fetch += max(nb * 4.0, 32.0) * blocks
     if wgmma:
         smem_reads = bk * eb * (wg_n * bm + wg_m * bn)
-    else:
+    elif on_tc or row.get("backend") == "cublas":  # library SGEMM: conflict-free staging
         smem_reads = bk * eb * (wn * bm + wm * bn)
+    else:
+        smem_reads = fma_smem_bytes(bm, bn, bk, row["num_warps"], row["a_row_major"],
+                                    row["b_row_major"])
     flops = 2.0 * bm * bn * bk
     cuda = 0.0 if on_tc else flops
     if emul8:  # a packed fp8x2 -> f16x2 conversion per two elements read

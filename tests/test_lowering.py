@@ -83,3 +83,29 @@ def test_lowering_covers_every_mma_path():
     assert list(plan.extra["mma_path"]) == ["wgmma", "mma_sync", "fma", "mma_sync"]
     assert plan.extra["register_spill"][3] > 0
     _check(rows, hw)
+
+
+@pytest.mark.parametrize("bm", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("bn", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("warps", [1, 2, 4, 8])
+def test_fma_smem_bytes_matches_twin(bm, bn, warps):
+    for bk in (16, 32, 64):
+        for a_rm in (False, True):
+            for b_rm in (False, True):
+                assert gemm._fma_smem_bytes(bm, bn, bk, warps, a_rm, b_rm) == \
+                    naive.fma_smem_bytes(bm, bn, bk, warps, a_rm, b_rm)
+
+
+def test_fma_smem_bytes_by_hand():
+    # 64 x 64 tile, 4 warps: 16 lanes x 4 columns span the 64 columns, 2 lanes along M,
+    # all 4 warps along M (8 rows a lane). Per k and warp: B row-major 16 x 16 B = 2
+    # wavefronts; B column-major 16 columns in one bank group, per 4 k: 4 x 16 / 4 = 16;
+    # A row-major 8 rows x 2 lanes / 4 = 4; A column-major 8 broadcasts
+    per_k = {(True, True): 4 + 2, (False, True): 8 + 2, (True, False): 4 + 16,
+             (False, False): 8 + 16}
+    for (a_rm, b_rm), wf in per_k.items():
+        assert gemm._fma_smem_bytes(64, 64, 32, 4, a_rm, b_rm) == 128.0 * 32 * 4 * wf
+    # the layout decides it, not the tile alone: B column-major costs more on every shape
+    for bm, bn, w in ((16, 16, 1), (128, 32, 4), (32, 128, 8), (256, 256, 8)):
+        assert gemm._fma_smem_bytes(bm, bn, 32, w, True, False) > \
+            gemm._fma_smem_bytes(bm, bn, 32, w, True, True)
