@@ -7,9 +7,11 @@ random subsample of problems (``--problems``, default 80, ``--seed`` 1) of the
 fp16/bf16 Triton rows of ``../shared/data/gemm/<gpu>_triton_mm.parquet``
 (override the folder with ``TSBATCH_SHARED_DATA``) for every combination of
 values and prints MAPE, the median predicted/measured ratio, the mean
-within-problem Spearman and the top-5 % retention. float32 rows are left out:
-their ``tf32`` label does not say which precision actually ran (see the
-accuracy report). The chosen values are written by hand into
+within-problem Spearman and the top-5 % retention. float32 rows are left out
+(the shipped values were set on fp16/bf16 Triton rows, while the ``tf32``
+label of the float32 rows was still wrong; it was corrected on 2026-12-01).
+``bench/cross_validate.py`` reuses :func:`grid_points` to fit every declared
+constant on half the problems of every group and score the other half. The chosen values are written by hand into
 ``hw/<gpu>.toml`` ``[calibration]`` with this provenance; the full data set,
 most of which the subsample never saw, is the check. Nothing else is fitted.
 """
@@ -61,6 +63,23 @@ def score(d: pl.DataFrame, hw) -> dict:
     }
 
 
+def grid_points(axes: dict[str, list[float]], hw0):
+    """Every combination of ``axes`` (name -> values, in order) applied to ``hw0``'s calibration.
+
+    Yields ``(values, hw)``: the combination as a dict and a copy of ``hw0`` whose
+    ``[calibration]`` has those values (the other constants unchanged). Shared with
+    ``bench/cross_validate.py``.
+    """
+    for name in axes:
+        if name not in CALIBRATION_DEFAULTS:
+            raise KeyError(f"'{name}' is not a calibration constant; known: {', '.join(CALIBRATION_DEFAULTS)}")
+    for combo in itertools.product(*axes.values()):
+        values = dict(zip(axes, combo))
+        cal = dict(hw0.calibration)
+        cal.update(values)
+        yield values, dataclasses.replace(hw0, calibration=cal)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("gpu")
@@ -77,11 +96,9 @@ def main(argv=None) -> int:
     d = load(args.gpu, args.problems, args.seed)
     hw0 = get_hw(args.gpu)
     print(f"{args.gpu}: {d.select(PROBLEM).unique().height} problems, {d.height} rows", flush=True)
-    for combo in itertools.product(*axes.values()):
-        cal = dict(hw0.calibration)
-        cal.update(dict(zip(axes, combo)))
-        s = score(d, dataclasses.replace(hw0, calibration=cal))
-        label = " ".join(f"{k}={v:g}" for k, v in zip(axes, combo))
+    for values, hw in grid_points(axes, hw0):
+        s = score(d, hw)
+        label = " ".join(f"{k}={v:g}" for k, v in values.items())
         print(f"{label:50s} " + " ".join(f"{k} {v:7.3f}" for k, v in s.items()
                                          if not (isinstance(v, float) and math.isnan(v))), flush=True)
     return 0
