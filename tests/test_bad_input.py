@@ -181,3 +181,18 @@ def test_accuracy_value_beyond_its_column_type_is_an_input_error(tmp_path, capsy
     assert main(["accuracy", str(src)]) == 2
     err = capsys.readouterr().err
     assert "num_stages" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("rank", [[], ["--rank"], ["--top", "50%"]])
+def test_integers_past_int64_in_ndjson_are_input_errors(tmp_path, capsys, rank):
+    """NDJSON numbers past 2^63 read as Int128; a ranked run hashed them before
+    validation and raised a polars error (found by the fuzz)."""
+    src = tmp_path / "c.ndjson"
+    src.write_text('{"m": 4096, "n": 4096, "k": 18446744073709551614, "dtype": "float16", '
+                   '"block_m": 128, "block_n": 128, "block_k": 64, "num_stages": 4, '
+                   '"num_warps": 8}\n')
+    out = tmp_path / "o.parquet"
+    assert main(["evaluate", str(src), "--hw", "h100", "-o", str(out), *rank]) == 2
+    err = capsys.readouterr().err
+    assert "'k'" in err and "int64" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()

@@ -124,7 +124,7 @@ def _evaluate(args, src) -> int:
         ParquetSink, provenance, read_ahead, read_output, sha256_file, write_parquet,
     )
     from tsbatch.rank import parse_top
-    from tsbatch.schema import read_candidates, scan_table, table_error
+    from tsbatch.schema import check_int_range, read_candidates, scan_table, table_error
 
     for flag, v in (("--batch-rows", args.batch_rows), ("--rank-bucket-rows", args.rank_bucket_rows)):
         if v < 1:
@@ -137,7 +137,10 @@ def _evaluate(args, src) -> int:
     try:
         total = scan.select(pl.len()).collect().item()
         names = scan.collect_schema().names()
-    except (Exception, pl.exceptions.PanicException) as exc:  # polars raises several types for corrupt files
+        check_int_range(scan, src)
+    except InputError:
+        raise
+    except (Exception, pl.exceptions.PanicException) as exc:  # several types, corrupt files
         raise table_error(src, exc) from exc
     if args.family is None:
         from tsbatch.evaluate import detect_family

@@ -163,6 +163,27 @@ def text_full(n: int, value) -> np.ndarray:
     return out
 
 
+_WIDE_INT = tuple(t for t in (pl.UInt64, getattr(pl, "Int128", None), getattr(pl, "UInt128", None))
+                  if t is not None)
+_I64_MAX, _I64_MIN = int(np.iinfo(np.int64).max), int(np.iinfo(np.int64).min)
+
+
+def check_int_range(frame: "pl.DataFrame | pl.LazyFrame", source) -> None:
+    """Raise :class:`InputError` when an integer column wider than int64 (UInt64,
+    Int128: NDJSON or CSV numbers past 2^63) holds a value beyond int64; the
+    model's integer columns are int64."""
+    sch = frame.collect_schema() if isinstance(frame, pl.LazyFrame) else frame.schema
+    wide = [c for c, t in sch.items() if t in _WIDE_INT]
+    if not wide:
+        return
+    lf = frame.lazy()
+    got = lf.select([((pl.col(c) > _I64_MAX) | (pl.col(c) < _I64_MIN)).any().alias(c)
+                     for c in wide]).collect()
+    for c in wide:
+        if got[c][0]:
+            raise InputError(f"{source}: column {c!r} has a value beyond int64")
+
+
 def _first_bad(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
@@ -223,10 +244,12 @@ def validate(df: pl.DataFrame, family: Family, offset: int = 0) -> tuple[dict, n
                 raise InputError(f"column '{c.name}' must be integer, got {s.dtype}")
             if has_null:
                 s = s.fill_null(0 if c.required else (c.default or 0))
-            if s.dtype == pl.UInt64 and s.len() and (s.max() or 0) > np.iinfo(np.int64).max:
-                i = _first_bad((s > np.iinfo(np.int64).max).fill_null(False).to_numpy())
-                raise InputError(f"column '{c.name}' has {s[i]} at row {offset + i}, beyond "
-                                 f"int64 (2^63 - 1)")
+            if s.dtype in _WIDE_INT and s.len():
+                big = ((s > _I64_MAX) | (s < _I64_MIN)).fill_null(False).to_numpy()
+                if big.any():
+                    i = _first_bad(big)
+                    raise InputError(f"column '{c.name}' has {s[i]} at row {offset + i}, beyond "
+                                     f"int64")
             arr = (s if s.dtype == pl.Int64 else s.cast(pl.Int64)).to_numpy()
         elif c.kind == "bool":
             if s.dtype not in (pl.Boolean, pl.Null):
