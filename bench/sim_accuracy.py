@@ -89,6 +89,8 @@ def main(argv=None) -> int:
                     help="K sampling: smallest sampled loop length (0: simulate every iteration)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                     help="worker processes (problems are independent)")
+    ap.add_argument("--evaluator-only", action="store_true",
+                    help="skip the simulator: only the analytical evaluator's figures on the same rows")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     path = args.data / "gemm" / "h100_triton_mm.parquet"
@@ -108,7 +110,9 @@ def main(argv=None) -> int:
     parts = [rows[j::jobs] for j in range(jobs)]
     work = [(p, args.max_waves, args.k_sample or None) for p in parts]
     t0 = time.perf_counter()
-    if jobs == 1:
+    if args.evaluator_only:
+        results = [[(float("nan"), 0.0)] * len(p) for p in parts]
+    elif jobs == 1:
         results = [_simulate_rows(work[0])]
     else:
         with ProcessPoolExecutor(max_workers=jobs) as ex:
