@@ -196,3 +196,23 @@ def test_integers_past_int64_in_ndjson_are_input_errors(tmp_path, capsys, rank):
     err = capsys.readouterr().err
     assert "'k'" in err and "int64" in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize("values", [[3, 2 ** 63 + 5], [4096, 2 ** 12]])
+def test_uint64_columns(tmp_path, capsys, values):
+    """UInt64 sizes: within int64 they are sizes like any other; past it an input
+    error (the range check once compared them with a negative bound and raised)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pl.DataFrame([BASE, BASE]).to_arrow()
+    t = t.set_column(t.column_names.index("k"), "k", pa.array(values, type=pa.uint64()))
+    src = tmp_path / "c.parquet"
+    pq.write_table(t, src)
+    out = tmp_path / "o.csv"
+    rc = main(["evaluate", str(src), "--hw", "h100", "-o", str(out), "-q"])
+    err = capsys.readouterr().err
+    if max(values) > 2 ** 63 - 1:
+        assert rc == 2 and "'k'" in err and not out.exists()
+    else:
+        assert rc == 0 and pl.read_csv(out).height == 2

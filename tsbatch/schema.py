@@ -177,7 +177,8 @@ def check_int_range(frame: "pl.DataFrame | pl.LazyFrame", source) -> None:
     if not wide:
         return
     lf = frame.lazy()
-    got = lf.select([((pl.col(c) > _I64_MAX) | (pl.col(c) < _I64_MIN)).any().alias(c)
+    got = lf.select([((pl.col(c) > _I64_MAX) | (pl.col(c) < _I64_MIN)
+                      if sch[c].is_signed_integer() else (pl.col(c) > _I64_MAX)).any().alias(c)
                      for c in wide]).collect()
     for c in wide:
         if got[c][0]:
@@ -245,7 +246,8 @@ def validate(df: pl.DataFrame, family: Family, offset: int = 0) -> tuple[dict, n
             if has_null:
                 s = s.fill_null(0 if c.required else (c.default or 0))
             if s.dtype in _WIDE_INT and s.len():
-                big = ((s > _I64_MAX) | (s < _I64_MIN)).fill_null(False).to_numpy()
+                big = ((s > _I64_MAX) | (s < _I64_MIN) if s.dtype.is_signed_integer()
+                       else (s > _I64_MAX)).fill_null(False).to_numpy()
                 if big.any():
                     i = _first_bad(big)
                     raise InputError(f"column '{c.name}' has {s[i]} at row {offset + i}, beyond "
