@@ -216,3 +216,25 @@ def test_uint64_columns(tmp_path, capsys, values):
         assert rc == 2 and "'k'" in err and not out.exists()
     else:
         assert rc == 0 and pl.read_csv(out).height == 2
+
+
+def test_nul_in_a_column_name_is_an_input_error(tmp_path, capsys):
+    """A NUL in a column name made polars panic when a second batch was streamed
+    into the output (found by the fuzz)."""
+    src = tmp_path / "c.parquet"
+    pl.DataFrame([BASE, BASE]).with_columns(pl.lit(1).alias("extra_\x00x")).write_parquet(src)
+    out = tmp_path / "o.parquet"
+    assert main(["evaluate", str(src), "--hw", "h100", "-o", str(out), "--batch-rows", "1"]) == 2
+    assert "NUL" in capsys.readouterr().err and not out.exists()
+
+
+def test_fused_family_nulls_are_input_errors(tmp_path, capsys):
+    """Families that evaluate their frames themselves get the same validation
+    (a null num_gpus of ag_gemm was a TypeError; found by the fuzz)."""
+    rows = [dict(fuzz.BASE["ag_gemm"]), {**fuzz.BASE["ag_gemm"], "num_gpus": None}]
+    src = tmp_path / "c.parquet"
+    pl.DataFrame(rows).write_parquet(src)
+    assert main(["explain", "--hw", "h100", "--family", "ag_gemm", "--candidates", str(src),
+                 "--row", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "num_gpus" in err and "null" in err

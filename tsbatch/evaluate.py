@@ -406,6 +406,7 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
     fam = get_family(family)
     df = to_polars(candidates)
     if fam.evaluate is not None:  # not a tile grid on one GPU (collectives)
+        validate(df, fam)  # the same type, null, sign and choice checks as every family
         return fam.evaluate(df, hw)
     spec = resolve_hw(hw)
     if lower_hook is None and chunk_rows > 0 and df.height > chunk_rows:

@@ -62,6 +62,8 @@ def table_error(path: str | Path, exc: Exception) -> InputError:
 def _check_columns(path: Path, names) -> None:
     seen = set()
     for c in names:
+        if "\x00" in c:
+            raise InputError(f"{path}: column name {c!r} holds a NUL character")
         if c in seen:
             raise InputError(f"{path}: column {c!r} appears more than once")
         seen.add(c)
