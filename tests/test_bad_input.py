@@ -235,6 +235,6 @@ def test_fused_family_nulls_are_input_errors(tmp_path, capsys):
     src = tmp_path / "c.parquet"
     pl.DataFrame(rows).write_parquet(src)
     assert main(["explain", "--hw", "h100", "--family", "ag_gemm", "--candidates", str(src),
-                 "--row", "0"]) == 2
+                 "--row", "1"]) == 2
     err = capsys.readouterr().err
     assert "num_gpus" in err and "null" in err
