@@ -208,28 +208,13 @@ def _warpgroup_grid(bm, warps):
 
 
 @jit_exact
-def _fma_smem_bytes(bm, bn, bk, warps, a_rm, b_rm):
-    """Shared-memory traffic of Triton's FMA dot (IEEE FP32) per iteration, as
-    bytes of 128-byte wavefronts (conflicting accesses replay as wavefronts).
-
-    The accumulator takes the row-major store's blocked layout: 4 consecutive
-    columns a thread (16 bytes), ``tn = min(32, BN / 4)`` lanes along N, the
-    rest of the warp along M, warps along N while columns remain, then M. A
-    dot operand with a blocked parent is staged without swizzling, in the
-    order of its global load (SwizzledSharedEncodingAttr: vec = perPhase =
-    maxPhase = 1 when the parent is not an MMA layout), and each thread reads
-    its rows of A and columns of B for every k, 16-byte vectors along the
-    shared contiguous dimension (linear-layout local_load):
-
-    - B row-major (N contiguous): a warp reads tn x 16 consecutive bytes per
-      column group and k: ceil(tn * 16 / 128) wavefronts.
-    - B column-major (K contiguous): each column is a 16-byte vector of four k;
-      the tn columns of a warp lie BK words apart, all in one bank group, so
-      they replay: tn wavefronts per column and four k.
-    - A row-major (K contiguous): the warp's 32 / tn rows likewise, per four k.
-    - A column-major (M contiguous): a row's value is a broadcast: one
-      wavefront per row and k.
-    """
+def _fma_layout(bm, bn, warps):
+    """Triton's FMA-dot accumulator layout for a ``bm x bn`` tile: the row-major
+    store's blocked layout, 4 consecutive columns a thread (16 bytes),
+    ``tn = min(32, BN / 4)`` lanes along N, the rest of the warp along M, warps
+    along N while columns remain, then M. Returns ``(sn, tn, tm, reps_m,
+    reps_n)``: columns per thread group, lanes along N and M, and the rows and
+    column groups each thread holds."""
     sn = 4 if bn >= 4 else bn
     tn = bn // sn
     if tn > 32:
@@ -251,6 +236,30 @@ def _fma_smem_bytes(bm, bn, bk, warps, a_rm, b_rm):
     reps_m = bm // (tm * wm)
     if reps_m < 1:
         reps_m = 1
+    return sn, tn, tm, reps_m, reps_n
+
+
+@jit_exact
+def _fma_smem_bytes(bm, bn, bk, warps, a_rm, b_rm):
+    """Shared-memory traffic of Triton's FMA dot (IEEE FP32) per iteration, as
+    bytes of 128-byte wavefronts (conflicting accesses replay as wavefronts).
+
+    A dot operand with a blocked parent is staged without swizzling, in the
+    order of its global load (SwizzledSharedEncodingAttr: vec = perPhase =
+    maxPhase = 1 when the parent is not an MMA layout), and each thread reads
+    its rows of A and columns of B (:func:`_fma_layout`) for every k, 16-byte
+    vectors along the shared contiguous dimension (linear-layout local_load):
+
+    - B row-major (N contiguous): a warp reads tn x 16 consecutive bytes per
+      column group and k: ceil(tn * 16 / 128) wavefronts.
+    - B column-major (K contiguous): each column is a 16-byte vector of four k;
+      the tn columns of a warp lie BK words apart, all in one bank group, so
+      they replay: tn wavefronts per column and four k.
+    - A row-major (K contiguous): the warp's 32 / tn rows likewise, per four k.
+    - A column-major (M contiguous): a row's value is a broadcast: one
+      wavefront per row and k.
+    """
+    sn, tn, tm, reps_m, reps_n = _fma_layout(bm, bn, warps)
     if b_rm:
         b_wf = reps_n * float((tn * sn * 4 + 127) // 128)
     else:
@@ -328,7 +337,13 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
             # the MMA's partial accumulator and the FP32 accumulator it is
             # promoted into both live in registers (CUTLASS GmmaFP8Accumulation)
             acc_regs *= 2
-        frag = 0 if wg else 2 * ((bmi // wm) + (bni // wn)) * 16 * eb // (4 * 32)
+        if tc or lib[i]:
+            frag = 0 if wg else 2 * ((bmi // wm) + (bni // wn)) * 16 * eb // (4 * 32)
+        else:
+            # Triton's FMA dot: one k at a time, a thread holds its rows of A and
+            # its columns of B (the library's SGEMM keeps the estimate above)
+            _sn, _tn, _tm, f_rows, f_cols = _fma_layout(bmi, bni, w)
+            frag = f_rows + f_cols * _sn
         want = acc_regs + frag + REGS_BASE
         cap = (sm_regs // th1) // 8 * 8
         if max_regs < cap:

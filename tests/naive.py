@@ -532,8 +532,17 @@ def gemm_lower_one(row: dict, hw) -> dict:
     promo = f8 and (not bool(row.get("fast_accum", False)) or mode == "block")
     acc = (bm * bn) // max(threads, 1)
     want = (2 * acc if promo else acc) + REGS_BASE_GEMM
-    if not wgmma:
-        want += 2 * (bm // wm + bn // wn) * 16 * eb // 128
+    if on_tc or row.get("backend") == "cublas":
+        if not wgmma:
+            want += 2 * (bm // wm + bn // wn) * 16 * eb // 128
+    else:  # Triton's FMA dot: per k, a thread's rows of A and columns of B
+        per_thread_n = min(4, bn)
+        lanes_n = max(min(32, bn // per_thread_n), 1)
+        warps_n = max(min(bn // (per_thread_n * lanes_n), row["num_warps"]), 1)
+        warps_m = max(row["num_warps"] // warps_n, 1)
+        rows = max(bm // ((32 // lanes_n) * warps_m), 1)
+        cols = max(bn // (per_thread_n * lanes_n * warps_n), 1) * per_thread_n
+        want += rows + cols
     cap = min(hw.max_registers_per_thread, (hw.sm_registers // max(threads, 1)) // 8 * 8)
     spill = max(want - cap, 0)
     a_run = (bk if row["a_row_major"] else bm) * eb
