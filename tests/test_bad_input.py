@@ -238,3 +238,15 @@ def test_fused_family_nulls_are_input_errors(tmp_path, capsys):
                  "--row", "1"]) == 2
     err = capsys.readouterr().err
     assert "num_gpus" in err and "null" in err
+
+
+def test_collective_optional_column_of_nulls_takes_its_default():
+    """An all-null optional column (type Null, e.g. from NDJSON) reached the
+    collective model's own checks and raised NotImplementedError (found by the fuzz)."""
+    fam = FAMILIES["ag_gemm"]
+    opt = next(c.name for c in fam.columns if not c.required and c.default is not None)
+    df = pl.DataFrame([fuzz.BASE["ag_gemm"]]).with_columns(pl.lit(None).alias(opt))
+    _contract(evaluate(df, "h100", "ag_gemm"))
+    # zero rows, every column of type Null (an empty NDJSON table)
+    empty = pl.DataFrame({k: pl.Series([], dtype=pl.Null) for k in fuzz.BASE["collective"]})
+    assert evaluate(empty, "h100", "collective").height == 0

@@ -407,7 +407,13 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
     df = to_polars(candidates)
     if fam.evaluate is not None:  # not a tile grid on one GPU (collectives)
         validate(df, fam)  # the same type, null, sign and choice checks as every family
-        return fam.evaluate(df, hw)
+        # a column of nulls only has no type (NDJSON, zero rows): an optional one takes
+        # its default, as validate fills it, a required one (zero rows) its declared type
+        kinds = {"int": pl.Int64, "float": pl.Float64, "bool": pl.Boolean, "str": pl.String}
+        fill = [(pl.lit(c.default) if not c.required and c.default is not None
+                 else pl.col(c.name).cast(kinds[c.kind])).alias(c.name)
+                for c in fam.columns if c.name in df.columns and df.schema[c.name] == pl.Null]
+        return fam.evaluate(df.with_columns(fill) if fill else df, hw)
     spec = resolve_hw(hw)
     if lower_hook is None and chunk_rows > 0 and df.height > chunk_rows:
         memo = cache_memo if cache_memo is not None else CacheMemo()
