@@ -67,10 +67,10 @@ Cost (this 2-core machine, shared with other jobs at a load average of 7 to 9):
 A100, H100 and H800, 243 on H20; the run docs/gemm_accuracy.md reports) took
 28 minutes of wall time, 13 of CPU: A100 20 minutes (700 fit problems,
 18,852 rows, 1.6 s a combination), H100 7 (161 problems, all of its fit
-half), H800 and H20 under a minute each. The default, 100, halves the A100
-part and leaves the others (their fit halves are smaller, or one row a
-problem): about 18 minutes at that load by the same rates (not timed
-separately). ``--report-only`` and ``--error-sources`` take 10 to 20 s once
+half), H800 and H20 under a minute each. The default, 100, took 11.7 minutes
+(10 of CPU) at a load average of about 6: A100 8 minutes (400 problems,
+10,506 rows), H100 3, and found the same fitted values on every GPU as 200
+did. ``--report-only`` and ``--error-sources`` take 10 to 20 s once
 the numba kernels are compiled (a fresh checkout compiles them first, about
 a minute).
 """
