@@ -83,20 +83,22 @@ def _read_ipc(path: Path) -> pl.DataFrame:
     return pl.from_arrow(table) if table.num_columns else pl.DataFrame()
 
 
+#: per format (as _check_file names it): a lazy scan and an eager read
+_READERS = {
+    "ipc": (lambda p: _read_ipc(p).lazy(), _read_ipc),
+    "csv": (pl.scan_csv, pl.read_csv),
+    "ndjson": (pl.scan_ndjson, pl.read_ndjson),
+    "parquet": (pl.scan_parquet, pl.read_parquet),
+}
+
+
 def scan_table(path: str | Path) -> pl.LazyFrame:
     """A lazy scan of a table file in the format its extension names (Arrow IPC
     is read at once, see :func:`_read_ipc`)."""
     path = Path(path)
     fmt = _check_file(path, "table")
     try:
-        if fmt == "ipc":
-            lf = _read_ipc(path).lazy()
-        elif fmt == "csv":
-            lf = pl.scan_csv(path)
-        elif fmt == "ndjson":
-            lf = pl.scan_ndjson(path)
-        else:
-            lf = pl.scan_parquet(path)
+        lf = _READERS[fmt][0](path)
         _check_columns(path, lf.collect_schema().names())
     except InputError:
         raise
@@ -111,14 +113,7 @@ def read_table(path: str | Path, what: str = "candidate") -> pl.DataFrame:
     path = Path(path)
     fmt = _check_file(path, what)
     try:
-        if fmt == "ipc":
-            df = _read_ipc(path)
-        elif fmt == "csv":
-            df = pl.read_csv(path)
-        elif fmt == "ndjson":
-            df = pl.read_ndjson(path)
-        else:
-            df = pl.read_parquet(path)
+        df = _READERS[fmt][1](path)
     except InputError:
         raise
     except _READ_ERRORS as exc:  # polars raises several types for corrupt files
