@@ -15,7 +15,8 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["Column", "TilePlan", "Family", "map_codes"]
+__all__ = ["Column", "TilePlan", "Family", "map_codes", "first_rule", "clamp_group",
+           "SIZE_LIMIT", "MAX_GRID_TILES", "MAX_CACHE_BLOCKS"]
 
 
 @dataclass(frozen=True)
@@ -133,3 +134,31 @@ def map_codes(values: np.ndarray, table: dict) -> np.ndarray:
     if values.size and type(values[0]) is str and (values == values[0]).all():
         return np.full(values.shape[0], table[values[0]], dtype=np.int64)  # one value
     return np.fromiter(map(table.__getitem__, values), dtype=np.int64, count=values.shape[0])
+
+
+#: the model's integer quantities (grid tiles, tile iterations, shared-memory
+#: bytes) stay below this, far inside int64
+SIZE_LIMIT = float(2 ** 62)
+#: most tiles (programs) of one launch: CUDA's gridDim.x limit, which also bounds
+#: the cache model's per-launch arrays (waves, blocks)
+MAX_GRID_TILES = float(2 ** 31 - 1)
+#: most distinct operand blocks of one launch the cache model keeps a record of
+#: (its memory grows with them: ~40 bytes each)
+MAX_CACHE_BLOCKS = float(2 ** 24)
+
+
+def first_rule(checks, n: int, start: int = 0, code: np.ndarray | None = None) -> np.ndarray:
+    """Per row, ``start`` + the 1-based index of the first of ``checks`` (boolean
+    arrays, or scalars broadcast to ``n`` rows) that holds, keeping the nonzero
+    entries of ``code`` (0: none holds)."""
+    code = np.zeros(n, dtype=np.int64) if code is None else code.copy()
+    for j, hit in enumerate(checks):
+        code = np.where((code == 0) & np.broadcast_to(hit, (n,)), start + j + 1, code)
+    return code
+
+
+def clamp_group(group: np.ndarray, g0: np.ndarray) -> np.ndarray:
+    """A super-group taller than the grid orders the tiles as one of the grid's
+    height does (Triton's grouped order); the clamp keeps absurd values from
+    wrapping the order kernel's products."""
+    return np.where(group > 2 ** 31, np.maximum(g0, 1), group)

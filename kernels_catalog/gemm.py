@@ -28,7 +28,10 @@ import numpy as np
 
 from pathlib import Path
 
-from kernels_catalog.base import Column, Family, TilePlan, map_codes
+from kernels_catalog.base import (
+    MAX_CACHE_BLOCKS, MAX_GRID_TILES, SIZE_LIMIT, Column, Family, TilePlan, clamp_group,
+    first_rule, map_codes,
+)
 from kernels_catalog.program import load_program
 from tsbatch.kernels._config import jit_exact
 from tsbatch.kernels.envelope import (
@@ -438,16 +441,6 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
 TRITON_MAX_TENSOR_NUMEL = 1 << 20
 #: tl.dot's smallest block dimension (M, N and K of both operands)
 TRITON_MIN_DOT = 16
-#: the model's integer quantities (grid tiles, tile iterations, shared-memory
-#: bytes) stay below this, far inside int64
-SIZE_LIMIT = float(2 ** 62)
-#: most tiles (programs) of one launch: CUDA's gridDim.x limit, which also bounds
-#: the cache model's per-launch arrays (waves, blocks)
-MAX_GRID_TILES = float(2 ** 31 - 1)
-#: most distinct operand blocks of one launch the cache model keeps a record of
-#: (its memory grows with them: ~40 bytes each)
-MAX_CACHE_BLOCKS = float(2 ** 24)
-
 #: Why a row is not lowered (:func:`admit`); codes are 1-based indices. Sizes whose
 #: products the model cannot represent, then what Triton cannot build (its own
 #: rules: power-of-two ``tl.arange`` extents and warp counts, ``tl.dot``'s 16-wide
@@ -513,10 +506,7 @@ def admit(cols: dict) -> np.ndarray:
         tri & ((bm * bn > TRITON_MAX_TENSOR_NUMEL) | (bm * bk > TRITON_MAX_TENSOR_NUMEL)
                | (bk * bn > TRITON_MAX_TENSOR_NUMEL)),
     )
-    code = np.zeros(rows, dtype=np.int64)
-    for j, hit in enumerate(checks):
-        code = np.where((code == 0) & hit, j + 1, code)
-    return code
+    return first_rule(checks, rows)
 
 
 #: the values a row not admitted is lowered with (its results are dropped)
@@ -628,10 +618,7 @@ def lower(cols: dict, hw) -> TilePlan:
 
     cyc = 1.0 / clock_mhz
     path_code = np.where(use_wgmma, 2, on_tc.astype(np.int64))
-    # a super-group taller than the grid orders the tiles as one of the grid's
-    # height does (Triton's grouped order); the clamp keeps absurd values from
-    # wrapping the order's products
-    group = np.where(group > 2 ** 31, np.maximum(g0, 1), group)
+    group = clamp_group(group, g0)
     return TilePlan(
         g0=g0, g1=g1, g2=split, order=order, group=group, ksteps=ksteps,
         stages=i64(cols["num_stages"]), smem_block=smem_block, regs_thread=regs,

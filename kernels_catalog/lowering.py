@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels_catalog.base import Family, TilePlan, map_codes
+from kernels_catalog.base import (
+    MAX_CACHE_BLOCKS, MAX_GRID_TILES, SIZE_LIMIT, Family, TilePlan, clamp_group, first_rule,
+    map_codes,
+)
 from kernels_catalog.program import TileProgram
 from tsbatch.kernels.envelope import (
     N_RES, R_CUDA, R_DRAM, R_L15, R_L2, R_NAMES, R_SFU, R_SMEM, R_TC,
@@ -94,8 +97,6 @@ ADMIT_RULES = (
     "sizes too large for the cache model: more than 2^24 operand blocks",
     "sizes too large: the grid's tiles times their loop steps exceed 2^62",
 )
-#: see kernels_catalog.gemm: MAX_GRID_TILES, MAX_CACHE_BLOCKS, SIZE_LIMIT
-_MAX_TILES, _MAX_BLOCKS, _SIZE_LIMIT = float(2 ** 31 - 1), float(2 ** 24), float(2 ** 62)
 
 
 def _differs(a, b) -> np.ndarray:
@@ -156,12 +157,9 @@ def admit_program(prog: TileProgram, cols: dict, hw, env: dict) -> np.ndarray:
                 blocks = blocks + span
         steps = np.maximum(np.broadcast_to(np.asarray(prog.steps(fenv), dtype=np.float64),
                                            (n,)), 1.0)
-        checks = (wrap, ~(tiles <= _MAX_TILES), ~(blocks <= _MAX_BLOCKS),
-                  ~(tiles * steps < _SIZE_LIMIT))
-    code = np.zeros(n, dtype=np.int64)
-    for j, hit in enumerate(checks):
-        code = np.where((code == 0) & hit, j + 1, code)
-    return code
+        checks = (wrap, ~(tiles <= MAX_GRID_TILES), ~(blocks <= MAX_CACHE_BLOCKS),
+                  ~(tiles * steps < SIZE_LIMIT))
+    return first_rule(checks, n)
 
 
 def _placeholder_cols(prog: TileProgram, cols: dict, bad: np.ndarray) -> dict:
@@ -173,10 +171,6 @@ def _placeholder_cols(prog: TileProgram, cols: dict, bad: np.ndarray) -> dict:
             v = 16 if c.positive else (c.default if c.default is not None else 1)
             out[c.name] = np.where(bad, v, np.asarray(cols[c.name]))
     return out
-
-
-def _group(group: np.ndarray, g0: np.ndarray) -> np.ndarray:
-    return np.where(group > 2 ** 31, np.maximum(g0, 1), group)
 
 
 def _arr(e, env, n, dtype=np.float64):
@@ -284,10 +278,8 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
 
     # ---- rules (and tensor memory outside Blackwell)
     rules = list(ADMIT_RULES) + [r.reason for r in prog.rules]
-    blocked = admitted.copy()
-    for k, r in enumerate(prog.rules):
-        hit = np.broadcast_to(np.asarray(r.when(env), dtype=bool), (n,))
-        blocked = np.where((blocked == 0) & hit, len(ADMIT_RULES) + k + 1, blocked)
+    blocked = first_rule((np.asarray(r.when(env), dtype=bool) for r in prog.rules), n,
+                         start=len(ADMIT_RULES), code=admitted)
     if prog.footprints and any(f.placement == "tmem" for f in prog.footprints):
         cap_t = TMEM_BYTES_PER_SM if hw.mma == "tcgen05" else 0
         rules.append("tensor memory (TMEM) footprint exceeds the SM's "
@@ -350,18 +342,16 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
               else g[0] * g[1] * g[2] * (ksteps * work_iter[:, R_TC] + work_epi[:, R_TC]))
     extra = {"mma_path": np.array(["fma", "mma_sync", "wgmma"], dtype=object)[
         np.where(wg & on_tc, 2, on_tc.astype(np.int64))],
-        "register_spill": np.minimum(spill, _SIZE_LIMIT).astype(np.int64), "tiles": g[0] * g[1] * g[2],
+        "register_spill": np.minimum(spill, SIZE_LIMIT).astype(np.int64), "tiles": g[0] * g[1] * g[2],
         "program": prog}
     for name, e in prog.extra_outputs:
         extra[name] = _arr(e, env, n)
     extra["outputs"] = tuple(name for name, _ in prog.extra_outputs)
     return TilePlan(
         g0=g[0], g1=g[1], g2=g[2], order=order,
-        # a super-group taller than the grid orders tiles as one of the grid's height
-        # (Triton's grouped order); the clamp keeps absurd values from wrapping
-        group=_group(np.maximum(_arr(prog.group, env, n, i64), 1), g[0]),
+        group=clamp_group(np.maximum(_arr(prog.group, env, n, i64), 1), g[0]),
         ksteps=ksteps, stages=stages,
-        smem_block=np.minimum(np.ceil(smem), _SIZE_LIMIT).astype(np.int64), regs_thread=regs, threads=threads,
+        smem_block=np.minimum(np.ceil(smem), SIZE_LIMIT).astype(np.int64), regs_thread=regs, threads=threads,
         warps=warps, t_mask=t_mask[:, :T], t_per_step=t_per_step[:, :T], t_bytes=t_bytes[:, :T],
         work_iter=work_iter, work_epi=work_epi, rate=rate, warps_full=float(hw.warp_schedulers),
         lat_us=np.full(n, hw.cal("mem_latency_us")),

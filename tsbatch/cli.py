@@ -104,14 +104,12 @@ def cmd_evaluate(args) -> int:
 
 
 def _to_parquet(src, dst: Path) -> str:
-    import polars as pl
-
-    from tsbatch.schema import scan_table, table_error
+    from tsbatch.schema import READ_ERRORS, scan_table, table_error
 
     lf = scan_table(src)
     try:
         lf.sink_parquet(dst)
-    except (Exception, pl.exceptions.PanicException) as exc:  # several types, unreadable files
+    except READ_ERRORS as exc:  # several types, unreadable files
         raise table_error(src, exc) from exc
     return str(dst)
 
@@ -124,7 +122,9 @@ def _evaluate(args, src) -> int:
         ParquetSink, provenance, read_ahead, read_output, sha256_file, write_parquet,
     )
     from tsbatch.rank import parse_top
-    from tsbatch.schema import check_int_range, read_candidates, scan_table, table_error
+    from tsbatch.schema import (
+        READ_ERRORS, check_int_range, read_candidates, scan_table, table_error,
+    )
 
     for flag, v in (("--batch-rows", args.batch_rows), ("--rank-bucket-rows", args.rank_bucket_rows)):
         if v < 1:
@@ -140,7 +140,7 @@ def _evaluate(args, src) -> int:
         check_int_range(scan, src)
     except InputError:
         raise
-    except (Exception, pl.exceptions.PanicException) as exc:  # several types, corrupt files
+    except READ_ERRORS as exc:  # several types, corrupt files
         raise table_error(src, exc) from exc
     if args.family is None:
         from tsbatch.evaluate import detect_family
@@ -157,7 +157,7 @@ def _evaluate(args, src) -> int:
     def read_batch(a: int):
         try:
             return pl.scan_parquet(args.candidates).slice(a, args.batch_rows).collect()
-        except (Exception, pl.exceptions.PanicException) as exc:  # a file corrupt past its footer
+        except READ_ERRORS as exc:  # a file corrupt past its footer
             raise table_error(src, exc) from exc
 
     def stream():

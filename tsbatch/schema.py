@@ -17,7 +17,7 @@ from kernels_catalog.base import Family
 from tsbatch.errors import InputError
 
 __all__ = ["to_polars", "read_candidates", "read_table", "scan_table", "table_format", "FORMATS",
-           "validate", "text_full"]
+           "READ_ERRORS", "validate", "text_full"]
 
 _INT = (pl.Int8, pl.Int16, pl.Int32, pl.Int64, pl.UInt8, pl.UInt16, pl.UInt32, pl.UInt64)
 
@@ -70,7 +70,7 @@ def _check_columns(path: Path, names) -> None:
 
 
 #: what a reader may raise on a malformed file (polars panics are BaseExceptions)
-_READ_ERRORS = (Exception, pl.exceptions.PanicException)
+READ_ERRORS = (Exception, pl.exceptions.PanicException)
 
 
 def _read_ipc(path: Path) -> pl.DataFrame:
@@ -102,7 +102,7 @@ def scan_table(path: str | Path) -> pl.LazyFrame:
         _check_columns(path, lf.collect_schema().names())
     except InputError:
         raise
-    except _READ_ERRORS as exc:  # polars raises several types for unreadable files
+    except READ_ERRORS as exc:  # polars raises several types for unreadable files
         raise table_error(path, exc) from exc
     return lf
 
@@ -116,7 +116,7 @@ def read_table(path: str | Path, what: str = "candidate") -> pl.DataFrame:
         df = _READERS[fmt][1](path)
     except InputError:
         raise
-    except _READ_ERRORS as exc:  # polars raises several types for corrupt files
+    except READ_ERRORS as exc:  # polars raises several types for corrupt files
         raise table_error(path, exc) from exc
     _check_columns(path, df.columns)
     return df
@@ -165,6 +165,11 @@ _WIDE_INT = tuple(t for t in (pl.UInt64, getattr(pl, "Int128", None), getattr(pl
 _I64_MAX, _I64_MIN = int(np.iinfo(np.int64).max), int(np.iinfo(np.int64).min)
 
 
+def _beyond_i64(x, dtype):
+    """Where ``x`` (a Series or an expression of integer type ``dtype``) leaves int64."""
+    return (x > _I64_MAX) | (x < _I64_MIN) if dtype.is_signed_integer() else (x > _I64_MAX)
+
+
 def check_int_range(frame: "pl.DataFrame | pl.LazyFrame", source) -> None:
     """Raise :class:`InputError` when an integer column wider than int64 (UInt64,
     Int128: NDJSON or CSV numbers past 2^63) holds a value beyond int64; the
@@ -174,9 +179,7 @@ def check_int_range(frame: "pl.DataFrame | pl.LazyFrame", source) -> None:
     if not wide:
         return
     lf = frame.lazy()
-    got = lf.select([((pl.col(c) > _I64_MAX) | (pl.col(c) < _I64_MIN)
-                      if sch[c].is_signed_integer() else (pl.col(c) > _I64_MAX)).any().alias(c)
-                     for c in wide]).collect()
+    got = lf.select([_beyond_i64(pl.col(c), sch[c]).any().alias(c) for c in wide]).collect()
     for c in wide:
         if got[c][0]:
             raise InputError(f"{source}: column {c!r} has a value beyond int64")
@@ -243,8 +246,7 @@ def validate(df: pl.DataFrame, family: Family, offset: int = 0) -> tuple[dict, n
             if has_null:
                 s = s.fill_null(0 if c.required else (c.default or 0))
             if s.dtype in _WIDE_INT and s.len():
-                big = ((s > _I64_MAX) | (s < _I64_MIN) if s.dtype.is_signed_integer()
-                       else (s > _I64_MAX)).fill_null(False).to_numpy()
+                big = _beyond_i64(s, s.dtype).fill_null(False).to_numpy()
                 if big.any():
                     i = _first_bad(big)
                     raise InputError(f"column '{c.name}' has {s[i]} at row {offset + i}, beyond "
