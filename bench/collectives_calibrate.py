@@ -41,6 +41,7 @@ GRIDS = {
     "net_duplex_factor": np.arange(1.0, 2.001, 0.02),
     "net_burst_efficiency": np.arange(0.05, 1.001, 0.01),
     "nvlink_alpha_us": np.arange(0.2, 3.01, 0.1),
+    "net_staging_bw_gbps": np.arange(2.0, 30.01, 0.25),
 }
 
 
@@ -90,6 +91,9 @@ def main(argv=None) -> int:
     ap.add_argument("--net-duplex", action="store_true", help="also fit net_duplex_factor (a NIC's own)")
     ap.add_argument("--burst", action="store_true",
                     help="also fit net_burst_efficiency (point-to-point messages within NCCL_BUFFSIZE)")
+    ap.add_argument("--staging", action="store_true",
+                    help="also fit net_staging_bw_gbps (network traffic staged through host memory "
+                         "over the GPUs' PCIe switch uplinks: GPUDirect RDMA off)")
     ap.add_argument("--only", default="", help="comma-separated constants to fit (default: all named)")
     ap.add_argument("--alpha", action="store_true",
                     help="also fit the NVLink hop latency (links.nvlink.alpha_us, NCCL's 0.6 us)")
@@ -115,6 +119,9 @@ def main(argv=None) -> int:
     if args.burst:
         keys_large.append("net_burst_efficiency")
         cal.setdefault("net_burst_efficiency", cal.get("net_efficiency", 0.3))
+    if args.staging:
+        keys_large.append("net_staging_bw_gbps")
+        cal.setdefault("net_staging_bw_gbps", 8.0)
     if args.channels:
         keys_large.append("nccl_channels")
         cal.setdefault("nccl_channels", 12)

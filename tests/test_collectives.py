@@ -551,3 +551,72 @@ def test_network_buffer_window_by_hand():
     # no window inside a node, nor on a system that calibrates none
     assert all(x.window_bytes == 0 for x in build_plan(sy.key, "send_recv", 2, 2).variants)
     assert all(x.window_bytes == 0 for x in build_plan("dgx_a100", "send_recv", 2, 1).variants)
+
+
+def test_host_staging_by_hand():
+    """dgx_a100 (net_ll128 = 0: the GPU-NIC path is beyond PATH_PXB, so NCCL also turns
+    GPUDirect RDMA off and stages network traffic through the CPU, paths.cc): the network
+    traffic of the GPUs of one PCIe switch (2 per switch) crosses that switch's staging link.
+
+    4 GPUs at 2 per node, ring/Simple at 32 MiB (all channels: 2 rings, one per NIC the
+    node's GPUs reach): per step each ring's inter-node edge carries S/(4*2); both leave
+    node 0 from GPUs 0 and 1, i.e. switch 0, so stage_up/0/0 carries 2 S/8 = S/4 per step and
+    its both-directions port S/2 (S/4 out, S/4 in), at net_staging_bw_gbps x net_duplex_factor;
+    that beats the NIC port (S/8 each way at 0.31 x 25 x 1.52) and the node share (S/4 at 12)."""
+    sy = get_system("dgx_a100")
+    stage_bw = sy.cal("net_staging_bw_gbps")
+    dup = sy.cal("net_duplex_factor")
+    nbytes = float(32 << 20)
+    p = build_plan(sy.key, "all_reduce", 4, 2, "ring", "simple")
+    (v,) = p.variants
+    topo = p.topology
+    line = v.kernel_lines()[v.line_index(nbytes)]
+    for s in line.stages:
+        loads = _loads_by_name(topo, s, duplex=True)
+        assert loads["stage_up/0/0"] == pytest.approx(1 / 4)
+        assert loads["stage_down/0/0"] == pytest.approx(1 / 4)
+        assert loads["duplex/stage/0/0"] == pytest.approx(1 / 2)
+        assert loads["nic_out/0/0"] == pytest.approx(1 / 8) and loads["nic_out/0/1"] == pytest.approx(1 / 8)
+        assert not any(k.startswith("stage_up/0/1") for k in loads)  # GPUs 0, 1: switch 0 only
+    per_step = 0.5 * nbytes / (stage_bw * dup * 1e3)
+    hand = v.base_us + sum(s.reps * s.alpha_us for s in line.stages) + 6 * per_step
+    t, _ = naive.predict(p, nbytes)
+    assert t == pytest.approx(hand)
+    out = evaluate(pl.DataFrame({"system": [sy.key], "collective": ["all_reduce"], "num_gpus": [4],
+                                 "gpus_per_node": [2], "bytes": [int(nbytes)], "algorithm": ["ring"],
+                                 "protocol": ["simple"]}))
+    assert out["latency_us"][0] == pytest.approx(hand)
+    assert out["bottleneck_link"][0] == "net_staging_duplex"
+    # 8 GPUs at 4 per node span two switches: the node's traffic splits over both
+    p8 = build_plan(sy.key, "all_reduce", 8, 4, "ring", "simple")
+    (v8,) = p8.variants
+    loads8 = _loads_by_name(p8.topology, v8.kernel_lines()[-1].stages[0])
+    assert loads8["stage_up/0/0"] == pytest.approx(loads8["stage_up/0/1"]) == pytest.approx(2 / (8 * 4))
+
+
+def test_host_staging_only_without_gpudirect():
+    """No staging links where LL128 (hence GPUDirect RDMA, same PATH_PXB threshold) is on,
+    nor on one node; staging a single GPU per switch (2 at 1 per node) adds a link no
+    slower than the NIC's, so the time is the NIC-bound one."""
+    sy = get_system("dgx_a100")
+    on = dataclasses.replace(sy, calibration={**sy.calibration, "net_ll128": 1.0})
+    orig = plan_mod.get_system
+    plan_mod.build_plan.cache_clear()
+    plan_mod.get_system = lambda name: on if name == sy.key else orig(name)
+    try:
+        p = build_plan(sy.key, "all_reduce", 4, 2, "ring", "simple")
+        assert "net_staging" not in set(p.topology.cls)
+    finally:
+        plan_mod.get_system = orig
+        plan_mod.build_plan.cache_clear()
+    assert "net_staging" not in set(build_plan(sy.key, "all_reduce", 8, 8, "ring", "simple").topology.cls)
+    assert "net_staging" not in set(build_plan("a100_pcie_nvlink_pairs", "send_recv", 2, 1).topology.cls)
+    p2 = build_plan(sy.key, "all_reduce", 2, 1, "ring", "simple")
+    (v2,) = p2.variants
+    nbytes = float(64 << 20)
+    nic_port = sy.net.bw_gbps * sy.cal("net_efficiency") * sy.cal("net_duplex_factor")
+    assert sy.cal("net_staging_bw_gbps") * sy.cal("net_duplex_factor") >= nic_port
+    line = v2.kernel_lines()[v2.line_index(nbytes)]
+    # n = 2: 2 steps, each S/2 out and S/2 in through GPU 0's NIC port
+    hand = v2.base_us + sum(s.reps * s.alpha_us for s in line.stages) + 2 * nbytes / (nic_port * 1e3)
+    assert naive.predict(p2, nbytes)[0] == pytest.approx(hand)

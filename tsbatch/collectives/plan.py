@@ -26,7 +26,10 @@ Links (one direction each, achieved bandwidth = spec x calibrated efficiency):
 - PCIe: ``pcie_out[g]``, ``pcie_in[g]`` (the GPU's x16 link to its switch)
   and, between switches, ``uplink_up[switch]``, ``uplink_down[switch]``;
 - network: ``nic_out[node, j]``, ``nic_in[node, j]``; a GPU uses NIC
-  ``local * nics_per_node // gpus_per_node`` (its PCIe neighbour).
+  ``local * nics_per_node // gpus_per_node`` (its PCIe neighbour); without
+  GPUDirect RDMA (:meth:`Topology.staging_bw`) also ``stage_up[node, switch]``,
+  ``stage_down[node, switch]``: the host-staged traffic of the GPUs of one PCIe
+  switch, with a both-directions port like a NIC's.
 """
 
 from __future__ import annotations
@@ -219,6 +222,28 @@ class Topology:
         nics = int(self.system.net.counts.get("nics_per_node", 1))
         return local * nics // self.system.gpus_per_node
 
+    def staging_bw(self) -> float:
+        """Achieved per-direction rate (GB/s) of a PCIe switch's network traffic staged
+        through host memory, 0 where the network is reached by GPUDirect RDMA.
+
+        NCCL (2.19, ``src/graph/paths.cc``, ``ncclTopoCheckGdr``) enables GPUDirect RDMA
+        only where the GPU's path to the NIC is at most ``NCCL_NET_GDR_LEVEL`` (default
+        ``PATH_PXB``); otherwise ``ncclTopoComputePaths`` diverts the GPU-NIC traffic
+        through the CPU local to the GPU. The threshold is the one that keeps LL128 off
+        across nodes (``typeInter <= PATH_PXB``), so staging applies only to a system whose
+        file says ``net_ll128 = 0`` and calibrates ``net_staging_bw_gbps``. Point-to-point
+        messages within the burst window (``net_burst_efficiency``) are not staged.
+        """
+        cal = self.system.calibration
+        if self.burst or cal.get("net_ll128", 1.0) > 0:
+            return 0.0
+        return float(cal.get("net_staging_bw_gbps", 0.0))
+
+    def switch(self, local: int) -> int:
+        """The PCIe switch of a node's GPU ``local`` (``gpus_per_switch`` GPUs per switch)."""
+        pc = self.system.pcie
+        return local // int(pc.counts.get("gpus_per_switch", 1)) if pc is not None else local
+
     def same_bridge_group(self, s: int, d: int) -> bool:
         nv = self.system.nvlink
         if nv is None or nv.topology != "bridged" or self.node(s) != self.node(d):
@@ -271,6 +296,17 @@ class Topology:
                    self._link((i, nd, jd), bw, "net", "net", net.alpha_us)]
             out += self._port((pt, ns, js), bw, "net", "net", net.alpha_us)
             out += self._port((pt, nd, jd), bw, "net", "net", net.alpha_us)
+            stage = self.staging_bw()
+            if stage > 0:
+                # GPUDirect RDMA off (the GPU's path to its NIC is beyond PATH_PXB): NCCL
+                # diverts the traffic through the CPU local to the GPU (paths.cc,
+                # ncclTopoComputePaths / ncclTopoCheckGdr), so it crosses the uplink of the
+                # GPU's PCIe switch, shared by the switch's GPUs
+                ss, sd = self.switch(self.local(s)), self.switch(self.local(d))
+                out.append(self._link(("stage_up", ns, ss), stage, "net_staging", "net", net.alpha_us))
+                out.append(self._link(("stage_down", nd, sd), stage, "net_staging", "net", net.alpha_us))
+                out += self._port(("stage", ns, ss), stage, "net_staging", "net", net.alpha_us)
+                out += self._port(("stage", nd, sd), stage, "net_staging", "net", net.alpha_us)
             cap = sy.calibration.get("net_node_bw_gbps", 0.0)
             if cap > 0:  # a node's whole network share (calibrated; 0: the NICs' sum, no cap)
                 out.append(self._link(("node_out", ns), cap, "net_node", "net", net.alpha_us))

@@ -36,8 +36,11 @@ CALIBRATION_KEYS = ("launch_overhead_us", "rank_skew_us", "nvlink_efficiency",
 #: net_duplex_factor: the same for a NIC port (absent: duplex_factor);
 #: net_burst_efficiency: achieved fraction of the network link's spec for a point-to-point
 #: message that fits in NCCL's buffer (NCCL_BUFFSIZE, 4 MiB; absent: net_efficiency)
+#: net_staging_bw_gbps: where net_ll128 = 0 (no GPUDirect RDMA either: same PATH_PXB
+#: threshold), the achieved per-direction rate of the network traffic a PCIe switch's GPUs
+#: stage through host memory (one link per switch and direction; NIC duplex factor)
 OPTIONAL_CALIBRATION_KEYS = ("net_node_bw_gbps", "nccl_channels", "duplex_factor", "net_ll128",
-                             "net_duplex_factor", "net_burst_efficiency")
+                             "net_duplex_factor", "net_burst_efficiency", "net_staging_bw_gbps")
 
 
 @dataclass(frozen=True)
