@@ -355,11 +355,12 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
             per_epi = 0.0
         (comp_times if compute[r] else mem_times).append(per_iter)
         epi_times.append(per_epi)
-    comp = max(comp_times) + ovh_iter
+    # the loop's bookkeeping: on the busiest resource, or a segment of the chain
+    comp = max(comp_times) + (ovh_iter if chain <= 0.0 else 0.0)
     if sync > 0.0:  # barrier stall, run under the other resident tiles' work
         comp = max(comp, (comp + sync) / p)
     if chain > 0.0:  # the p tiles' issue streams interleave their iteration chains
-        comp = max(comp, chain / (p * streams))
+        comp = max(comp, (chain + ovh_iter) / (p * streams))
     mem = max(mem_times)
     epi = max(epi_times)
     tiles = persist_tiles if persist_tiles > 0 else p
@@ -367,10 +368,12 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     d = max(p * (stages - 1), 0)
     lat_bound = (lat + mem) / d if d > 0 else (lat + mem + comp) / p
     steady = max(comp, mem, lat_bound)
-    fill = min(d, N)
-    t_pro = lat + fill * mem
-    t_steady = max(N - d, 0) * steady
-    t_epi = fill * comp + p * epi + tiles * ovh_tile
+    # first load: latency + transfer; last compute ends the loop; between them
+    # N - 1 steady iterations (no latency bound when every load is in flight)
+    step = max(comp, mem) if 0 < N <= d else steady
+    t_pro = lat + mem
+    t_steady = max(N - 1, 0) * step
+    t_epi = comp + p * epi + tiles * ovh_tile
     return t_pro + t_steady + t_epi, t_pro, t_steady, t_epi, steady, p * epi
 
 

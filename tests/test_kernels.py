@@ -719,3 +719,35 @@ def test_latency_never_falls_when_work_rises(c, r, factor, what):
         more["ksteps"] = c["ksteps"] + 1 + int(factor)
     before, after = _envelopes([c, more])["latency_us"]
     assert after >= before * (1 - 1e-12)
+
+
+def test_loop_envelope_by_hand():
+    """The loop is first load + (N - 1) steady iterations + last compute; a loop
+    no longer than the loads in flight overlaps its memory with its compute;
+    the bookkeeping joins the chain where there is one. Hand computation: one
+    SM, 2 tiles, compute 1.0 us and memory (L2) 0.5 us per iteration, latency
+    0.5 us, each tile's epilogue 0.2 us of DRAM."""
+    rate = np.zeros(8)
+    rate[0], rate[5], rate[6] = 100.0, 1000.0, 1000.0  # tensor core per SM; L2, DRAM per chip
+    wi = np.zeros(8)
+    wi[0], wi[5] = 100.0, 500.0
+    we = np.zeros(8)
+    we[6] = 200.0
+
+    def run(ksteps, ovh=0.0, chain=0.0):
+        args = (wi, we, rate, SHARED, COMPUTE, 2, 1, ksteps, 3, 4.0, 4.0, 0.5, ovh, 0.0, 0, 1.0,
+                0.0, chain, 1.0)
+        got = envelope.envelope_one(*args)
+        want = naive.envelope_one(wi.tolist(), we.tolist(), rate.tolist(), SHARED.tolist(),
+                                  COMPUTE.tolist(), *args[5:])
+        assert_allclose(got, want, rtol=FASTMATH_RTOL, atol=0)
+        return got[0]
+
+    # N = 4 <= d = 4: 0.5 + 0.5 (first load) + 3 x max(1.0, 0.5) + 1.0 + 2 x 0.2
+    assert_allclose(run(2), 5.4, rtol=1e-9)
+    # N = 20 > d: steady max(1.0, 0.5, (0.5 + 0.5) / 4) = 1.0: 1.0 + 19 + 1.0 + 0.4
+    assert_allclose(run(10), 21.4, rtol=1e-9)
+    # bookkeeping 0.4 us without a chain: on the busiest resource, compute 1.4
+    assert_allclose(run(2, ovh=0.4), 1.0 + 3 * 1.4 + 1.4 + 0.4, rtol=1e-9)
+    # with a 3.0 us chain over 2 tiles x 1 stream: max(1.0, (3.0 + 0.4) / 2) = 1.7
+    assert_allclose(run(2, ovh=0.4, chain=3.0), 1.0 + 3 * 1.7 + 1.7 + 0.4, rtol=1e-9)

@@ -116,8 +116,11 @@ def lower_bound(plan: TilePlan, p: np.ndarray, hw: HwSpec, *, own: bool = False)
         work_iter[:, R_L15] = 0.0
         work_iter[:, R_L2] = req.sum(axis=1)  # h15 is 0 without an L1.5 tier
     work_iter[:, R_DRAM] = 0.0
-    # every other envelope input exactly as evaluate_plan passes it
-    kw = {"share_eff": plan.share_eff, "sync": plan.sync_us}
+    # every other envelope input exactly as evaluate_plan passes it (the chain
+    # too: it does not depend on the hit rates, and the loop's bookkeeping joins
+    # it where there is one, so leaving it out would not give a lower bound)
+    kw = {"share_eff": plan.share_eff, "sync": plan.sync_us, "chain": plan.chain_us,
+          "streams": plan.streams}
     env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, plan.g0 * plan.g1 * plan.g2,
                              hw.sm_count, p, plan.ksteps, plan.stages, plan.warps,
                              plan.warps_full, plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us,

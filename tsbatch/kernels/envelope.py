@@ -11,7 +11,7 @@ tail wave with fewer active SMs runs its memory phases faster.
 With ``p`` resident tiles interleaved on an SM the loop has ``N = p K``
 iterations and ``d = p (stages - 1)`` loads in flight. Then
 
-``T = T_pro + max(N - d, 0) T_steady + T_epi`` (Eq. 2)
+Eq. 2, ``T = T_pro + max(N - d, 0) T_steady + T_epi``, is taken as follows
 
 with ``T_steady = max(compute, memory, (L + memory) / d)``: independent
 resources overlap (Eq. 4, the best order of a load-compute body is the one
@@ -24,8 +24,20 @@ compute run back to back and only the tiles interleave:
 ``stages p - 1`` with a ``(L + memory + compute)`` numerator (Eq. 3),
 which let two-stage pipelines hide twice the latency they can: measured
 two-stage 128x128x32 tiles ran 1.17x (A100) and 1.29x (H100) above it.
-``T_pro = L + min(d, N) memory`` fills the pipeline;
-``T_epi = min(d, N) compute + p * epilogue + tile overhead`` drains it.
+The first load lands after ``T_pro = L + memory``; the ``N - 1`` iterations
+after it run at ``T_steady`` (at ``max(compute, memory)`` when ``N <= d``:
+every load of the loop is then in flight from its start, so no latency
+bound between them); the last iteration's compute and the tiles' epilogue
+end it: ``T_epi = compute + p * epilogue + tile overhead``. So
+``T = T_pro + (N - 1) T_steady + T_epi``. The paper's fill ``L + d memory``
+and drain ``d compute`` count ``(d - 1) min(memory, compute)`` twice: a few
+percent of a long GEMM loop, and, for a loop no longer than the loads in
+flight (attention over a few key blocks, a small-K GEMM), all of its memory
+serialised with all of its compute (the A100 FlexAttention bodies ran
+1.4x faster than that predicted). The loop's bookkeeping
+(``ovh_iter``) is work added to the busiest resource where the family has
+no chain (GEMM), and one more serial segment of the chain where it has one
+(tile programs: the chain already holds the iteration's dependent issue).
 
 Consecutive waves overlap at their seam: output stores retire
 asynchronously, so the next wave's prologue (load latency and pipeline
@@ -146,7 +158,8 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
                 mem = u
         if e > epi:
             epi = e
-    comp += ovh_iter
+    if chain <= 0.0:
+        comp += ovh_iter
     if sync > 0.0:
         # the loop's barrier stall: the tile's warps wait, the tensor cores idle
         # unless another resident tile has work (a round of p iterations takes
@@ -156,8 +169,11 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     if chain > 0.0:
         # the best issue order's chain of one iteration (tsbatch.kernels.dag): the
         # p tiles' `streams` issue streams each interleave their chains
+        # the loop's bookkeeping (index and address arithmetic, the async-copy
+        # wait) is one more serial segment of that chain, not extra work on the
+        # busiest resource
         q = p * streams
-        c = chain / q if q > 0.0 else chain
+        c = (chain + ovh_iter) / q if q > 0.0 else chain + ovh_iter
         comp = comp if comp > c else c
     tiles = persist_tiles if persist_tiles > 0 else p  # tiles this SM runs
     n_it = tiles * ksteps
@@ -179,13 +195,16 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         lat_bound = (lat + mem + comp) / p
     if lat_bound > steady:
         steady = lat_bound
-    fill = d if d < n_it else n_it
-    t_pro = lat + fill * mem
-    rest = n_it - d
-    if rest < 0:
-        rest = 0
-    t_st = rest * steady
-    t_epi = fill * comp + p * epi + tiles * ovh_tile
+    # the first load lands after one latency and its transfer, the last
+    # iteration's compute ends the loop, and the n_it - 1 iterations between
+    # run at the steady rate; a loop no longer than the loads in flight has
+    # every load issued at its start, so no latency bound between them
+    step = steady
+    if d > 0 and n_it <= d:
+        step = comp if comp > mem else mem
+    t_pro = lat + mem
+    t_st = (n_it - 1) * step if n_it > 1 else 0.0
+    t_epi = comp + p * epi + tiles * ovh_tile
     return t_pro + t_st + t_epi, t_pro, t_st, t_epi, steady, p * epi
 
 
