@@ -338,6 +338,7 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     comp_times = [0.0]
     mem_times = [0.0]
     epi_times = [0.0]
+    rates = [0.0] * len(work_iter)  # each resource's rate on this SM (0: absent)
     for r in range(len(work_iter)):
         if rate[r] <= 0.0:
             continue  # resource absent on this chip
@@ -348,6 +349,7 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
             eff = eff * frac
         if r == 0 and groups_share:  # resource 0: tensor core
             eff = eff * share_eff
+        rates[r] = eff
         per_iter = work_iter[r] / eff
         per_epi = work_epi[r] / eff
         if persist_tiles > 0 and not compute[r]:
@@ -373,8 +375,17 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     step = max(comp, mem) if 0 < N <= d else steady
     t_pro = lat + mem
     t_steady = max(N - 1, 0) * step
-    t_epi = comp + p * epi + tiles * ovh_tile
-    return t_pro + t_steady + t_epi, t_pro, t_steady, t_epi, steady, p * epi
+    # out of step, the other resident tiles' once-per-tile work runs under the loop
+    hide = min((p - 1) * epi, t_steady) if persist_tiles <= 0 and p > 1 else 0.0
+    t_epi = comp + p * epi - hide + tiles * ovh_tile
+    # never below the busiest resource's time for the SM's tiles (plus one latency)
+    floor = tiles * max([0.0] + [(w * ksteps + e) / r for w, e, r in zip(work_iter, work_epi, rates)
+                                 if r > 0.0])
+    total = t_pro + t_steady + t_epi
+    if total < lat + floor:
+        t_epi += lat + floor - total
+        total = lat + floor
+    return total, t_pro, t_steady, t_epi, steady, p * epi - hide
 
 
 def resource_floor(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
