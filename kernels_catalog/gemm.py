@@ -130,6 +130,17 @@ LIBRARY_TILES = {
 LIBRARY_TILES["blackwell"] = LIBRARY_TILES["hopper"]
 LIBRARY_TILES["cdna2"] = LIBRARY_TILES["ampere"]
 
+#: Element size (bytes) the ``block_k`` of :data:`LIBRARY_TILES` is written for.
+#: The library's tiles keep the bytes of a K slice, not its elements: CUTLASS's
+#: sm80 kernel lists (python/cutlass_library/generator.py) give the 16-bit
+#: GenerateSM80_TensorOp_16816 tiles K = 32 / 64 and the TF32
+#: GenerateSM80_TensorOp_1688 tiles the same shapes and stages at K = 16 / 32
+#: (256x128x16/3, 128x128x16/5, 64x64x16/10, ..., 256x128x32/3, 128x128x32/4,
+#: 64x64x32/5): 64 or 128 bytes of K a row, which on Hopper is the 128-byte TMA
+#: swizzle row (as the FP8 tiles' K = 128 below). A library row of 4-byte
+#: elements (float32, IEEE or TF32) takes ``block_k * LIBRARY_TILE_BYTES / 4``.
+LIBRARY_TILE_BYTES = 2
+
 #: Library tile catalog for float8 rows, per architecture (same tuple layout).
 #: Hopper FP8 GEMMs (cuBLASLt's sm90 e4m3/e5m2 kernels, CUTLASS 3.x
 #: ``KernelTmaWarpSpecializedCooperative``/``Pingpong`` FP8 examples, DeepGEMM)
@@ -322,6 +333,14 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         # (AccelerateMatmul.cpp, warpsPerTileV3), so 8 warps on a 64-row tile still
         # issue wgmma, as two warpgroups side by side along N
         wg = wgmma_ok and tc and w >= wgmma_min and w % 4 == 0 and bmi % 64 == 0
+        if wg and lib[i] and dcode[i] == f32_code and not a_rm[i] and b_rm[i]:
+            # library TF32 with both operands M/N-contiguous (A column-major, B
+            # row-major): wgmma reads 32-bit operands from shared memory K-major only
+            # (PTX wgmma.mma_async: the .tf32 forms have no imm-trans-a/b, the 16-bit
+            # forms do); one non-K-major operand can be fed from registers (wgmma's A
+            # operand, swapping A and B for a non-K-major B), two cannot, so the
+            # library runs its mma.sync (sm80-style) kernel
+            wg = False
         use_wg[i] = wg
         wg_m, wg_n = _warpgroup_grid(bmi, w)
         wm, wn = _warp_grid(bmi, bni, w)
@@ -341,7 +360,15 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
             # promoted into both live in registers (CUTLASS GmmaFP8Accumulation)
             acc_regs *= 2
         if tc or lib[i]:
-            frag = 0 if wg else 2 * ((bmi // wm) + (bni // wn)) * 16 * eb // (4 * 32)
+            # operand fragments of one MMA step (16 elements of K), double-buffered;
+            # a library (CUTLASS) tensor-core kernel loads its warp fragments one
+            # instruction K-step at a time, 32 bytes of K (mma k16 for 16-bit
+            # operands, k8 for TF32: the warp-level MmaTensorOp's double-buffered
+            # per-k-group fragments), so TF32 does not double them
+            kb = 16 * eb
+            if lib[i] and tc and kb > 32:
+                kb = 32
+            frag = 0 if wg else 2 * ((bmi // wm) + (bni // wn)) * kb // (4 * 32)
         else:
             # Triton's FMA dot: one k at a time, a thread holds its rows of A and
             # its columns of B (the library's SGEMM keeps the estimate above)
@@ -650,7 +677,8 @@ def expand_library(cols: dict, is_lib: np.ndarray, arch: str):
     """Replace each library row by one row per catalog tile.
 
     float8 rows take :data:`LIBRARY_TILES_FP8` where the architecture has one,
-    every other row :data:`LIBRARY_TILES`. Returns ``(expanded_cols, parent)``
+    every other row :data:`LIBRARY_TILES`, whose ``block_k`` is scaled to the
+    same bytes of K for elements wider than :data:`LIBRARY_TILE_BYTES`. Returns ``(expanded_cols, parent)``
     where ``parent[j]`` is the input row that expanded row ``j`` stands for;
     non-library rows map to themselves (and come first, in input order).
     """
@@ -678,6 +706,13 @@ def expand_library(cols: dict, is_lib: np.ndarray, arch: str):
         rast[sl] = np.concatenate([np.tile(np.array([c[6] for c in cg], dtype=object), idx.size)
                                    for idx, cg in groups])
         out["raster"] = rast
+        if "dtype" in out:
+            # K extent in bytes (LIBRARY_TILE_BYTES): wider elements, fewer of them
+            eb = np.array([v[0] for v in DTYPES.values()], dtype=np.int64)[
+                map_codes(np.asarray(out["dtype"], dtype=object)[sl], _DTYPE_CODE)]
+            bk = out["block_k"]
+            bk[sl] = np.where(eb > LIBRARY_TILE_BYTES,
+                              np.maximum(bk[sl] * LIBRARY_TILE_BYTES // eb, 1), bk[sl])
         grp = np.asarray(out["group_m"]).astype(np.int64, copy=True)
         grp[sl] = 8
         out["group_m"] = grp

@@ -1,0 +1,133 @@
+"""Library (cuBLAS) GEMM rows: the rules that apply to ``backend = 'cublas'``
+rows only, checked by hand (issue 21, docs/gemm_accuracy.md "Library kernels").
+
+- the catalog's K extent is bytes: 4-byte elements take half the 16-bit K;
+- a library tensor-core kernel's warp fragments hold one 32-byte MMA K-step;
+- Hopper TF32 with both operands M/N-contiguous runs mma.sync, not wgmma.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from kernels_catalog import gemm
+from tsbatch.evaluate import evaluate
+from tsbatch.hw import get_hw
+from tsbatch.schema import validate
+
+
+def _lower_one(hw, backend="cublas", **over):
+    row = dict(m=8192, n=8192, k=8192, dtype="float32", tf32=True, a_row_major=True,
+               b_row_major=True, block_m=256, block_n=128, block_k=16, num_stages=3,
+               num_warps=8, raster="grouped")
+    row.update(over)
+    cols, _ = validate(pl.DataFrame([row]), gemm.FAMILY)
+    cols = dict(cols)
+    cols["backend"] = np.array([backend], dtype=object)
+    return gemm.lower(cols, get_hw(hw))
+
+
+def _library_frame(**over):
+    row = dict(m=4096, n=4096, k=4096, dtype="float16", tf32=False, a_row_major=True,
+               b_row_major=True, backend="cublas")
+    row.update(over)
+    return pl.DataFrame([row])
+
+
+@pytest.mark.parametrize("arch", ["ampere", "hopper"])
+def test_library_k_is_bytes(arch):
+    """float32 library rows take the catalog's K in bytes (LIBRARY_TILE_BYTES = 2:
+    half the elements); 16-bit rows keep it; float8 rows keep their own catalog."""
+    dtypes = ["float16", "bfloat16", "float32", "float32", "float8"]
+    tf32 = [False, False, True, False, False]
+    cols = {
+        "m": np.full(5, 512), "n": np.full(5, 512), "k": np.full(5, 512),
+        "dtype": np.array(dtypes, dtype=object), "tf32": np.array(tf32),
+        "block_m": np.zeros(5, dtype=np.int64), "block_n": np.zeros(5, dtype=np.int64),
+        "block_k": np.zeros(5, dtype=np.int64), "num_stages": np.zeros(5, dtype=np.int64),
+        "num_warps": np.zeros(5, dtype=np.int64), "split_k": np.ones(5, dtype=np.int64),
+        "group_m": np.ones(5, dtype=np.int64), "raster": np.array(["grouped"] * 5, dtype=object),
+    }
+    out, parent = gemm.expand_library(cols, np.ones(5, dtype=bool), arch)
+    cat = gemm.LIBRARY_TILES[arch]
+    for r, dt in enumerate(dtypes):
+        bk = out["block_k"][parent == r]
+        if dt == "float8" and arch in gemm.LIBRARY_TILES_FP8:
+            assert list(bk) == [t[2] for t in gemm.LIBRARY_TILES_FP8[arch]]
+        elif dt == "float32":
+            assert list(bk) == [t[2] * 2 // 4 for t in cat]  # 32 -> 16, 64 -> 32
+        else:
+            assert list(bk) == [t[2] for t in cat]
+        # tile shapes, stages and warps are the catalog's either way
+        assert list(out["block_m"][parent == r]) == [
+            t[0] for t in (gemm.LIBRARY_TILES_FP8[arch] if dt == "float8" and arch in
+                           gemm.LIBRARY_TILES_FP8 else cat)]
+
+
+def test_library_tf32_fragments_one_mma_step():
+    """256x128 TF32 tile on 8 warps (A100): warp grid 4 x 2 (64 x 64 a warp).
+    Library: accumulator 256*128/256 = 128 registers, fragments
+    2 x (64 + 64) rows x 32 bytes / 4 / 32 lanes = 64, base 40: 232 <= 255, no
+    spill. A Triton row of the same tile keeps 16 elements of K (64 bytes) a
+    fragment: 128 + 128 + 40 = 296, capped at 255, 41 spilled."""
+    lib = _lower_one("a100")
+    assert int(lib.regs_thread[0]) == 128 + 64 + 40
+    assert int(lib.extra["register_spill"][0]) == 0
+    tri = _lower_one("a100", backend="triton")
+    assert int(tri.regs_thread[0]) == 255
+    assert int(tri.extra["register_spill"][0]) == 296 - 255
+    # 16-bit library rows: 16 elements of K are 32 bytes already, unchanged
+    h_lib = _lower_one("a100", dtype="float16", tf32=False, block_k=32)
+    h_tri = _lower_one("a100", dtype="float16", tf32=False, block_k=32, backend="triton")
+    assert int(h_lib.regs_thread[0]) == int(h_tri.regs_thread[0]) == 128 + 64 + 40
+
+
+@pytest.mark.parametrize("a_rm,b_rm,path", [
+    (True, False, "wgmma"),    # both K-major
+    (False, False, "wgmma"),   # A M-contiguous only: A from registers
+    (True, True, "wgmma"),     # B N-contiguous only: swapped, from registers
+    (False, True, "mma_sync"),  # both M/N-contiguous: no wgmma for 32-bit operands
+])
+def test_hopper_tf32_library_layouts(a_rm, b_rm, path):
+    plan = _lower_one("h100", a_row_major=a_rm, b_row_major=b_rm, block_m=128,
+                      block_n=128, block_k=32, num_stages=5, num_warps=4,
+                      raster="persistent")
+    assert plan.extra["mma_path"][0] == path
+    # the rule is the library's: the Triton row of the same configuration, the
+    # 16-bit library row and the IEEE FP32 library row are untouched by it
+    tri = _lower_one("h100", backend="triton", a_row_major=a_rm, b_row_major=b_rm,
+                     block_m=128, block_n=128, block_k=32, num_stages=5, num_warps=4,
+                     raster="persistent")
+    assert tri.extra["mma_path"][0] == "wgmma"
+    h = _lower_one("h100", dtype="bfloat16", tf32=False, a_row_major=a_rm,
+                   b_row_major=b_rm, block_m=128, block_n=128, block_k=64,
+                   num_stages=5, num_warps=4, raster="persistent")
+    assert h.extra["mma_path"][0] == "wgmma"
+    f = _lower_one("h100", tf32=False, a_row_major=a_rm, b_row_major=b_rm, block_m=128,
+                   block_n=128, block_k=32, num_stages=5, num_warps=4, raster="persistent")
+    assert f.extra["mma_path"][0] == "fma"
+
+
+def test_hopper_tf32_mn_major_runs_at_the_mma_sync_rate():
+    """The mma.sync path's tensor rate is mma_sync_fraction of wgmma's."""
+    hw = get_hw("h100")
+    kw = dict(block_m=128, block_n=128, block_k=32, num_stages=5, num_warps=4,
+              raster="persistent")
+    k_major = _lower_one("h100", a_row_major=True, b_row_major=False, **kw)
+    mn_major = _lower_one("h100", a_row_major=False, b_row_major=True, **kw)
+    from tsbatch.kernels.envelope import R_TC
+    assert mn_major.rate[0, R_TC] == pytest.approx(
+        k_major.rate[0, R_TC] * hw.mma_sync_fraction, rel=1e-12)
+
+
+def test_library_tile_reports_the_byte_scaled_k():
+    """evaluate's library_tile names the winning tile with its K in elements."""
+    hw = get_hw("h100")
+    out = evaluate(_library_frame(dtype="float32", tf32=True), hw)
+    bk = int(out["library_tile"][0].split("x")[2].split("/")[0])
+    hopper_ks = {t[2] * 2 // 4 for t in gemm.LIBRARY_TILES["hopper"]}
+    assert bk in hopper_ks and bk == 32
+    out16 = evaluate(_library_frame(dtype="bfloat16"), hw)
+    assert int(out16["library_tile"][0].split("x")[2].split("/")[0]) == 64
