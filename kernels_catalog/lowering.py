@@ -36,7 +36,7 @@ from kernels_catalog.base import (
 )
 from kernels_catalog.program import TileProgram
 from tsbatch.kernels.envelope import (
-    N_RES, R_CUDA, R_DRAM, R_L15, R_L2, R_NAMES, R_SFU, R_SMEM, R_TC,
+    N_RES, R_ALU, R_CUDA, R_DRAM, R_L15, R_L2, R_NAMES, R_SFU, R_SMEM, R_TC,
 )
 from tsbatch.kernels.order import ORDER_NAMES, ORDER_PERSISTENT
 
@@ -182,6 +182,7 @@ def _rates(hw, n: int) -> np.ndarray:
     rate = np.zeros((n, N_RES), dtype=np.float64)
     rate[:, R_CUDA] = hw.rate("fp32_tflops") * 1e6 / sms
     rate[:, R_SFU] = hw.rate("sfu_tops") * 1e6 / sms
+    rate[:, R_ALU] = hw.rate("alu_tops") * 1e6 / sms
     rate[:, R_SMEM] = hw.smem_bytes_per_clk * hw.rate("clock_mhz")
     rate[:, R_L15] = hw.rate("l15_bw_tbps") * 1e6 / sms if hw.has_l15 else 0.0
     rate[:, R_L2] = hw.rate("l2_bw_tbps") * 1e6 * hw.cal("l2_efficiency")
@@ -235,10 +236,15 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     body = prog.body
     bi = {a.name: k for k, a in enumerate(body)}
     sync_work: list[list[tuple[int, np.ndarray]]] = [[] for _ in body]
+    has_alu = hw.rate("alu_tops") > 0.0
     for a in prog.actions:
         for r, e in a.uses:
             w = _arr(e, env, n)
             col = _RES[r]
+            if col == R_ALU and not has_alu:
+                # integer and FP32 share one pipe on this GPU: an ALU operation
+                # is one elementwise operation (2 FLOPs) on the CUDA cores
+                col, w = R_CUDA, 2.0 * w
             target = work_iter if a.phase == "body" else work_epi
             if col == R_TC:
                 target[:, R_TC] += np.where(on_tc, w, 0.0)
@@ -300,8 +306,9 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
                     rate[:, col] > 0, w / np.where(rate[:, col] > 0, rate[:, col], 1.0), 0.0)
             np.maximum(dur[:, k], t, out=dur[:, k])
     if prog.has_chain() and n:
-        res_mask = np.array([sum(1 << _RES[r] for r, _ in a.uses) if not a.is_async else 0
-                             for a in body], dtype=np.int64)
+        alu_bit = R_ALU if has_alu else R_CUDA  # where ALU operations run on this GPU
+        res_mask = np.array([sum(1 << (alu_bit if _RES[r] == R_ALU else _RES[r]) for r, _ in a.uses)
+                             if not a.is_async else 0 for a in body], dtype=np.int64)
         # tensor-core work of a dtype without tensor cores runs on CUDA cores
         res_mask_fma = np.array([(m & ~(1 << R_TC)) | ((1 << R_CUDA) if m & (1 << R_TC) else 0)
                                  for m in res_mask], dtype=np.int64)

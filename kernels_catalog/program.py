@@ -82,10 +82,10 @@ __all__ = [
 
 #: resource names of the per-tile resource vector (Eq. 1), as in
 #: :data:`tsbatch.kernels.envelope.R_NAMES`
-RESOURCES = ("tensor_core", "cuda_core", "sfu", "smem", "l15", "l2", "dram", "net")
+RESOURCES = ("tensor_core", "cuda_core", "sfu", "smem", "l15", "l2", "dram", "net", "alu")
 #: resources an action may name directly (memory traffic goes through tensors,
 #: whose bytes the cache model splits into L1.5, L2 and DRAM)
-ACTION_RESOURCES = ("tensor_core", "cuda_core", "sfu", "smem", "net")
+ACTION_RESOURCES = ("tensor_core", "cuda_core", "sfu", "smem", "net", "alu")
 PLACEMENTS = ("registers", "smem", "tmem", "global")
 PHASES = ("prologue", "body", "epilogue")
 CADENCES = ("step", "tile")

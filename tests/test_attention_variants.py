@@ -63,7 +63,7 @@ def test_sliding_window_steps_and_flops_by_hand(family, causal, window):
 
 
 def test_window_edges_are_masked_blocks():
-    # attention: the mask action's CUDA-core work is 2 * 3 * BM * BN * masked / steps
+    # attention: the mask action's ALU work is 3 * BM * BN * masked / steps
     bm, bn = BASE["block_m"], BASE["block_n"]
     fam = FAMILIES["attention"]
     rows = [dict(variant="full", window=0), dict(variant="sliding_window", window=1024),
@@ -78,11 +78,14 @@ def test_window_edges_are_masked_blocks():
     # causal: the diagonal, and a far edge on the tiles the window cuts; both sides
     # without causal; a window wider than the sequence cuts nothing
     masked = [edge, edge + cut * (edge + 1), 2 * (edge + 1), edge]
-    sm = 2 * (8 - 6) * 0  # score_mod_nodes default 6: no score_mod work
+    eb = {"float16": 2, "bfloat16": 2, "float32": 4}[BASE["dtype"]]
     for i, m in enumerate(masked):
         frac = min(m / p.ksteps[i], 1.0)
-        ops = 2 * (2 + 2 + 1) * bm * bn + 2 * bm * 128 + 2 * 3 * bm * bn * frac + sm
-        assert p.work_iter[i, 1] == pytest.approx(ops, rel=1e-12)
+        # FMA pipe: scale, 1/ln 2, s - m, row sum per score, and the rescale
+        assert p.work_iter[i, 1] == pytest.approx(2 * 4 * bm * bn + 2 * bm * 128, rel=1e-12)
+        # ALU pipe: row max, P packed to 16 bits, the mask (score_mod_nodes 6: no mod ops)
+        alu = bm * bn * (1 + (0.5 if eb == 2 else 0.0)) + 3 * bm * bn * frac
+        assert p.work_iter[i, 8] == pytest.approx(alu, rel=1e-12)
 
 
 @pytest.mark.parametrize("family", sorted(HW))

@@ -206,8 +206,10 @@ def test_attention_resource_vector_by_hand():
     BM, BN, D, eb = 128, 64, 64, 2
     assert (p.g0[0], p.g1[0], p.g2[0], p.ksteps[0]) == (1024 // BM, 1, 2 * 8, 1024 // BN)
     assert p.work_iter[0, 0] == 2 * (2 * BM * BN * D)                       # QK^T and PV
-    ops = 2 + 2 + 2 + 1  # score_mod (8 nodes - 6), scale+max, sub+cvt, rowsum per element
-    assert p.work_iter[0, 1] == pytest.approx(2 * ops * BM * BN + 2 * BM * D)  # + rescale
+    fma = 2 + 1 + 1  # FMA pipe per score: softmax scale and 1/ln 2, s - m, the row sum
+    assert p.work_iter[0, 1] == pytest.approx(2 * fma * BM * BN + 2 * BM * D)  # + rescale
+    alu = 2 + 1 + 0.5  # ALU pipe: score_mod (8 nodes - 6), the row max, P packed to fp16
+    assert p.work_iter[0, 8] == pytest.approx(alu * BM * BN)
     assert p.work_iter[0, 2] == BM * BN + BM                               # exp2, alpha
     warps_m = 4
     assert p.work_iter[0, 3] == pytest.approx(2 * BN * D * eb + 2 * warps_m * BN * D * eb)

@@ -22,7 +22,14 @@ _ADVICE = {
     "tensor_core": "tensor cores are the limit: the schedule is near peak; only a faster MMA "
                    "path (warpgroup MMA needs num_warps a multiple of 4 and block_m a multiple "
                    "of 64 per warpgroup) or fewer wasted tile FLOPs on ragged edges helps",
-    "cuda_core": "CUDA cores are the limit (FP32 FMA path): enable TF32 or use a 16-bit dtype",
+    "cuda_core": "CUDA cores are the limit (FP32 FMA pipe): for a GEMM, enable TF32 or use a "
+                 "16-bit dtype; in a fused kernel, fewer elementwise operations per score or "
+                 "element (a larger head_dim gives the tensor cores more work per softmax)",
+    "alu": "the integer/logic (ALU) pipe is the limit: compares, selects, min/max, index "
+           "arithmetic and conversions; a simpler score_mod or mask, or fewer partially "
+           "masked blocks",
+    "sfu": "the special-function units (exp2, tanh) are the limit: one exp2 per score is "
+           "the floor of an attention softmax; a larger head_dim amortises it",
     "smem": "shared-memory bandwidth is the limit: each warp re-reads its A and B fragments; "
             "larger per-warp tiles (fewer warps per block or a larger block) cut the re-reads",
     "l15": "the L1.5 tier is the limit: larger tiles raise arithmetic intensity",

@@ -127,6 +127,7 @@ _COMPUTE_KEYS = (
     "tc_fp8_tflops",
     "fp32_tflops",
     "sfu_tops",
+    "alu_tops",
     "mma_sync_fraction",
 )
 _MEMORY_KEYS = (
@@ -199,6 +200,9 @@ class HwSpec:
     tc_fp8_tflops: float
     fp32_tflops: float
     sfu_tops: float
+    #: integer/logic (ALU) pipe results per second beside the FP32 FMA pipe;
+    #: 0 where integer and FP32 share one pipe (its work then runs as cuda_core)
+    alu_tops: float
     mma_sync_fraction: float
     # memory
     l2_bytes: int

@@ -21,11 +21,12 @@ import numpy as np
 
 from tsbatch.kernels._config import jit_serial
 from tsbatch.kernels._threads import even_bounds, run_shares
+from tsbatch.kernels.envelope import N_RES
 
 __all__ = ["best_orders", "MAX_DAG_RESOURCES"]
 
 #: resources a DAG's actions may use (bits of the resource masks)
-MAX_DAG_RESOURCES = 8
+MAX_DAG_RESOURCES = N_RES
 
 
 @jit_serial

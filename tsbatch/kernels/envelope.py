@@ -90,6 +90,7 @@ __all__ = [
     "R_L2",
     "R_DRAM",
     "R_NET",
+    "R_ALU",
     "N_RES",
     "SHARED",
     "COMPUTE",
@@ -98,13 +99,17 @@ __all__ = [
     "evaluate_envelopes",
 ]
 
-R_TC, R_CUDA, R_SFU, R_SMEM, R_L15, R_L2, R_DRAM, R_NET = range(8)
-N_RES = 8
-R_NAMES = ("tensor_core", "cuda_core", "sfu", "smem", "l15", "l2", "dram", "net")
+R_TC, R_CUDA, R_SFU, R_SMEM, R_L15, R_L2, R_DRAM, R_NET, R_ALU = range(9)
+N_RES = 9
+#: ``cuda_core`` is the FP32 FMA pipe (FLOPs, an elementwise operation 2);
+#: ``alu`` the integer/logic pipe beside it (operations: compare, min/max,
+#: select, integer index arithmetic, FP32 to 16-bit conversion), which issues
+#: from its own dispatch port and runs concurrently
+R_NAMES = ("tensor_core", "cuda_core", "sfu", "smem", "l15", "l2", "dram", "net", "alu")
 #: resources whose chip-wide rate is divided among the active SMs
-SHARED = np.array([0, 0, 0, 0, 0, 1, 1, 1], dtype=np.int64)
+SHARED = np.array([0, 0, 0, 0, 0, 1, 1, 1, 0], dtype=np.int64)
 #: compute-class resources (the others are memory-class)
-COMPUTE = np.array([1, 1, 1, 1, 0, 0, 0, 0], dtype=np.int64)
+COMPUTE = np.array([1, 1, 1, 1, 0, 0, 0, 0, 1], dtype=np.int64)
 
 
 @jit_scalar
