@@ -428,18 +428,23 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         steady_iter = res[4]
         store = res[5]
         h = min(res[1], store)  # a wave's prologue under the stores before it
-        # and then its first compute steps (the drain's compute moves no DRAM bytes)
-        hf = max(min(res[3] - store - p * ovh_tile, store - h), 0.0)
+        # and then its loop and last compute step, down to the busiest resource
+        hf = max(min(res[2] + res[3] - store - p * ovh_tile, store - h), 0.0)
+        floor = resource_floor(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
+                               warps_tile, warps_full, share_eff)
+        cap = max(res[0] - floor, 0.0)  # never below the busiest resource
+        if h + hf > cap:
+            h = min(h, cap)
+            hf = cap - h
         inc = res[0] - h - hf
         if p > 1 and full > 1:  # out-of-step slots work under (1 - 1/p) of the rest
-            floor = resource_floor(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
-                                   warps_tile, warps_full, share_eff)
             inc = min(inc, max(floor, inc - (1.0 - 1.0 / p) * (store - h - hf)))
+        hf_c = min(hf, res[3])  # hidden: off the drain first, then off the loop
         # one wave plus (full - 1) waves less the hidden part (no cancellation)
         total[0] += res[0] + (full - 1) * inc
         total[1] += res[1] + (full - 1) * (res[1] - h)
-        total[2] += full * res[2]
-        total[3] += res[3] + (full - 1) * (res[3] - hf)
+        total[2] += res[2] + (full - 1) * (res[2] - (hf - hf_c))
+        total[3] += res[3] + (full - 1) * (res[3] - hf_c)
     if tail:
         res = envelope_one(*args, math.ceil(tail / sms), min(tail, sms), ksteps, stages,
                            warps_tile, warps_full, lat, ovh_iter, ovh_tile, 0, share_eff, sync,
@@ -449,10 +454,19 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         if not full:
             steady_iter = res[4]
         hidden = min(res[1], store)
-        hf = max(min(res[3] - math.ceil(tail / sms) * ovh_tile - res[5], store - hidden), 0.0)
+        pt = math.ceil(tail / sms)
+        hf = max(min(res[2] + res[3] - pt * ovh_tile - res[5], store - hidden), 0.0)
+        floor = resource_floor(work_iter, work_epi, rate, shared, compute, pt, min(tail, sms),
+                               ksteps, warps_tile, warps_full, share_eff)
+        cap = max(res[0] - floor, 0.0)
+        if hidden + hf > cap:
+            hidden = min(hidden, cap)
+            hf = cap - hidden
+        hf_c = min(hf, res[3])
         total[0] -= hidden + hf
         total[1] -= hidden
-        total[3] -= hf
+        total[2] -= hf - hf_c
+        total[3] -= hf_c
     return (*total, steady_iter, full + (1 if tail else 0), tail)
 
 

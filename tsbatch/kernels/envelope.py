@@ -51,8 +51,8 @@ asynchronously, so the next wave's prologue (load latency and pipeline
 fill) runs under the previous wave's stores and only the longer of the two
 counts, ``T_waves = sum(T_wave) - sum(min(T_pro(next), T_store(prev)))``;
 stores still draining after that prologue also run under the next wave's
-first compute steps (the drain's compute, ``min(d, N) compute``, which moves
-no DRAM bytes). After the first wave, with ``p > 1`` resident slots, the
+loop and last compute step, never taking a wave below its busiest
+resource's time (:func:`resource_floor`). After the first wave, with ``p > 1`` resident slots, the
 slots run out of step: the other slots keep working under all but ``1/p`` of
 the stores still exposed, down to the wave's busiest-resource time
 (:func:`resource_floor`). So a short-loop kernel of many waves (attention
@@ -290,27 +290,33 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         # less (full - 1) hidden parts: the difference of two products of
         # `full` loses digits when the prologue is mostly hidden
         h = min(a, store)
-        # and past the prologue, under the next wave's first compute steps (its
-        # pipeline drain's compute, which moves no DRAM bytes)
-        hf = min(c - store - p * ovh_tile, store - h)
+        # and past the prologue, under the next wave's loop and last compute
+        # step (bounded below by the wave's busiest resource)
+        hf = min(b + c - store - p * ovh_tile, store - h)
         if hf < 0.0:
             hf = 0.0
+        # never below the wave's busiest resource: what is hidden is at most t - floor
+        floor = resource_floor(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
+                               warps_tile, warps_full, share_eff)
+        cap = t - floor if t > floor else 0.0
+        if h + hf > cap:
+            h = h if h < cap else cap
+            hf = cap - h
         inc = t - h - hf
         if p > 1 and full > 1:
             # the stores still exposed after the seam: after the first wave the p
             # resident slots run out of step, and the others keep working under
             # all but a 1/p share of them, down to the wave's busiest resource
-            floor = resource_floor(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
-                                   warps_tile, warps_full, share_eff)
             cut = inc - (1.0 - 1.0 / p) * (store - h - hf)
             if floor > cut:
                 cut = floor
             if cut < inc:
                 inc = cut
+        hf_c = hf if hf < c else c  # the hidden stores: off the drain, then the loop
         T += t + (full - 1) * inc
         tp += a + (full - 1) * (a - h)
-        ts += full * b
-        te += c + (full - 1) * (c - hf)
+        ts += b + (full - 1) * (b - (hf - hf_c))
+        te += c + (full - 1) * (c - hf_c)
         s_it = s
     if tail > 0:
         active = tail if tail < sms else sms
@@ -326,12 +332,20 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         if full == 0:
             s_it = s
         hidden = min(a, store)
-        hf = min(c - pt * ovh_tile - p_store, store - hidden)
+        hf = min(b + c - pt * ovh_tile - p_store, store - hidden)
         if hf < 0.0:
             hf = 0.0
+        floor = resource_floor(work_iter, work_epi, rate, shared, compute, pt, active, ksteps,
+                               warps_tile, warps_full, share_eff)
+        cap = t - floor if t > floor else 0.0
+        if hidden + hf > cap:
+            hidden = hidden if hidden < cap else cap
+            hf = cap - hidden
+        hf_c = hf if hf < c else c
         T -= hidden + hf
         tp -= hidden
-        te -= hf
+        ts -= hf - hf_c
+        te -= hf_c
     return T, tp, ts, te, s_it, full + (1 if tail > 0 else 0), tail
 
 
