@@ -190,6 +190,31 @@ def test_user_program_hand_computed(tmp_path):
     assert res["feasible"].all() and res["steady_order"][0] == "mma > post"
 
 
+def test_user_program_alu_work_by_hand(tmp_path):
+    """An action's ``alu`` work runs on the integer/logic pipe where the GPU has
+    one (A100: alu_tops operations per second, beside the FMA pipe), and as one
+    elementwise operation (2 FLOPs) each on the CUDA cores where it has not
+    (MI210: alu_tops = 0)."""
+    text = _MINI.replace('uses = { cuda_core = "2 * block * 64" }',
+                         'uses = { cuda_core = "2 * block * 64", alu = "3 * block * 64" }')
+    fam = get_family(str(_mini(tmp_path, text, "alu.toml")))
+    df = pl.DataFrame({"n": [4096], "dtype": ["float16"], "block": [128]})
+    cols, _ = validate(df, fam)
+    a100 = fam.lower(cols, get_hw("a100"))
+    assert a100.work_iter[0, 1] == 2 * 128 * 64 and a100.work_iter[0, 8] == 3 * 128 * 64
+    alu = get_hw("a100").rate("alu_tops") * 1e6 / get_hw("a100").sm_count
+    assert a100.rate[0, 8] == pytest.approx(alu)
+    mi = fam.lower(cols, get_hw("mi210"))
+    assert mi.work_iter[0, 8] == 0.0 and mi.work_iter[0, 1] == 2 * 128 * 64 + 2 * 3 * 128 * 64
+    # the ALU work is one more resource of the chain's post action, not a new step
+    tc = get_hw("a100").tc_tflops("float16") * 1e6 / 108 * get_hw("a100").cal("tc_efficiency")
+    cuda = get_hw("a100").rate("fp32_tflops") * 1e6 / 108
+    post = max(2 * 128 * 64 / cuda, 3 * 128 * 64 / alu)
+    assert a100.chain_us[0] == pytest.approx(2 * 128 * 64 * 64 / tc + post, rel=1e-12)
+    res = evaluate(df, "a100", fam)
+    assert res["feasible"].all() and "util_alu" in res.columns
+
+
 # ----------------------------------------------------------------------------- attention
 def _attn_row(**kw):
     row = dict(batch=2, heads=8, seq_len=1024, head_dim=64, dtype="float16", score_mod_nodes=8,
