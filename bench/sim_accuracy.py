@@ -91,6 +91,10 @@ def main(argv=None) -> int:
                     help="worker processes (problems are independent)")
     ap.add_argument("--evaluator-only", action="store_true",
                     help="skip the simulator: only the analytical evaluator's figures on the same rows")
+    ap.add_argument("--labels", default=None,
+                    help="comma-separated dtype labels to keep (float16, bfloat16, fp32, tf32); default all")
+    ap.add_argument("--rows", type=Path, default=None,
+                    help="write every row (configuration, measured, simulated, evaluator) to this parquet file")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     path = args.data / "gemm" / "h100_triton_mm.parquet"
@@ -104,6 +108,8 @@ def main(argv=None) -> int:
     elif args.sample:
         best = best.sample(n=min(args.sample, best.height), seed=args.seed, shuffle=True).sort(KEY)
     best = best.with_columns(label=LABEL)
+    if args.labels:
+        best = best.filter(pl.col("label").is_in(args.labels.split(",")))
     rows = list(best.iter_rows(named=True))
     # interleave rows over the workers so that each gets a similar mix of sizes
     jobs = max(1, min(args.jobs, len(rows)))
@@ -132,7 +138,8 @@ def main(argv=None) -> int:
     ape = best["ape_pct"].to_numpy()
     out = {"problems": best.height, "problems_in_file": total,
            "selection": ("all" if best.height == total else
-                         f"first {args.limit}" if args.limit else f"sample {args.sample} seed {args.seed}"),
+                         f"first {args.limit}" if args.limit else
+                         f"sample {args.sample} seed {args.seed}" if args.sample else f"labels {args.labels}"),
            "mape_pct": _mape(best),
            "median_ape_pct": float(np.median(ape)), "p90_ape_pct": float(np.percentile(ape, 90)),
            "fp16_bf16_problems": half.height, "fp16_bf16_mape_pct": _mape(half),
@@ -190,6 +197,8 @@ def main(argv=None) -> int:
     if "evaluator_mape_pct" in out:
         print(f"analytical evaluator mape_pct on the same rows = {out['evaluator_mape_pct']:.2f} "
               f"(float16/bfloat16: {out['evaluator_fp16_bf16_mape_pct']:.2f})")
+    if args.rows:
+        best.write_parquet(args.rows)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0
