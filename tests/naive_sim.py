@@ -154,12 +154,17 @@ def naive_simulate(graph, machine, resident):
             push(machine.cta_launch_clk, 2, s, next_cta)
             next_cta += 1
 
+    def on_sps(slot, u):
+        # warps of the CTA in slot s start at (s // n_sm) * warps_per_cta on their SM
+        first = (slot // n_sm) * graph.warps_per_cta
+        return sorted({(first + sp) % nsp for sp in sps[u]})
+
     def ready(slot, u, now):
         sm = slot % n_sm
         t = now
-        for sp in sps[u]:
+        for sp in on_sps(slot, u):
             t = max(t, port[sm * nsp + sp])
-        for sp in sps[u]:
+        for sp in on_sps(slot, u):
             port[sm * nsp + sp] = t + machine.issue_clk
         times[(slot_cta[slot], u)] = [now, t, None, None]
         push(t, 0, slot, u)
@@ -189,10 +194,10 @@ def naive_simulate(graph, machine, resident):
             if r == NONE:
                 done = now + dur[v]
             elif r in (TC, CUDA, SFU):
-                for sp in sps[v]:
+                for sp in on_sps(slot, v):
                     start = max(start, comp[r][sm * nsp + sp])
                 end = start + dur[v]
-                for sp in sps[v]:
+                for sp in on_sps(slot, v):
                     comp[r][sm * nsp + sp] = end
                 busy[r] += dur[v] * len(sps[v])
                 done = end + lat[v]

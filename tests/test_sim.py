@@ -530,3 +530,53 @@ def test_issue5_simulator_and_evaluator_agree_on_regular_gemms():
         # both are first-principles models of the same kernel: same order of magnitude
         assert 0.5 < e["latency_us"] / r.latency_us < 2.0, row
         assert 0.0 <= e["l2_hit"] <= 1.0 and 0.0 <= r.l2_hit <= 1.0
+
+
+# --------------------------------------------------------------------------- issue 21 rules
+
+
+def test_resident_ctas_of_two_warps_use_all_four_subpartitions():
+    # Hand computation: one SM, two 2-warp CTAs of one FMA node each (work W FLOP).
+    # CTA 0 (slot 0) runs warps 0, 1 on sub-partitions 0, 1; CTA 1 (slot 1, rank 1 on
+    # the SM) starts at warp 2: sub-partitions 2, 3. Both run at once, each for
+    # W / 2 / (2 lanes-share) cycles; on the same two sub-partitions they would
+    # serialise (twice as long).
+    b = GraphBuilder("two_warps")
+    b.node("mma", warps=(0, 2), work=1.0e6, label="fma")
+    g = b.build(cta_m=np.zeros(2, np.int32), cta_n=np.arange(2, dtype=np.int32), warps_per_cta=2,
+                smem_bytes_per_cta=0, regs_per_thread=32, mma_dtype="float32", mma_kind="fma")
+    m = machine_from_hw("h100", sm_count=1)
+    res = _assert_same(g, m)
+    per_sp = m.cuda_op_per_clk / m.n_subpartitions
+    dur = 1.0e6 / 2.0 / (2 * per_sp)
+    t_issue = m.cta_launch_clk
+    assert res.cycles == pytest.approx(t_issue + dur + m.alu_latency_clk)
+    assert res.record["t_start"][0, 0] == res.record["t_start"][1, 0] == t_issue
+    # a third CTA (rank 2: warps 4, 5) is back on sub-partitions 0, 1
+    g3 = b.build(cta_m=np.zeros(3, np.int32), cta_n=np.arange(3, dtype=np.int32), warps_per_cta=2,
+                 smem_bytes_per_cta=0, regs_per_thread=32, mma_dtype="float32", mma_kind="fma")
+    r3 = _assert_same(g3, m)
+    assert r3.record["t_start"][2, 0] == pytest.approx(t_issue + dur)
+
+
+def test_fma_dot_shared_memory_follows_the_operand_layouts():
+    from tsbatch.sim.builders import fma_layout, fma_smem_bytes
+
+    # 128 x 128 tile, 4 warps: 4 columns a thread, 32 lanes along N, 1 row of lanes,
+    # warps along M (4), 32 rows a thread, one column group
+    assert fma_layout(128, 128, 4) == (4, 32, 1, 32, 1)
+    # per k and warp: B row-major 32 lanes x 16 B = 4 wavefronts; B column-major
+    # each of a thread's 4 columns is a 16-byte vector of four k and the 32 lanes'
+    # columns share a bank group: 4 x 32 replays per four k = 32 per k; A row-major
+    # 32 rows of 16-byte vectors of four k = 8 per k; A column-major one broadcast
+    # per row = 32
+    bk, w = 32, 4
+    assert fma_smem_bytes(128, 128, bk, w, True, True) == 128 * bk * w * (8 + 4)
+    assert fma_smem_bytes(128, 128, bk, w, True, False) == 128 * bk * w * (8 + 32)
+    assert fma_smem_bytes(128, 128, bk, w, False, True) == 128 * bk * w * (32 + 4)
+    assert fma_smem_bytes(128, 128, bk, w, False, False) == 128 * bk * w * (32 + 32)
+    g = gemm_graph(256, 256, 64, block_m=128, block_n=128, block_k=32, num_stages=2, num_warps=4,
+                   dtype="float32", a_row_major=False, b_row_major=False)
+    frag = g.labels.index("t0.frag0")
+    assert g.work[frag] == 128 * 32 * 4 * 64
+

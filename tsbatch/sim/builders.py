@@ -49,6 +49,8 @@ from tsbatch.sim.graph import DTYPE_BYTES, GraphBuilder, Tensor, TileGraph
 
 __all__ = [
     "PIPELINES",
+    "fma_layout",
+    "fma_smem_bytes",
     "grouped_order",
     "gemm_graph",
     "gemm_silu_graph",
@@ -244,6 +246,55 @@ def _regs(block_m, block_n, block_k, warps, eb, kind):
     return int(min(255, acc + frag + 32))
 
 
+def fma_layout(bm: int, bn: int, warps: int) -> tuple[int, int, int, int, int]:
+    """Triton's FMA-dot accumulator layout of a ``bm x bn`` tile (IEEE FP32 ``tl.dot``).
+
+    The row-major store's blocked layout: 4 consecutive columns a thread
+    (16 bytes), ``tn = min(32, bn / 4)`` lanes along N, the rest of the warp
+    along M, warps along N while columns remain, then M. Returns
+    ``(sn, tn, tm, reps_m, reps_n)``: columns per thread group, lanes along N
+    and M, and the rows and column groups each thread holds.
+    """
+    sn = 4 if bn >= 4 else bn
+    tn = min(max(bn // sn, 1), 32)
+    tm = 32 // tn
+    wn = min(max(bn // (sn * tn), 1), warps)
+    wm = max(warps // wn, 1)
+    reps_n = max(bn // (sn * tn * wn), 1)
+    reps_m = max(bm // (tm * wm), 1)
+    return sn, tn, tm, reps_m, reps_n
+
+
+def fma_smem_bytes(bm: int, bn: int, bk: int, warps: int, a_row_major: bool, b_row_major: bool) -> float:
+    """Shared-memory traffic of one iteration of Triton's FMA dot, in bytes of
+    128-byte wavefronts (a bank-conflicting access replays as more wavefronts).
+
+    Notes
+    -----
+    An FMA-dot operand (blocked parent layout) is staged in shared memory
+    unswizzled, in the order of its global load (``SwizzledSharedEncodingAttr``
+    with vec = perPhase = maxPhase = 1 when the parent is not an MMA layout),
+    and each thread reads its rows of A and columns of B (:func:`fma_layout`)
+    for every k, 16-byte vectors along the contiguous dimension:
+
+    * B row-major (N contiguous): a warp reads ``tn x 16`` consecutive bytes
+      per column group and k: ``ceil(tn * 16 / 128)`` wavefronts;
+    * B column-major (K contiguous): a column is a 16-byte vector of four k;
+      the ``tn`` columns of a warp lie ``bk`` words apart, in one bank group,
+      so they replay: ``tn`` wavefronts per column group and four k;
+    * A row-major (K contiguous): the warp's ``tm`` rows likewise, per four k;
+    * A column-major (M contiguous): a row's value is a broadcast, one
+      wavefront per row and k.
+
+    The same rule as the analytical lowering (``kernels_catalog/gemm.py``),
+    written here so that the simulator does not import the model it checks.
+    """
+    sn, tn, tm, reps_m, reps_n = fma_layout(bm, bn, warps)
+    b_wf = reps_n * float(-(-(tn * sn * 4) // 128)) if b_row_major else reps_n * sn * tn / 4.0
+    a_wf = reps_m * tm / 4.0 if a_row_major else float(reps_m)
+    return 128.0 * bk * warps * (a_wf + b_wf)
+
+
 def _gemm_naive(m, n, k, bm, bn, bk, stages, warps, group_m, st_dtype, mma_dtype, kind, epilogue,
                 use_tma, waves, a_rm, b_rm, mma_async, iters):
     eb = DTYPE_BYTES[st_dtype]
@@ -284,11 +335,15 @@ def _gemm_naive(m, n, k, bm, bn, bk, stages, warps, group_m, st_dtype, mma_dtype
             g.order(tail, w)
             src = w
             if kind != "warpgroup":
-                # mma.sync / FMA read register fragments loaded from shared memory (ldmatrix)
-                wm = max(1, int(round(math.sqrt(warps))))
-                wn = max(1, warps // wm)
-                frag = g.node("smem", warps=allw, work=(bm * bk * wn + bk * bn * wm) * eb,
-                              label=f"t{t}.frag{i}")
+                # mma.sync reads register fragments loaded from shared memory (ldmatrix),
+                # Triton's FMA dot its rows of A and columns of B (fma_smem_bytes)
+                if kind == "fma":
+                    fbytes = fma_smem_bytes(bm, bn, bk, warps, a_rm, b_rm)
+                else:
+                    wm = max(1, int(round(math.sqrt(warps))))
+                    wn = max(1, warps // wm)
+                    fbytes = (bm * bk * wn + bk * bn * wm) * eb
+                frag = g.node("smem", warps=allw, work=fbytes, label=f"t{t}.frag{i}")
                 g.data(w, frag)
                 src = frag
             mm = g.node("mma", warps=allw, work=2.0 * bm * bn * bk, label=f"t{t}.mma{i}")

@@ -12,8 +12,13 @@ plain-Python twin ``tests/naive_sim.py``:
   Order edges are released when their source *issues*, data edges when it
   *completes*. A node whose counter reaches zero at ``t`` is ready at ``t``.
 * **Issue.** A ready node waits in the FIFO ready queue of the
-  sub-partitions of its warps (``warp % n_subpartitions``; a warp group spans
-  all four) and holds their issue slots for ``issue_clk``:
+  sub-partitions of its warps and holds their issue slots for ``issue_clk``.
+  Warp ``w`` of the CTA in slot ``s`` runs on sub-partition
+  ``(r * warps_per_cta + w) % n_subpartitions`` with ``r = s // sm_count``
+  (the slot's rank on its SM): an SM numbers the warps of its resident CTAs
+  consecutively and deals them to the schedulers round robin, so two
+  2-warp CTAs on one SM use all four sub-partitions (a warp group spans all
+  four whatever its rank);
   ``issue = max(ready, port_free)``. FIFO order = event order (time, then
   insertion sequence): greedy-then-oldest.
 * **Compute** (tensor / CUDA / SFU): per-sub-partition FIFO servers; a node
@@ -236,11 +241,19 @@ def simulate(graph: TileGraph, machine: Machine, *, record: bool = False,
     ], dtype=np.float64)
     iparams = np.array([machine.sm_count, r, machine.n_subpartitions, line, 1 if record else 0, g15],
                        dtype=np.int64)
+    # sub-partition masks per rotation (the slot's first warp modulo n_subpartitions)
+    nsp = machine.n_subpartitions
+    full = (1 << nsp) - 1
+    mask_rot = np.empty((nsp, n), dtype=np.int32)
+    for k in range(nsp):
+        mask_rot[k] = ((mask << k) | (mask >> (nsp - k))) & full if k else mask
+    slot_rot = ((np.arange(machine.sm_count * r, dtype=np.int64) // machine.sm_count)
+                * graph.warps_per_cta) % nsp
     busy = np.zeros(10, dtype=np.float64)
     stats = np.zeros(8, dtype=np.float64)
     cta_end = np.zeros(n_ctas, dtype=np.float64)
     _run(
-        res, mask, dur, lat, _STORE[graph.op], graph.tensor, graph.tile_rows, graph.tile_cols,
+        res, mask_rot, slot_rot, dur, lat, _STORE[graph.op], graph.tensor, graph.tile_rows, graph.tile_cols,
         graph.coord, graph.succ_ptr, graph.succ_idx, graph.succ_kind, graph.n_pred,
         t_rows, t_cols, t_eb, t_rm, t_base, cta_m.astype(np.int64), cta_n.astype(np.int64),
         fparams, iparams, *lru, t15, m15, r15, busy, stats, rec_f, rec_i, cta_slot, cta_end,
@@ -369,7 +382,7 @@ def _reserve_issue(mask_u, now, sm, nsp, issue_clk, port_free):
 @jit_exact
 def _release(v, edge_kind, bind, now, slot, cta, base, n, sm, nsp, issue_clk, mask, succ_ptr,
              succ_idx, succ_kind, rem, port_free, recording, rec_f, rec_i,
-             ht, hs, hk, hl, hn, hmeta):
+             ht, hs, hk, hl, hn, hmeta, rk):
     """Release ``v``'s out-edges of one kind; a successor whose last
     predecessor this was is issued on the first free issue port of its
     sub-partitions (``bind`` records which edge bound it)."""
@@ -379,7 +392,7 @@ def _release(v, edge_kind, bind, now, slot, cta, base, n, sm, nsp, issue_clk, ma
         u = succ_idx[e]
         rem[base + u] -= 1
         if rem[base + u] == 0:
-            t_iss = _reserve_issue(mask[u], now, sm, nsp, issue_clk, port_free)
+            t_iss = _reserve_issue(mask[rk, u], now, sm, nsp, issue_clk, port_free)
             if recording:
                 g = cta * n + u
                 rec_f[0, g] = now
@@ -393,7 +406,7 @@ def _release(v, edge_kind, bind, now, slot, cta, base, n, sm, nsp, issue_clk, ma
 
 
 @jit_exact
-def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
+def _run(res, mask, slot_rot, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
          succ_ptr, succ_idx, succ_kind, n_pred,
          t_rows, t_cols, t_eb, t_rm, t_base, cta_m, cta_n,
          fparams, iparams, ltags, lmeta, t15, m15, r15,
@@ -485,7 +498,7 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
             for ri in range(n_roots):
                 u = roots[ri]
                 # ready at now: reserve issue slots of its sub-partitions
-                t_iss = _reserve_issue(mask[u], now, sm, nsp, issue_clk, port_free)
+                t_iss = _reserve_issue(mask[slot_rot[slot], u], now, sm, nsp, issue_clk, port_free)
                 if recording:
                     g = cta * n + u
                     rec_f[0, g] = now
@@ -501,7 +514,7 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
             # release order edges at issue
             _release(v, 1, BIND_ORDER, now, slot, cta, base, n, sm, nsp, issue_clk, mask,
                      succ_ptr, succ_idx, succ_kind, rem, port_free, recording, rec_f, rec_i,
-                     ht, hs, hk, hl, hn, hmeta)
+                     ht, hs, hk, hl, hn, hmeta, slot_rot[slot])
             # dispatch
             r = res[v]
             start = now
@@ -510,8 +523,9 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
             if r == R_NONE:
                 done = now + dur[v]
             elif r <= R_SFU:
+                mv = mask[slot_rot[slot], v]
                 for sp in range(nsp):
-                    if (mask[v] >> sp) & 1:
+                    if (mv >> sp) & 1:
                         f = comp_free[r, sm * nsp + sp]
                         if f > start:
                             start = f
@@ -520,7 +534,7 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
                 g = cta * n + v
                 cnt = 0
                 for sp in range(nsp):
-                    if (mask[v] >> sp) & 1:
+                    if (mv >> sp) & 1:
                         comp_free[r, sm * nsp + sp] = end
                         comp_last[r, sm * nsp + sp] = g
                         cnt += 1
@@ -650,7 +664,7 @@ def _run(res, mask, dur, lat, is_store, tensor, tile_rows, tile_cols, coord,
         # EV_COMPLETE: release data edges
         _release(v, 0, BIND_DATA, now, slot, cta, base, n, sm, nsp, issue_clk, mask,
                  succ_ptr, succ_idx, succ_kind, rem, port_free, recording, rec_f, rec_i,
-                 ht, hs, hk, hl, hn, hmeta)
+                 ht, hs, hk, hl, hn, hmeta, slot_rot[slot])
         left[slot] -= 1
         if left[slot] == 0:
             cta_end[cta] = now
