@@ -184,11 +184,10 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         hid = (comp + sync) / p
         comp = comp if comp > hid else hid
     if chain > 0.0:
-        # the best issue order's chain of one iteration (tsbatch.kernels.dag): the
-        # p tiles' `streams` issue streams each interleave their chains
-        # the loop's bookkeeping (index and address arithmetic, the async-copy
-        # wait) is one more serial segment of that chain, not extra work on the
-        # busiest resource
+        # the best issue order's chain of one iteration (tsbatch.kernels.dag),
+        # plus the loop's bookkeeping (index and address arithmetic, the
+        # async-copy wait) as one more serial segment of it: the p tiles'
+        # `streams` issue streams each interleave their chains
         q = p * streams
         c = (chain + ovh_iter) / q if q > 0.0 else chain + ovh_iter
         comp = comp if comp > c else c
