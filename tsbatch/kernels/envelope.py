@@ -255,6 +255,27 @@ def resource_floor(work_iter, work_epi, rate, shared, compute, p, active, ksteps
 
 
 @jit_scalar
+def _seam(a, b, c, t, store, own1, own2, floor):
+    """What a wave ``(t, a, b, c)`` hides of the stores ``store`` still draining
+    from the wave before it: ``h`` under its prologue ``a``, then ``hf`` under
+    its loop and last compute step (``b + c`` less ``own1 + own2``, its own
+    stores and tile overheads), never taking it below ``floor`` (its busiest resource);
+    ``hf_c`` is the part of ``hf`` taken off its drain ``c`` (the rest off ``b``)."""
+    h = a if a < store else store
+    hf = b + c - own1 - own2
+    if store - h < hf:
+        hf = store - h
+    if hf < 0.0:
+        hf = 0.0
+    cap = t - floor if t > floor else 0.0
+    if h + hf > cap:
+        h = h if h < cap else cap
+        hf = cap - h
+    hf_c = hf if hf < c else c
+    return h, hf, hf_c
+
+
+@jit_scalar
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
               chain=0.0, streams=1.0):
@@ -288,19 +309,9 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         # as one wave plus (full - 1) waves less the hidden part, not full waves
         # less (full - 1) hidden parts: the difference of two products of
         # `full` loses digits when the prologue is mostly hidden
-        h = min(a, store)
-        # and past the prologue, under the next wave's loop and last compute
-        # step (bounded below by the wave's busiest resource)
-        hf = min(b + c - store - p * ovh_tile, store - h)
-        if hf < 0.0:
-            hf = 0.0
-        # never below the wave's busiest resource: what is hidden is at most t - floor
         floor = resource_floor(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                warps_tile, warps_full, share_eff)
-        cap = t - floor if t > floor else 0.0
-        if h + hf > cap:
-            h = h if h < cap else cap
-            hf = cap - h
+        h, hf, hf_c = _seam(a, b, c, t, store, store, p * ovh_tile, floor)
         inc = t - h - hf
         if p > 1 and full > 1:
             # the stores still exposed after the seam: after the first wave the p
@@ -311,7 +322,6 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
                 cut = floor
             if cut < inc:
                 inc = cut
-        hf_c = hf if hf < c else c  # the hidden stores: off the drain, then the loop
         T += t + (full - 1) * inc
         tp += a + (full - 1) * (a - h)
         ts += b + (full - 1) * (b - (hf - hf_c))
@@ -330,17 +340,9 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         te += c
         if full == 0:
             s_it = s
-        hidden = min(a, store)
-        hf = min(b + c - pt * ovh_tile - p_store, store - hidden)
-        if hf < 0.0:
-            hf = 0.0
         floor = resource_floor(work_iter, work_epi, rate, shared, compute, pt, active, ksteps,
                                warps_tile, warps_full, share_eff)
-        cap = t - floor if t > floor else 0.0
-        if hidden + hf > cap:
-            hidden = hidden if hidden < cap else cap
-            hf = cap - hidden
-        hf_c = hf if hf < c else c
+        hidden, hf, hf_c = _seam(a, b, c, t, store, pt * ovh_tile, p_store, floor)
         T -= hidden + hf
         tp -= hidden
         ts -= hf - hf_c
