@@ -236,12 +236,12 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     body = prog.body
     bi = {a.name: k for k, a in enumerate(body)}
     sync_work: list[list[tuple[int, np.ndarray]]] = [[] for _ in body]
-    has_alu = hw.rate("alu_tops") > 0.0
+    alu_col = R_ALU if hw.rate("alu_tops") > 0.0 else R_CUDA  # where ALU operations run on this GPU
     for a in prog.actions:
         for r, e in a.uses:
             w = _arr(e, env, n)
             col = _RES[r]
-            if col == R_ALU and not has_alu:
+            if col == R_ALU and alu_col == R_CUDA:
                 # integer and FP32 share one pipe on this GPU: an ALU operation
                 # is one elementwise operation (2 FLOPs) on the CUDA cores
                 col, w = R_CUDA, 2.0 * w
@@ -306,8 +306,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
                     rate[:, col] > 0, w / np.where(rate[:, col] > 0, rate[:, col], 1.0), 0.0)
             np.maximum(dur[:, k], t, out=dur[:, k])
     if prog.has_chain() and n:
-        alu_bit = R_ALU if has_alu else R_CUDA  # where ALU operations run on this GPU
-        res_mask = np.array([sum(1 << (alu_bit if _RES[r] == R_ALU else _RES[r]) for r, _ in a.uses)
+        res_mask = np.array([sum(1 << (alu_col if _RES[r] == R_ALU else _RES[r]) for r, _ in a.uses)
                              if not a.is_async else 0 for a in body], dtype=np.int64)
         # tensor-core work of a dtype without tensor cores runs on CUDA cores
         res_mask_fma = np.array([(m & ~(1 << R_TC)) | ((1 << R_CUDA) if m & (1 << R_TC) else 0)
