@@ -238,10 +238,54 @@ def test_attention_resource_vector_by_hand():
     assert p.work_iter[0, 2] == BM * BN + BM                               # exp2, alpha
     warps_m = 4
     assert p.work_iter[0, 3] == pytest.approx(2 * BN * D * eb + 2 * warps_m * BN * D * eb)
-    assert p.smem_block[0] == 2 * 2 * BN * D * eb + BM * D * eb + BM * BN * eb
+    # K/V ring (num_stages - 1 slots) and Q; P converted in registers (16-bit P,
+    # block_m >= head_dim: warps along M), so no P buffer
+    assert p.smem_block[0] == 2 * 2 * BN * D * eb + BM * D * eb
     assert p.t_bytes[0].tolist() == [BM * D * eb, BN * D * eb, BN * D * eb, BM * D * eb]
     assert p.t_mask[0].tolist() == [0, 0b011, 0b011, 0]
     assert p.useful_flops[0] == 4.0 * 2 * 8 * 1024 * 1024 * 64
+
+
+TRITON_TABLE = Path(__file__).parent / "data" / "triton31_attention_sm80.csv"
+
+
+def test_attention_p_buffer_by_hand():
+    # P goes through shared memory for TF32, for block_m < head_dim (warps along N),
+    # and on the warpgroup-MMA path; not for 16-bit P with warps along M on mma.sync
+    fam = FAMILIES["attention"]
+    rows = pl.concat([_attn_row(block_m=64, block_n=64, head_dim=64),
+                      _attn_row(block_m=32, block_n=64, head_dim=64),
+                      _attn_row(block_m=64, block_n=64, head_dim=64, dtype="float32")])
+    cols, _ = validate(rows, fam)
+    a100 = fam.lower(cols, get_hw("a100")).smem_block.tolist()
+    ring = lambda bn, d, eb: 2 * 2 * bn * d * eb  # noqa: E731
+    assert a100 == [ring(64, 64, 2) + 64 * 64 * 2,
+                    ring(64, 64, 2) + 32 * 64 * 2 + 32 * 64 * 2,
+                    ring(64, 64, 4) + 64 * 64 * 4 + 64 * 64 * 4]
+    h100 = fam.lower(cols, get_hw("h100")).smem_block.tolist()
+    assert h100[0] == ring(64, 64, 2) + 64 * 64 * 2 + 64 * 64 * 2   # warpgroup MMA keeps P staged
+
+
+def test_attention_smem_matches_triton_allocation():
+    # bench/triton_footprints.py: what Triton 3.1 allocates for sm_80 for a
+    # FlexAttention-shaped kernel (compiler output, not timings). The model's
+    # footprint is within 1 KiB wherever the kernel can launch, and the launch
+    # outcome (163 KiB per block on A100) is the compiler's on every row
+    table = pl.read_csv(TRITON_TABLE)
+    assert table.height >= 100
+    fam = FAMILIES["attention"]
+    hw = get_hw("a100")
+    cand = table.select("head_dim", "dtype", "block_m", "block_n", "num_warps",
+                        "num_stages").with_columns(
+        batch=pl.lit(8), heads=pl.lit(8), seq_len=pl.lit(1024), score_mod_nodes=pl.lit(6),
+        seq_len_kv=pl.lit(128))
+    cols, _ = validate(cand, fam)
+    smem = fam.lower(cols, hw).smem_block
+    shared = table["shared"].to_numpy()
+    fits = shared <= hw.smem_per_block_bytes
+    assert np.all(np.abs(smem - shared)[fits] <= 1024)
+    res = evaluate(cand, hw, "attention")
+    assert res["feasible"].to_list() == fits.tolist()
 
 
 def test_attention_gqa_and_causal():
