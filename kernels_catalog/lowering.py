@@ -257,19 +257,24 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     # ---- footprints
     smem = np.zeros(n, dtype=np.float64)
     regb = np.zeros(n, dtype=np.float64)
+    elastic = np.zeros(n, dtype=np.float64)
     tmem = np.zeros(n, dtype=np.float64)
     for f in prog.footprints:
         b = _arr(f.bytes, env, n)
         if f.placement == "smem":
             smem += b
         elif f.placement == "registers":
-            regb += b
+            if f.elastic:
+                elastic += b
+            else:
+                regb += b
         elif f.placement == "tmem":
             tmem += b
     want = np.ceil(regb / (4.0 * threads)) + _arr(prog.base_registers, env, n)
     cap = np.minimum(float(hw.max_registers_per_thread),
                      np.floor(hw.sm_registers / threads / 8) * 8)
-    regs = np.minimum(want, cap).astype(np.int64)
+    # elastic fragments take registers up to the cap and are streamed beyond it
+    regs = np.minimum(want + np.ceil(elastic / (4.0 * threads)), cap).astype(np.int64)
     spill = np.maximum(want - cap, 0.0)
     passes = _arr(prog.spill_passes, env, n)
     work_iter[:, R_SMEM] += spill * 4.0 * threads * 2.0 * passes

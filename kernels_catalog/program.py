@@ -231,6 +231,10 @@ class Footprint:
     name: str
     placement: str
     bytes: Expr
+    #: registers only: operand fragments the compiler holds while registers
+    #: allow and otherwise streams (reloads per MMA step) instead of spilling:
+    #: they count toward the registers allocated, up to the cap, never toward spills
+    elastic: bool = False
 
 
 @dataclass(frozen=True)
@@ -506,7 +510,12 @@ def program_from_dict(data: dict, source: str = "<program>") -> TileProgram:
         pl_ = f.get("placement")
         if pl_ not in PLACEMENTS:
             raise ProgramError(f"{w}: placement {pl_!r} is not one of {', '.join(PLACEMENTS)}")
-        footprints.append(Footprint(fn, pl_, expr(_need(f, "bytes", w), f"{w} bytes")))
+        elastic = f.get("elastic", False)
+        if not isinstance(elastic, bool):
+            raise ProgramError(f"{w}: elastic must be true or false, not {elastic!r}")
+        if elastic and pl_ != "registers":
+            raise ProgramError(f"{w}: elastic applies to placement 'registers' only, not {pl_!r}")
+        footprints.append(Footprint(fn, pl_, expr(_need(f, "bytes", w), f"{w} bytes"), elastic))
 
     actions = []
     seen = set()
