@@ -295,13 +295,16 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
                 ob_tab, tc_tab, f32_code, wgmma_ok, wgmma_min, max_regs, sm_regs, sync_frac,
                 tc_eff, wg_share, g0, g1, ksteps, tiles, smem_block, threads, regs, spill, use_wg,
                 on_tc, t_bytes, work_iter, work_epi, rate, share_eff, useful_flops,
-                f8_code, f16_code, scode, fast, lib):
+                f8_code, f16_code, scode, fast, lib, mn32_cost):
     """One pass over the rows: every per-row quantity of :func:`lower` (the
     docstring there); ``tc_tab[d]`` is dtype ``d``'s tensor-core rate per SM
     before the MMA path's share and the calibrated efficiency ``tc_eff``.
     ``scode``/``fast`` are the float8 rows' scale mode (:data:`SCALE_MODES`)
     and fast-accumulation flag (ignored on other rows); ``lib`` marks library
-    (cuBLAS) rows, whose FP32 kernels stage conflict-free operand layouts."""
+    (cuBLAS) rows, whose FP32 kernels stage conflict-free operand layouts;
+    ``mn32_cost`` is the shared-memory work (bytes at the SM's shared-memory
+    rate) of one element of an M/N-contiguous 32-bit operand that Triton feeds
+    to warpgroup MMA (0 where the GPU has no warpgroup MMA)."""
     for i in range(m.shape[0]):
         bmi = bm[i]
         bni = bn[i]
@@ -426,6 +429,21 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         ksub = 32 // eb if tc else 1
         passes = (bki + ksub - 1) // ksub
         work_iter[i, R_SMEM] = (smem_reads + ab_elems * eb) + sp * 4.0 * th * 2.0 * passes
+        if wg and not lib[i] and dcode[i] == f32_code and mn32_cost > 0.0:
+            # warpgroup MMA reads TF32 operands from shared memory K-major only
+            # (no transpose for 32-bit types), so Triton loads an M/N-contiguous
+            # operand into a K-major tile one 4-byte element per thread with the
+            # warp's 32 threads along K (Triton 3.1 for sm_90: a blocked layout of
+            # sizePerThread [1, 1], threadsPerWarp [32, 1]; 4-byte cp.async.ca):
+            # each warp access touches 32 cache lines, and L1TEX splits it into
+            # wavefronts of a few lines each, one wavefront per cycle. On H100 the
+            # K-major layout reaches 309 TFLOPS, one such operand 116, two 50
+            mn = 0.0
+            if not a_rm[i]:
+                mn += bmi * bki
+            if b_rm[i]:
+                mn += bki * bni
+            work_iter[i, R_SMEM] += mn * (mn32_cost - eb)
         if emul8:
             # one packed fp8x2 -> f16x2 conversion (2 FLOP-equivalent issue slots)
             # per two operand elements each warp reads from shared memory
@@ -612,7 +630,11 @@ def lower(cols: dict, hw) -> TilePlan:
                 float(hw.cal("wgmma_share_efficiency")), g0, g1, ksteps, tiles, smem_block,
                 threads, regs, spill, use_wgmma, on_tc, t_bytes, work_iter, work_epi, rate,
                 share_eff, useful_flops, _DTYPE_CODE["float8"], _DTYPE_CODE["float16"],
-                scode, b8(fast), lib)
+                scode, b8(fast), lib,
+                # one element: one L1TEX wavefront (a cycle of the shared-memory
+                # pipe) per l1_lines_per_wavefront of the access's 32 lines
+                float(hw.smem_bytes_per_clk / hw.cal("l1_lines_per_wavefront"))
+                if hw.mma == "wgmma" else 0.0)
 
     # power-limited tensor clock: tc_efficiency is the sustained share of the
     # tensor-core peak when every SM issues MMAs (the ceiling of measured GEMM

@@ -591,6 +591,14 @@ def gemm_lower_one(row: dict, hw) -> dict:
     else:
         smem_reads = fma_smem_bytes(bm, bn, bk, row["num_warps"], row["a_row_major"],
                                     row["b_row_major"])
+    # Triton's TF32 on warpgroup MMA: an M/N-contiguous operand is loaded one
+    # 4-byte element per thread with the warp along K (32 cache lines per warp
+    # access), one L1TEX wavefront per l1_lines_per_wavefront lines
+    mn32 = 0.0
+    if (wgmma and hw.mma == "wgmma" and row["dtype"] == "float32"
+            and row.get("backend", "triton") != "cublas"):
+        mn = (0 if row["a_row_major"] else bm * bk) + (bk * bn if row["b_row_major"] else 0)
+        mn32 = mn * (hw.smem_bytes_per_clk / hw.cal("l1_lines_per_wavefront") - eb)
     flops = 2.0 * bm * bn * bk
     cuda = 0.0 if on_tc else flops
     if emul8:  # a packed fp8x2 -> f16x2 conversion per two elements read
@@ -619,7 +627,7 @@ def gemm_lower_one(row: dict, hw) -> dict:
         "mma_path": "wgmma" if wgmma else ("mma_sync" if on_tc else "fma"),
         "tensor_core": flops if on_tc else 0.0, "cuda_core": cuda,
         "l2_iter": a_fetch + b_fetch,
-        "smem": smem_reads + (bm * bk + bk * bn) * eb
+        "smem": smem_reads + (bm * bk + bk * bn) * eb + mn32
         + spill * 8.0 * threads * math.ceil(bk / (32 // eb if on_tc else 1)),
         "t_bytes": (a_fetch, b_fetch, c_bytes),
         "l2_epi": l2_epi,

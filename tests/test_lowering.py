@@ -109,3 +109,29 @@ def test_fma_smem_bytes_by_hand():
     for bm, bn, w in ((16, 16, 1), (128, 32, 4), (32, 128, 8), (256, 256, 8)):
         assert gemm._fma_smem_bytes(bm, bn, 32, w, True, False) > \
             gemm._fma_smem_bytes(bm, bn, 32, w, True, True)
+
+
+def test_tf32_mn_major_operand_on_warpgroup_mma_by_hand():
+    """Triton feeds TF32 to warpgroup MMA K-major only: an M/N-contiguous operand
+    is loaded one 4-byte element per thread with the warp along K, each element
+    costing one L1TEX wavefront per ``l1_lines_per_wavefront`` lines, as shared-
+    memory work (bytes at the shared-memory rate); K-major operands, the mma.sync
+    path (A100) and the library rows pay nothing extra."""
+    base = dict(m=4096, n=4096, k=4096, block_m=128, block_n=128, block_k=32, num_stages=3,
+                num_warps=4, split_k=1, dtype="float32", tf32=True)
+    layouts = [(True, False), (True, True), (False, False), (False, True)]  # K-major first
+    rows = [dict(base, a_row_major=a, b_row_major=b) for a, b in layouts]
+    cols, _ = validate(pl.DataFrame(rows), get_family("gemm"))
+    h100 = get_hw("h100")
+    plan = gemm.lower(cols, h100)
+    assert np.all(plan.share_eff == h100.cal("wgmma_share_efficiency"))  # the wgmma path
+    per_elem = h100.smem_bytes_per_clk / h100.cal("l1_lines_per_wavefront") - 4
+    extra = plan.work_iter[:, R_SMEM] - plan.work_iter[0, R_SMEM]
+    op = 32 * 128  # elements of one operand tile per iteration (BM x BK = BK x BN)
+    assert extra.tolist() == pytest.approx([0.0, op * per_elem, op * per_elem, 2 * op * per_elem])
+    a100 = gemm.lower(cols, get_hw("a100")).work_iter[:, R_SMEM]
+    assert np.all(a100 == a100[0])
+    lib_rows = [dict(r, backend="cublas") for r in rows]
+    cols, _ = validate(pl.DataFrame(lib_rows), get_family("gemm"))
+    lib = gemm.lower(cols, h100)
+    assert not np.any(lib.work_iter[:, R_SMEM] - lib.work_iter[0, R_SMEM] > 0.5 * op * per_elem)
