@@ -226,11 +226,7 @@ def test_attention_registers_against_ptxas():
     table = pl.read_csv(TRITON_TABLE)
     hw = get_hw("a100")
     launch = table.filter(pl.col("shared") <= hw.smem_per_block_bytes)
-    cand = launch.select("head_dim", "dtype", "block_m", "block_n", "num_warps",
-                         "num_stages").with_columns(
-        batch=pl.lit(8), heads=pl.lit(8), seq_len=pl.lit(1024), score_mod_nodes=pl.lit(6),
-        seq_len_kv=pl.lit(128))
-    res = evaluate(cand, hw, "attention")
+    res = evaluate(_table_candidates(launch), hw, "attention")
     w = launch["num_warps"].to_numpy()
     regs = np.minimum(launch["regs"].to_numpy(), hw.max_registers_per_thread)
     unit = hw.register_alloc_unit
@@ -303,6 +299,15 @@ def test_attention_resource_vector_by_hand():
 TRITON_TABLE = Path(__file__).parent / "data" / "triton31_attention_sm80.csv"
 
 
+def _table_candidates(table: pl.DataFrame) -> pl.DataFrame:
+    """The compiler table's tile configurations as attention candidates (one
+    shape: the footprints do not depend on it)."""
+    return table.select("head_dim", "dtype", "block_m", "block_n", "num_warps",
+                        "num_stages").with_columns(
+        batch=pl.lit(8), heads=pl.lit(8), seq_len=pl.lit(1024), score_mod_nodes=pl.lit(6),
+        seq_len_kv=pl.lit(128))
+
+
 def test_attention_p_buffer_by_hand():
     # P goes through shared memory for TF32, for block_m < head_dim (warps along N),
     # and on the warpgroup-MMA path; not for 16-bit P with warps along M on mma.sync
@@ -329,10 +334,7 @@ def test_attention_smem_matches_triton_allocation():
     assert table.height >= 100
     fam = FAMILIES["attention"]
     hw = get_hw("a100")
-    cand = table.select("head_dim", "dtype", "block_m", "block_n", "num_warps",
-                        "num_stages").with_columns(
-        batch=pl.lit(8), heads=pl.lit(8), seq_len=pl.lit(1024), score_mod_nodes=pl.lit(6),
-        seq_len_kv=pl.lit(128))
+    cand = _table_candidates(table)
     cols, _ = validate(cand, fam)
     smem = fam.lower(cols, hw).smem_block
     shared = table["shared"].to_numpy()
