@@ -15,7 +15,7 @@ Holds the model to the measured ground truth in ``../shared/data`` (or
   per dtype, MAPE <= 20, Spearman >= 0.8, top-5 retention >= 97;
 - **collectives** (issue 20): WMAPE <= 12 on each file of
   ``<data>/collectives/`` and over all of them, MAPE <= 20 over all;
-- **held out** (reported, no target): the H200 GEMMs measured with
+- **held out** (reported, no target): the H200 GEMMs (fp16/bf16, and float32 as TF32 and IEEE) measured with
   ``tsbatch measure`` (``bench/measured/h200-*``), whose times nothing was
   fitted to.
 
@@ -108,7 +108,9 @@ def check_collectives(root: Path) -> list[dict]:
 def check_held_out() -> list[dict]:
     rows = []
     for d in sorted((HERE / "measured").glob("h200-*")):
-        files = sorted(p for p in (d / "gemm.parquet", d / "more" / "gemm.parquet") if p.exists())
+        # fp16/bf16 (gemm, more) and float32, as TF32 and IEEE (fp32, fp32_layouts_*)
+        subdirs = (".", "more", "fp32", "fp32_layouts_tf32", "fp32_layouts_ieee")
+        files = sorted(p for p in (d / s / "gemm.parquet" for s in subdirs) if p.exists())
         if not files:
             continue
         res = run_accuracy(files)
