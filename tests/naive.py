@@ -332,7 +332,7 @@ def resident_one(smem_block, regs_thread, threads, warp_size, sm_smem, smem_bloc
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0,
                  sync=0.0, chain=0.0, streams=1.0):
-    """``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store)`` of one SM's share."""
+    """``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store, T_own)`` of one SM's share."""
     frac = min(1.0, p * warps_tile / warps_full)  # compute issue-slot fraction
     groups_share = p * warps_tile > warps_full  # several issue groups on the tensor cores
     comp_times = [0.0]
@@ -385,7 +385,7 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     if total < lat + floor:
         t_epi += lat + floor - total
         total = lat + floor
-    return total, t_pro, t_steady, t_epi, steady, p * epi - hide
+    return total, t_pro, t_steady, t_epi, steady, p * epi - hide, p * epi
 
 
 def resource_floor(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
@@ -429,7 +429,8 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         store = res[5]
         h = min(res[1], store)  # a wave's prologue under the stores before it
         # and then its loop and last compute step, down to the busiest resource
-        hf = max(min(res[2] + res[3] - store - p * ovh_tile, store - h), 0.0)
+        # (the loop time already hiding this wave's own epilogue cannot hide more)
+        hf = max(min(res[2] + res[3] - res[6] - p * ovh_tile, store - h), 0.0)
         floor = resource_floor(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                warps_tile, warps_full, share_eff)
         cap = max(res[0] - floor, 0.0)  # never below the busiest resource
@@ -455,7 +456,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
             steady_iter = res[4]
         hidden = min(res[1], store)
         pt = math.ceil(tail / sms)
-        hf = max(min(res[2] + res[3] - pt * ovh_tile - res[5], store - hidden), 0.0)
+        hf = max(min(res[2] + res[3] - pt * ovh_tile - res[6], store - hidden), 0.0)
         floor = resource_floor(work_iter, work_epi, rate, shared, compute, pt, min(tail, sms),
                                ksteps, warps_tile, warps_full, share_eff)
         cap = max(res[0] - floor, 0.0)

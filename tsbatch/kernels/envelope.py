@@ -135,10 +135,13 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
                  chain=0.0, streams=1.0):
     """Envelope of one SM's share of one wave (or of a persistent run).
 
-    Returns ``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store)`` in
-    the units of ``1 / rate`` (microseconds when rates are per microsecond);
-    ``T_store`` is the part of ``T_epi`` spent on the tiles' epilogue work
-    (output stores), which the next wave's prologue can run under.
+    Returns ``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store,
+    T_own)`` in the units of ``1 / rate`` (microseconds when rates are per
+    microsecond); ``T_store`` is the part of ``T_epi`` spent on the tiles'
+    epilogue work (output stores), which the next wave's prologue can run
+    under; ``T_own`` is all of the tiles' epilogue work, before the part the
+    loop hides (out of step): the loop time that hides it cannot also hide
+    the stores of the wave before.
     ``persist_tiles > 0`` models a persistent program running that many
     tiles back to back: its stores drain inside the loop. ``chain`` is the
     critical path of one iteration in one issue stream at the SM's full rates
@@ -230,7 +233,7 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     if tot < lat + floor:
         t_epi += lat + floor - tot
         tot = lat + floor
-    return tot, t_pro, t_st, t_epi, steady, p * epi - hide
+    return tot, t_pro, t_st, t_epi, steady, p * epi - hide, p * epi
 
 
 @jit_scalar
@@ -258,7 +261,7 @@ def resource_floor(work_iter, work_epi, rate, shared, compute, p, active, ksteps
 def _seam(a, b, c, t, store, own1, own2, floor):
     """What a wave ``(t, a, b, c)`` hides of the stores ``store`` still draining
     from the wave before it: ``h`` under its prologue ``a``, then ``hf`` under
-    its loop and last compute step (``b + c`` less ``own1 + own2``, its own
+    its loop and last compute step (``b + c`` less ``own1 + own2``, all its own
     stores and tile overheads), never taking it below ``floor`` (its busiest resource);
     ``hf_c`` is the part of ``hf`` taken off its drain ``c`` (the rest off ``b``)."""
     h = a if a < store else store
@@ -287,7 +290,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     if persistent != 0:
         per_sm = (tiles + sms - 1) // sms
         active = sms if tiles > sms else tiles
-        t, a, b, c, s, _ = envelope_one(work_iter, work_epi, rate, shared, compute, p, active,
+        t, a, b, c, s, _, _ = envelope_one(work_iter, work_epi, rate, shared, compute, p, active,
                                         ksteps, stages, warps_tile, warps_full, lat, ovh_iter,
                                         ovh_tile, per_sm, share_eff, sync, chain, streams)
         return t, a, b, c, s, (tiles + conc - 1) // conc, tiles % conc
@@ -300,7 +303,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     s_it = 0.0
     store = 0.0
     if full > 0:
-        t, a, b, c, s, store = envelope_one(work_iter, work_epi, rate, shared, compute, p, sms,
+        t, a, b, c, s, store, own = envelope_one(work_iter, work_epi, rate, shared, compute, p, sms,
                                             ksteps, stages, warps_tile, warps_full, lat,
                                             ovh_iter, ovh_tile, 0, share_eff, sync, chain,
                                             streams)
@@ -311,7 +314,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         # `full` loses digits when the prologue is mostly hidden
         floor = resource_floor(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                warps_tile, warps_full, share_eff)
-        h, hf, hf_c = _seam(a, b, c, t, store, store, p * ovh_tile, floor)
+        h, hf, hf_c = _seam(a, b, c, t, store, own, p * ovh_tile, floor)
         inc = t - h - hf
         if p > 1 and full > 1:
             # the stores still exposed after the seam: after the first wave the p
@@ -330,7 +333,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     if tail > 0:
         active = tail if tail < sms else sms
         pt = (tail + sms - 1) // sms
-        t, a, b, c, s, p_store = envelope_one(work_iter, work_epi, rate, shared, compute, pt,
+        t, a, b, c, s, _, own_t = envelope_one(work_iter, work_epi, rate, shared, compute, pt,
                                               active, ksteps, stages, warps_tile, warps_full, lat,
                                               ovh_iter, ovh_tile, 0, share_eff, sync, chain,
                                               streams)
@@ -342,7 +345,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
             s_it = s
         floor = resource_floor(work_iter, work_epi, rate, shared, compute, pt, active, ksteps,
                                warps_tile, warps_full, share_eff)
-        hidden, hf, hf_c = _seam(a, b, c, t, store, pt * ovh_tile, p_store, floor)
+        hidden, hf, hf_c = _seam(a, b, c, t, store, pt * ovh_tile, own_t, floor)
         T -= hidden + hf
         tp -= hidden
         ts -= hf - hf_c
