@@ -290,9 +290,10 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     if persistent != 0:
         per_sm = (tiles + sms - 1) // sms
         active = sms if tiles > sms else tiles
-        t, a, b, c, s, _, _ = envelope_one(work_iter, work_epi, rate, shared, compute, p, active,
-                                        ksteps, stages, warps_tile, warps_full, lat, ovh_iter,
-                                        ovh_tile, per_sm, share_eff, sync, chain, streams)
+        t, a, b, c, s, _, _ = envelope_one(work_iter, work_epi, rate, shared, compute, p,
+                                           active, ksteps, stages, warps_tile, warps_full, lat,
+                                           ovh_iter, ovh_tile, per_sm, share_eff, sync, chain,
+                                           streams)
         return t, a, b, c, s, (tiles + conc - 1) // conc, tiles % conc
     full = tiles // conc
     tail = tiles - full * conc
@@ -303,10 +304,10 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     s_it = 0.0
     store = 0.0
     if full > 0:
-        t, a, b, c, s, store, own = envelope_one(work_iter, work_epi, rate, shared, compute, p, sms,
-                                            ksteps, stages, warps_tile, warps_full, lat,
-                                            ovh_iter, ovh_tile, 0, share_eff, sync, chain,
-                                            streams)
+        t, a, b, c, s, store, own = envelope_one(work_iter, work_epi, rate, shared, compute,
+                                                 p, sms, ksteps, stages, warps_tile, warps_full,
+                                                 lat, ovh_iter, ovh_tile, 0, share_eff, sync,
+                                                 chain, streams)
         # stores retire asynchronously: the next wave's prologue (load latency
         # and pipeline fill) runs under the previous wave's output stores. Written
         # as one wave plus (full - 1) waves less the hidden part, not full waves
@@ -334,9 +335,9 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         active = tail if tail < sms else sms
         pt = (tail + sms - 1) // sms
         t, a, b, c, s, _, own_t = envelope_one(work_iter, work_epi, rate, shared, compute, pt,
-                                              active, ksteps, stages, warps_tile, warps_full, lat,
-                                              ovh_iter, ovh_tile, 0, share_eff, sync, chain,
-                                              streams)
+                                               active, ksteps, stages, warps_tile, warps_full, lat,
+                                               ovh_iter, ovh_tile, 0, share_eff, sync, chain,
+                                               streams)
         T += t
         tp += a
         ts += b
