@@ -102,6 +102,14 @@ CALIBRATION_DEFAULTS: dict[str, tuple[float, str]] = {
         "processed one per cycle); prices uncoalesced loads such as Triton's "
         "K-along-the-warp loads of an M/N-contiguous TF32 operand for warpgroup MMA",
     ),
+    "l2_latency_cycles": (
+        200.0,
+        "SM cycles one load that misses L1 and hits L2 waits (a spilled register "
+        "reloaded from local memory once the spills no longer fit the L1 that "
+        "shared memory leaves); the default is kept on every GPU, checked by "
+        "bench/calibrate_constants.py GPU --rows ieee-fp32 (best of 100-400: 200 "
+        "on A100, 250 on H100, within 0.2 MAPE points of 200)",
+    ),
     "wgmma_min_warps": (
         4.0,
         "warps per block from which a Hopper Triton kernel issues warpgroup MMA "
@@ -125,6 +133,7 @@ _SM_KEYS = (
     "smem_per_block_bytes",
     "smem_reserved_per_block_bytes",
     "smem_bytes_per_clk",
+    "l1_smem_bytes",
     "warp_schedulers",
 )
 _COMPUTE_KEYS = (
@@ -199,6 +208,9 @@ class HwSpec:
     smem_per_block_bytes: int
     smem_reserved_per_block_bytes: int
     smem_bytes_per_clk: float
+    #: the SM's SRAM that L1 data cache and shared memory share: what shared
+    #: memory leaves of it caches local (spilled) and global data
+    l1_smem_bytes: int
     warp_schedulers: int
     # compute, whole chip, dense
     tc_fp16_tflops: float
@@ -368,10 +380,15 @@ def load_hw_file(path: str | Path) -> HwSpec:
         "sm_count", "sm_max_warps", "sm_max_threads", "sm_max_blocks",
         "max_threads_per_block", "sm_registers", "max_registers_per_thread",
         "register_alloc_unit", "sm_smem_bytes", "smem_per_block_bytes",
-        "smem_reserved_per_block_bytes", "warp_schedulers", "l2_bytes", "l2_assoc",
+        "smem_reserved_per_block_bytes", "l1_smem_bytes", "warp_schedulers", "l2_bytes", "l2_assoc",
         "l2_line_bytes", "l15_bytes", "l15_group_sms", "l15_assoc", "dram_bytes",
     }
     kwargs = {k: (int(v) if k in ints else float(v)) for k, v in values.items()}
+    if kwargs["l1_smem_bytes"] < kwargs["sm_smem_bytes"]:
+        raise HwFileError(
+            f"{path}: [sm] l1_smem_bytes ({kwargs['l1_smem_bytes']}) must be at least "
+            f"smem_bytes ({kwargs['sm_smem_bytes']}): shared memory is carved from it"
+        )
     return HwSpec(
         key=path.stem,
         name=str(ident["name"]),
