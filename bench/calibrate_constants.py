@@ -9,7 +9,10 @@ fp16/bf16 Triton rows of ``../shared/data/gemm/<gpu>_triton_mm.parquet``
 values and prints MAPE, the median predicted/measured ratio, the mean
 within-problem Spearman and the top-5 % retention. float32 rows are left out
 (the shipped values were set on fp16/bf16 Triton rows, while the ``tf32``
-label of the float32 rows was still wrong; it was corrected on 2026-12-01).
+label of the float32 rows was still wrong; it was corrected on 2026-12-01);
+``--rows ieee-fp32`` scores the IEEE FP32 Triton rows instead (the check of
+``l2_latency_cycles``: ``bench/calibrate_constants.py a100 --rows ieee-fp32
+--problems 1000 l2_latency_cycles=100,150,200,250,300,400``).
 ``bench/cross_validate.py`` reuses :func:`grid_points` to fit every declared
 constant on half the problems of every group and score the other half. The chosen values are written by hand into
 ``hw/<gpu>.toml`` ``[calibration]`` with this provenance; the full data set,
@@ -36,10 +39,18 @@ KEYS = ["m", "n", "k", "dtype", "a_row_major", "b_row_major", "tf32", "backend",
 PROBLEM = ["m", "n", "k", "dtype", "a_row_major", "b_row_major"]
 
 
-def load(gpu: str, problems: int, seed: int) -> pl.DataFrame:
+#: row sets the grid can score: the fp16/bf16 Triton rows (what the shipped
+#: values were set on) or the IEEE FP32 ones (``l2_latency_cycles``' check)
+ROWS = {
+    "half": pl.col("dtype") != "float32",
+    "ieee-fp32": (pl.col("dtype") == "float32") & ~pl.col("tf32"),
+}
+
+
+def load(gpu: str, problems: int, seed: int, rows: str = "half") -> pl.DataFrame:
     root = os.environ.get("TSBATCH_SHARED_DATA", os.path.join("..", "shared", "data"))
     d = pl.read_parquet(os.path.join(root, "gemm", f"{gpu}_triton_mm.parquet")).filter(
-        pl.col("time_ms").is_finite(), pl.col("dtype") != "float32", pl.col("backend") == "triton")
+        pl.col("time_ms").is_finite(), ROWS[rows], pl.col("backend") == "triton")
     d = d.group_by(KEYS).agg(pl.col("time_ms").median())
     probs = d.select(PROBLEM).unique().sort(PROBLEM)
     probs = probs.sample(n=min(problems, probs.height), seed=seed)
@@ -86,6 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("grid", nargs="+", help="NAME=v1,v2,... (a named calibration constant)")
     ap.add_argument("--problems", type=int, default=80)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--rows", choices=sorted(ROWS), default="half",
+                    help="the Triton rows scored: fp16/bf16 (default) or IEEE FP32")
     args = ap.parse_args(argv)
     axes = {}
     for item in args.grid:
@@ -93,7 +106,7 @@ def main(argv=None) -> int:
         if name not in CALIBRATION_DEFAULTS:
             ap.error(f"'{name}' is not a calibration constant; known: {', '.join(CALIBRATION_DEFAULTS)}")
         axes[name] = [float(v) for v in vals.split(",") if v]
-    d = load(args.gpu, args.problems, args.seed)
+    d = load(args.gpu, args.problems, args.seed, args.rows)
     hw0 = get_hw(args.gpu)
     print(f"{args.gpu}: {d.select(PROBLEM).unique().height} problems, {d.height} rows", flush=True)
     for values, hw in grid_points(axes, hw0):

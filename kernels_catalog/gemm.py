@@ -180,6 +180,16 @@ FP8_PROMOTE_K = 128
 FP8_SCALE_BLOCK = 128
 #: register estimate: fixed per-thread cost of addresses, loop state, masks
 REGS_BASE = 40
+#: the same for Triton's FMA dot (IEEE FP32), whose operand fragments the
+#: estimate counts in full (:data:`FMA_K_PER_SLICE`): with 20, the estimate
+#: agrees with ptxas on which kernels spill on 602 of 640 compiled tiles and
+#: layouts and is within 20 registers of it on the others (Triton 3.0, sm_80
+#: and sm_90, ``bench/triton_fma_footprints.py``, ``tests/test_lowering.py``)
+REGS_BASE_FMA = 20
+#: ptxas keeps the fragments of about one k in eight of the FMA dot's
+#: unrolled BK live at once (its loads hoisted ahead of the FFMAs that use
+#: them): a thread holds ``(rows + cols) * BK / 8`` operand registers
+FMA_K_PER_SLICE = 8
 
 #: GEMM's tile program (its DAG, tensors with reuse dimensions, footprints): the
 #: family's representation shared with every other family; the numbers per row
@@ -223,65 +233,126 @@ def _warpgroup_grid(bm, warps):
 
 @jit_exact
 def _fma_layout(bm, bn, warps):
-    """Triton's FMA-dot accumulator layout for a ``bm x bn`` tile: the row-major
-    store's blocked layout, 4 consecutive columns a thread (16 bytes),
-    ``tn = min(32, BN / 4)`` lanes along N, the rest of the warp along M, warps
-    along N while columns remain, then M. Returns ``(sn, tn, tm, reps_m,
-    reps_n)``: columns per thread group, lanes along N and M, and the rows and
-    column groups each thread holds."""
-    sn = 4 if bn >= 4 else bn
-    tn = bn // sn
-    if tn > 32:
-        tn = 32
-    if tn < 1:
-        tn = 1
-    tm = 32 // tn
-    wn = bn // (sn * tn)
+    """Triton's FMA-dot accumulator layout for a ``bm x bn`` tile (Triton 3.0 and
+    3.1, compiled for sm_80 and sm_90 and read from the TTGIR): the conversion to
+    TritonGPU gives ``tt.dot`` a blocked layout of ``sizePerThread = [s, s]``, s = 4
+    when a thread gets at least 16 accumulator elements, 2 at 4, else 1, order
+    [1, 0]; the default builder lays lanes, then warps, along N while N has
+    ``s``-wide column groups left, the rest along M, and no later pass changes it
+    for an FMA dot. Returns ``(s, tm, tn, rows, cols)``: the block width, lanes
+    along M and N, and the rows of A and columns of B each thread holds (``s``
+    consecutive ones per repetition)."""
+    th = 32 * warps
+    per = (bm * bn) // th if th > 0 else 0
+    s = 4 if per >= 16 else (2 if per >= 4 else 1)
+    groups = bn // s
+    if groups < 1:
+        groups = 1
+    tcta = groups if groups < th else th
+    tn = tcta if tcta < 32 else 32
+    wn = tcta // tn
     if wn > warps:
         wn = warps
     if wn < 1:
         wn = 1
+    tm = 32 // tn
     wm = warps // wn
     if wm < 1:
         wm = 1
-    reps_n = bn // (sn * tn * wn)
-    if reps_n < 1:
-        reps_n = 1
-    reps_m = bm // (tm * wm)
+    reps_m = bm // (s * tm * wm)
     if reps_m < 1:
         reps_m = 1
-    return sn, tn, tm, reps_m, reps_n
+    reps_n = bn // (s * tn * wn)
+    if reps_n < 1:
+        reps_n = 1
+    return s, tm, tn, s * reps_m, s * reps_n
+
+
+def fma_loads(bm: int, bn: int, bk: int, warps: int, a_rm: bool, b_rm: bool) -> dict:
+    """Per-thread instructions of one iteration of Triton's FMA dot, as
+    :func:`_fma_layout` and :func:`_fma_smem_bytes` count them: FFMAs and
+    shared loads by width in words (``{"ffma": n, 4: LDS.128, 2: LDS.64,
+    1: LDS.32}``); the SASS of the compiled kernels is the check
+    (``bench/triton_fma_footprints.py``)."""
+    s, _tm, _tn, rows, cols = _fma_layout(bm, bn, warps)
+    out = {"ffma": rows * cols * bk, 4: 0, 2: 0, 1: 0}
+    if a_rm:
+        out[4] += rows * bk // 4   # a vector of four k per row
+    else:
+        out[s] += rows // s * bk    # a vector of s rows per k
+    if b_rm:
+        out[s] += cols // s * bk
+    else:
+        out[4] += cols * bk // 4
+    return out
+
+
+def fma_registers(bm: int, bn: int, bk: int, warps: int) -> int:
+    """Registers a thread of Triton's FMA dot asks for (before the cap), as the
+    lowering estimates them."""
+    _s, _tm, _tn, rows, cols = _fma_layout(bm, bn, warps)
+    return (bm * bn // (32 * warps) + (rows + cols) * max(bk // FMA_K_PER_SLICE, 1)
+            + REGS_BASE_FMA)
+
+
+@jit_exact
+def _phase_conflict(d, stride):
+    """Bank-conflict degree of ``d`` distinct 16-byte vectors read in one phase of
+    a 128-bit shared load, ``stride`` 16-byte units apart: the 8 groups of 4 banks
+    are visited with period ``8 / gcd(8, stride)``."""
+    g = 8
+    st = stride % 8
+    while st:
+        g, st = st, g % st
+    distinct = 8 // g
+    if distinct > d:
+        distinct = d
+    return (d + distinct - 1) // distinct
 
 
 @jit_exact
 def _fma_smem_bytes(bm, bn, bk, warps, a_rm, b_rm):
     """Shared-memory traffic of Triton's FMA dot (IEEE FP32) per iteration, as
-    bytes of 128-byte wavefronts (conflicting accesses replay as wavefronts).
+    bytes of 128-byte wavefronts.
 
-    A dot operand with a blocked parent is staged without swizzling, in the
-    order of its global load (SwizzledSharedEncodingAttr: vec = perPhase =
-    maxPhase = 1 when the parent is not an MMA layout), and each thread reads
-    its rows of A and columns of B (:func:`_fma_layout`) for every k, 16-byte
-    vectors along the shared contiguous dimension (linear-layout local_load):
+    The operands are staged without swizzling, in the order of their global
+    load (a dot operand with a blocked parent: vec = perPhase = maxPhase = 1), and
+    each thread reads, per k, its rows of A and its columns of B
+    (:func:`_fma_layout`): vectors of ``s`` elements along a contiguous M (A
+    column-major) or N (B row-major), 16-byte vectors of four k along a
+    contiguous K (A row-major, B column-major); the SASS of Triton 3.0 / 3.1 for
+    sm_80 has exactly these LDS.32 / .64 / .128 counts.
 
-    - B row-major (N contiguous): a warp reads tn x 16 consecutive bytes per
-      column group and k: ceil(tn * 16 / 128) wavefronts.
-    - B column-major (K contiguous): each column is a 16-byte vector of four k;
-      the tn columns of a warp lie BK words apart, all in one bank group, so
-      they replay: tn wavefronts per column and four k.
-    - A row-major (K contiguous): the warp's 32 / tn rows likewise, per four k.
-    - A column-major (M contiguous): a row's value is a broadcast: one
-      wavefront per row and k.
+    A shared load of ``v`` words a lane returns 128 bytes a cycle, so it runs in
+    ``v`` phases of ``32 / v`` lanes, each one wavefront per bank conflict among
+    its distinct addresses; lanes of different phases that read the same address
+    are not merged, except that a load whose lanes ``n`` and ``n ^ 1`` (or
+    ``n ^ 2``) always read the same address runs in half the phases (NVIDIA's
+    uniform-address rule for 64- and 128-bit shared loads). In Triton's layout
+    that holds for A, whose address does not depend on the lane along N, and never
+    for B. On the measured A100 and H100 FP32 rows a K-contiguous B, whose columns
+    all fall in one bank group, runs 2-5x slower than an N-contiguous one, as
+    these phases say (a warp-wide conflict count says 1-2.25x). Per k and warp:
+
+    - A column-major: ``rows / s`` loads of ``max(1, s / 2)`` wavefronts;
+    - B row-major: ``cols / s`` loads of ``s`` wavefronts (contiguous phases);
+    - A row-major: per row and four k, 2 phases of 16 lanes whose lanes along M
+      read rows ``s * BK`` words apart (:func:`_phase_conflict`);
+    - B column-major: per column and four k, 4 phases of 8 lanes whose lanes along
+      N read columns ``s * BK`` words apart.
     """
-    sn, tn, tm, reps_m, reps_n = _fma_layout(bm, bn, warps)
-    if b_rm:
-        b_wf = reps_n * float((tn * sn * 4 + 127) // 128)
-    else:
-        b_wf = reps_n * sn * tn / 4.0
+    s, tm, tn, rows, cols = _fma_layout(bm, bn, warps)
+    stride = (s * bk) // 4
     if a_rm:
-        a_wf = reps_m * tm / 4.0
+        d = 1 if tn >= 16 else 16 // tn
+        a_wf = rows * _phase_conflict(d, stride) / 2.0
     else:
-        a_wf = float(reps_m)
+        a_wf = rows / 2.0 if s > 1 else float(rows)
+    if b_rm:
+        b_wf = float(cols)
+    else:
+        d = 8 if tn >= 8 else tn
+        b_wf = float(cols * _phase_conflict(d, stride))
     return 128.0 * bk * warps * (a_wf + b_wf)
 
 
@@ -375,9 +446,10 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         else:
             # Triton's FMA dot: one k at a time, a thread holds its rows of A and
             # its columns of B (the library's SGEMM keeps the estimate above)
-            _sn, _tn, _tm, f_rows, f_cols = _fma_layout(bmi, bni, w)
-            frag = f_rows + f_cols * _sn
-        want = acc_regs + frag + REGS_BASE
+            _s, _tm, _tn, f_rows, f_cols = _fma_layout(bmi, bni, w)
+            slices = bki // FMA_K_PER_SLICE
+            frag = (f_rows + f_cols) * (slices if slices > 1 else 1)
+        want = acc_regs + frag + (REGS_BASE if tc or lib[i] else REGS_BASE_FMA)
         cap = (sm_regs // th1) // 8 * 8
         if max_regs < cap:
             cap = max_regs
@@ -425,9 +497,15 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         # along K reads and writes the whole accumulator, so each spilled 4-byte
         # register is loaded and stored once per instruction step of the tile's
         # BK: BK / 16 steps for 2-byte operands (32 bytes of K per MMA), BK / 8
-        # for TF32, BK / 32 for 1-byte, BK for FMA (one K element per step)
-        ksub = 32 // eb if tc else 1
-        passes = (bki + ksub - 1) // ksub
+        # for TF32, BK / 32 for 1-byte. Triton's FMA dot spills operand
+        # fragments and addresses instead, each reloaded about once per
+        # iteration (ptxas: 180-340 local loads per iteration for 150-370
+        # spilled words, bench/triton_fma_footprints.py)
+        if tc or lib[i]:
+            ksub = 32 // eb if tc else 1
+            passes = (bki + ksub - 1) // ksub
+        else:
+            passes = 1
         work_iter[i, R_SMEM] = (smem_reads + ab_elems * eb) + sp * 4.0 * th * 2.0 * passes
         if wg and not lib[i] and dcode[i] == f32_code and mn32_cost > 0.0:
             # warpgroup MMA reads TF32 operands from shared memory K-major only
@@ -658,6 +736,15 @@ def lower(cols: dict, hw) -> TilePlan:
         for r in (R_TC, R_CUDA, R_SMEM):
             rate[:, r] *= boost
 
+    # a Triton FMA-dot warp's own shared loads per iteration: the shared-memory
+    # work less the stores of the A and B tiles and the spills' local traffic
+    # (once an iteration on this path)
+    fma_loads = (work_iter[:, R_SMEM]
+                 - (i64(cols["block_m"]) + i64(cols["block_n"])) * i64(cols["block_k"]) * 4.0
+                 - spill * 8.0 * threads)
+    chain = _fma_chain(hw, on_tc | lib, spill, smem_block, regs, threads,
+                       i64(cols["num_warps"]), work_iter[:, R_CUDA], rate[:, R_CUDA], fma_loads)
+
     # tensor accesses from the tile program: A reused along grid dim 1, B along
     # dim 0, C once per tile
     tens = PROGRAM.tensors
@@ -679,6 +766,7 @@ def lower(cols: dict, hw) -> TilePlan:
         ovh_tile_us=np.full(rows, hw.cal("tile_overhead_cycles") * cyc),
         launch_us=np.full(rows, hw.launch_us),
         persistent=(order == ORDER_PERSISTENT).astype(np.int64),
+        chain_us=chain,
         useful_flops=useful_flops,
         share_eff=share_eff,
         sync_us=np.full(rows, hw.cal("iter_sync_cycles") * cyc),
@@ -693,6 +781,57 @@ def lower(cols: dict, hw) -> TilePlan:
             "tiles": tiles,
         },
     )
+
+
+def _fma_chain(hw, mma, spill, smem_block, regs, threads, warps, flops_iter, fp32_rate,
+               smem_loads):
+    """Per-row chain of one iteration (us) of a warp of Triton's FMA dot, 0 on
+    the tensor-core and library rows (``mma``); None when no row has one.
+
+    A warp issues its FFMAs at one scheduler's share of the SM's FP32 rate, and
+    the FFMAs of each k wait for that k's operands, so the warp's own shared
+    loads (``smem_loads`` bytes a block, 128-byte wavefronts, shared by its
+    warps) run in series with them: with a warp or two per scheduler (one
+    128x128 block of 4 warps, a 64x64x128 block that fills shared memory) no
+    other warp fills the gap. ptxas keeps only about BK / 8 k of fragments in
+    flight (:data:`FMA_K_PER_SLICE`), too few to hide the loads of a
+    bank-conflicting operand.
+
+    Spilled registers add their reloads: L1 and shared memory share the SM's
+    SRAM (``l1_smem_bytes``), split by the shared-memory carve-out, which the
+    driver sets so that shared memory does not limit occupancy where it can
+    (CUDA Volta/Ampere/Hopper tuning guides: "the driver automatically
+    configures the shared memory capacity for each kernel to avoid shared
+    memory occupancy bottlenecks"): the blocks that every other limit allows
+    times their shared memory and reservation, at most the SM's shared memory;
+    the rest is L1. Local memory goes through it like any global access, so
+    spilled registers of ``spill x 4 x threads`` bytes a resident block stay in
+    L1 while the resident blocks' spills fit, and are reloaded from L2 when
+    they do not: each of a warp's ``spill`` reloads per iteration then waits
+    ``l2_latency_cycles``. (ptxas on Triton 3.0 for sm_80: 128x128x64 on 4
+    warps spills 776-1,488 bytes a thread, 97-186 KB a block, where 28 KB of
+    L1 are left, and reloads 190-340 words an iteration; those tiles run 3x
+    (A100) and 5x (H100) slower than their FFMAs, where 128x128x32 on 4 warps,
+    whose 0-216 bytes fit, does not.) The tensor-core and library rows keep
+    their spills in the shared-memory traffic only."""
+    idx = np.flatnonzero(~mma)
+    if idx.size == 0:
+        return None
+    from tsbatch.kernels.occupancy import resident_tiles
+    clock = hw.rate("clock_mhz")
+    chain = np.zeros(spill.shape[0], dtype=np.float64)
+    chain[idx] = (flops_iter[idx] / warps[idx] / (fp32_rate[idx] / hw.warp_schedulers)
+                  + smem_loads[idx] / 128.0 / warps[idx] / clock)
+    sp = idx[spill[idx] > 0]
+    if sp.size:
+        p, _why = resident_tiles(smem_block[sp], regs[sp], threads[sp], hw)
+        p = np.maximum(p, 1)
+        p_other, _why = resident_tiles(np.zeros(sp.size, dtype=np.int64), regs[sp], threads[sp], hw)
+        carve = np.minimum(np.maximum(p_other, p) * (smem_block[sp] + hw.smem_reserved_per_block_bytes),
+                           hw.sm_smem_bytes)
+        miss = spill[sp] * 4.0 * threads[sp] * p > hw.l1_smem_bytes - carve
+        chain[sp[miss]] += spill[sp[miss]] * hw.cal("l2_latency_cycles") / clock
+    return chain
 
 
 def expand_library(cols: dict, is_lib: np.ndarray, arch: str):

@@ -492,33 +492,86 @@ GEMM_DTYPES = {"float16": (2, 2, "float16"), "bfloat16": (2, 2, "bfloat16"),
                "float32": (4, 4, "tf32"), "float8": (1, 2, "float8")}
 #: fixed per-thread registers of the GEMM register estimate (addresses, loop state)
 REGS_BASE_GEMM = 40
+#: the same for Triton's FMA dot (IEEE FP32)
+REGS_BASE_FMA = 20
 
 
 def _ceil_div(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+def _fma_grid(bm: int, bn: int, warps: int) -> tuple[int, int, int, int, int]:
+    """Triton's FMA-dot layout as Triton builds it: the dot's sizePerThread from
+    the accumulator elements a thread gets, then BlockedEncodingAttr's default
+    builder along N (order [1, 0]) and M: (s, lanes_m, lanes_n, warps_m, warps_n)."""
+    per_thread = (bm * bn) // (32 * warps)
+    s = 4 if per_thread >= 16 else 2 if per_thread >= 4 else 1
+    threads_n = min(32 * warps, max(1, bn // s))
+    lanes_n = min(threads_n, 32)
+    warps_n = min(max(threads_n // lanes_n, 1), warps)
+    return s, 32 // lanes_n, lanes_n, warps // warps_n, warps_n
+
+
+def fma_layout(bm: int, bn: int, warps: int) -> tuple[int, int, int, int, int]:
+    """Twin of kernels_catalog.gemm._fma_layout: (s, lanes_m, lanes_n, rows, cols)."""
+    s, lanes_m, lanes_n, warps_m, warps_n = _fma_grid(bm, bn, warps)
+    rows = s * max(bm // (s * lanes_m * warps_m), 1)
+    cols = s * max(bn // (s * lanes_n * warps_n), 1)
+    return s, lanes_m, lanes_n, rows, cols
+
+
+def _shared_load_wavefronts(addrs: list, v: int) -> int:
+    """Wavefronts of one warp-wide shared load of ``v`` 4-byte words a lane at the
+    word addresses ``addrs`` (32 lanes): ``v`` phases of ``32 / v`` lanes, half as
+    many when lanes n and n^1 (or n^2) always share an address; each phase one
+    wavefront per bank conflict among its distinct addresses."""
+    lanes = 32 // v
+    if v > 1 and (all(addrs[i] == addrs[i ^ 1] for i in range(32))
+                  or all(addrs[i] == addrs[i ^ 2] for i in range(32))):
+        lanes *= 2
+    total = 0
+    for start in range(0, 32, lanes):
+        banks: dict = {}
+        for a in set(addrs[start:start + lanes]):
+            for w in range(v):
+                banks.setdefault((a + w) % 32, set()).add(a + w)
+        total += max(len(words) for words in banks.values())
+    return total
+
+
 def fma_smem_bytes(bm: int, bn: int, bk: int, warps: int, a_row_major: bool,
                    b_row_major: bool) -> float:
-    """Twin of kernels_catalog.gemm._fma_smem_bytes: count the 128-byte wavefronts
-    of one k-step warp by warp, lane by lane, then scale by BK."""
-    per_thread_n = min(4, bn)
-    lanes_n = max(min(32, bn // per_thread_n), 1)
-    lanes_m = 32 // lanes_n
-    warps_n = max(min(bn // (per_thread_n * lanes_n), warps), 1)
-    warps_m = max(warps // warps_n, 1)
-    cols_per_warp = max(bn // (per_thread_n * lanes_n * warps_n), 1)  # column groups a lane owns
-    rows_per_warp = max(bm // (lanes_m * warps_m), 1)                 # rows a lane owns
-    wavefronts = 0.0
-    for _warp in range(warps):
-        for _g in range(cols_per_warp):
-            if b_row_major:  # lanes_n lanes x 16 contiguous bytes, broadcast over lanes_m
-                wavefronts += math.ceil(lanes_n * per_thread_n * 4 / 128)
-            else:  # per column: a 16-byte vector of 4 k; lanes_n columns in one bank group
-                wavefronts += per_thread_n * lanes_n / 4
-        for _r in range(rows_per_warp):
-            wavefronts += lanes_m / 4 if a_row_major else 1
-    return 128.0 * bk * wavefronts
+    """Twin of kernels_catalog.gemm._fma_smem_bytes: build every lane's shared
+    addresses for one warp's loads of one k (four k for a K-contiguous operand),
+    count each load's wavefronts lane by lane, then scale by BK and the warps."""
+    s, lanes_m, lanes_n, warps_m, warps_n = _fma_grid(bm, bn, warps)
+    _s, _lm, _ln, rows, cols = fma_layout(bm, bn, warps)
+    row_step, col_step = s * lanes_m * warps_m, s * lanes_n * warps_n
+
+    def lane_rows(lane):
+        lm = lane // lanes_n
+        return [(r0 + lm * s + i) % bm for r0 in range(0, rows // s * row_step, row_step)
+                for i in range(s)]
+
+    def lane_cols(lane):
+        ln = lane % lanes_n
+        return [(c0 + ln * s + j) % bn for c0 in range(0, cols // s * col_step, col_step)
+                for j in range(s)]
+
+    per_k = 0.0
+    if a_row_major:  # A[BM][BK]: a 16-byte vector of four k per row
+        for i in range(rows):
+            per_k += _shared_load_wavefronts([lane_rows(l)[i] * bk for l in range(32)], 4) / 4
+    else:  # A[BK][BM]: per k, a vector of s rows
+        for i in range(0, rows, s):
+            per_k += _shared_load_wavefronts([lane_rows(l)[i] for l in range(32)], s)
+    if b_row_major:  # B[BK][BN]: per k, a vector of s columns
+        for j in range(0, cols, s):
+            per_k += _shared_load_wavefronts([lane_cols(l)[j] for l in range(32)], s)
+    else:  # B[BN][BK]: a 16-byte vector of four k per column
+        for j in range(cols):
+            per_k += _shared_load_wavefronts([lane_cols(l)[j] * bk for l in range(32)], 4) / 4
+    return 128.0 * bk * warps * per_k
 
 
 def gemm_lower_one(row: dict, hw) -> dict:
@@ -564,14 +617,9 @@ def gemm_lower_one(row: dict, hw) -> dict:
     if on_tc or row.get("backend") == "cublas":
         if not wgmma:
             want += 2 * (bm // wm + bn // wn) * 16 * eb // 128
-    else:  # Triton's FMA dot: per k, a thread's rows of A and columns of B
-        per_thread_n = min(4, bn)
-        lanes_n = max(min(32, bn // per_thread_n), 1)
-        warps_n = max(min(bn // (per_thread_n * lanes_n), row["num_warps"]), 1)
-        warps_m = max(row["num_warps"] // warps_n, 1)
-        rows = max(bm // ((32 // lanes_n) * warps_m), 1)
-        cols = max(bn // (per_thread_n * lanes_n * warps_n), 1) * per_thread_n
-        want += rows + cols
+    else:  # Triton's FMA dot: a thread's rows of A and columns of B for BK / 8 k
+        _s, _lm, _ln, rows, cols = fma_layout(bm, bn, row["num_warps"])
+        want += (rows + cols) * max(bk // 8, 1) - REGS_BASE_GEMM + REGS_BASE_FMA
     cap = min(hw.max_registers_per_thread, (hw.sm_registers // max(threads, 1)) // 8 * 8)
     spill = max(want - cap, 0)
     a_run = (bk if row["a_row_major"] else bm) * eb
@@ -621,6 +669,33 @@ def gemm_lower_one(row: dict, hw) -> dict:
     eff = hw.cal("tc_efficiency")
     # power-limited clock: fewer busy SMs than the chip run up to the full rate
     boost = min(1.0 / eff, hw.sm_count / max(min(g0 * g1 * split, hw.sm_count), 1)) if eff < 1.0 else 1.0
+    # Triton's FMA dot: a warp's chain of one iteration, its FFMAs at one
+    # scheduler's FP32 rate and its own shared-load wavefronts in series, plus one
+    # L2 wait per spilled word where the spills do not fit the L1 that the
+    # driver's shared-memory carve-out leaves
+    mma_kind = on_tc or row.get("backend") == "cublas"
+    chain = 0.0
+    smem_block = max(row["num_stages"] - 1, 1) * (bm * bk + bk * bn) * eb
+    if not mma_kind:
+        sched_rate = hw.rate("fp32_tflops") * 1e6 / hw.sm_count * boost / hw.warp_schedulers
+        chain = (flops / row["num_warps"]) / sched_rate \
+            + smem_reads / 128.0 / row["num_warps"] / hw.rate("clock_mhz")
+    if not mma_kind and spill > 0:
+        p, _ = resident_one(smem_block, min(want, cap), threads, 32, hw.sm_smem_bytes,
+                            hw.smem_per_block_bytes, hw.smem_reserved_per_block_bytes,
+                            hw.sm_registers, hw.register_alloc_unit, hw.sm_max_warps,
+                            hw.sm_max_threads, hw.sm_max_blocks, hw.max_threads_per_block)
+        p = max(p, 1)
+        # the driver's carve-out: as much shared memory as the blocks that every
+        # other limit allows would use, at most the SM's
+        p_other, _ = resident_one(0, min(want, cap), threads, 32, hw.sm_smem_bytes,
+                                  hw.smem_per_block_bytes, hw.smem_reserved_per_block_bytes,
+                                  hw.sm_registers, hw.register_alloc_unit, hw.sm_max_warps,
+                                  hw.sm_max_threads, hw.sm_max_blocks, hw.max_threads_per_block)
+        carve = min(max(p_other, p) * (smem_block + hw.smem_reserved_per_block_bytes),
+                    hw.sm_smem_bytes)
+        if spill * 4 * threads * p > hw.l1_smem_bytes - carve:
+            chain += spill * hw.cal("l2_latency_cycles") / hw.rate("clock_mhz")
     return {
         "g0": g0, "g1": g1, "ksteps": ksteps, "tiles": g0 * g1 * split,
         "smem_block": max(row["num_stages"] - 1, 1) * (bm * bk + bk * bn) * eb,
@@ -629,7 +704,8 @@ def gemm_lower_one(row: dict, hw) -> dict:
         "tensor_core": flops if on_tc else 0.0, "cuda_core": cuda,
         "l2_iter": a_fetch + b_fetch,
         "smem": smem_reads + (bm * bk + bk * bn) * eb + mn32
-        + spill * 8.0 * threads * math.ceil(bk / (32 // eb if on_tc else 1)),
+        + spill * 8.0 * threads * (math.ceil(bk / (32 // eb if on_tc else 1)) if mma_kind else 1),
+        "chain_us": chain,
         "t_bytes": (a_fetch, b_fetch, c_bytes),
         "l2_epi": l2_epi,
         "dram_epi": bm * bn * 4.0 if split > 1 else c_bytes,

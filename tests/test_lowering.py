@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import naive
 import numpy as np
 import polars as pl
@@ -11,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels_catalog import gemm
-from tsbatch.evaluate import get_family
+from tsbatch.evaluate import evaluate, get_family
 from tsbatch.hw import get_hw, list_hw
 from tsbatch.kernels.envelope import R_CUDA, R_DRAM, R_L2, R_SMEM, R_TC
 from tsbatch.schema import validate
@@ -50,6 +52,7 @@ def _check(rows: list[dict], hw) -> None:
             "dram_epi": plan.work_epi[i, R_DRAM], "cuda_epi": plan.work_epi[i, R_CUDA],
             "tc_rate": plan.rate[i, R_TC], "share_eff": plan.share_eff[i],
             "useful_flops": plan.useful_flops[i],
+            "chain_us": 0.0 if plan.chain_us is None else plan.chain_us[i],
         }
         for key, w in want.items():
             g = got[key]
@@ -97,18 +100,99 @@ def test_fma_smem_bytes_matches_twin(bm, bn, warps):
 
 
 def test_fma_smem_bytes_by_hand():
-    # 64 x 64 tile, 4 warps: 16 lanes x 4 columns span the 64 columns, 2 lanes along M,
-    # all 4 warps along M (8 rows a lane). Per k and warp: B row-major 16 x 16 B = 2
-    # wavefronts; B column-major 16 columns in one bank group, per 4 k: 4 x 16 / 4 = 16;
-    # A row-major 8 rows x 2 lanes / 4 = 4; A column-major 8 broadcasts
-    per_k = {(True, True): 4 + 2, (False, True): 8 + 2, (True, False): 4 + 16,
-             (False, False): 8 + 16}
+    # 64 x 64 tile, 4 warps: 32 accumulator elements a thread, so Triton's blocked
+    # layout gives each thread 4 x 4 blocks; 16 lanes x 4 columns span the 64
+    # columns, 2 lanes along M, the 4 warps along M: 8 rows and 4 columns a lane.
+    # Per k and warp: A column-major, 2 LDS.128 of 4 rows, lanes n and n^1 on the
+    # same row (2 phases, 1 wavefront each): 4; A row-major, 8 rows' 4-k vectors,
+    # the same 2 phases, a quarter per k: 4; B row-major, one LDS.128 of 4 phases of
+    # 8 lanes x 16 contiguous bytes: 4; B column-major, 4 columns' 4-k vectors in 4
+    # phases of 8 lanes whose columns are 4 x 32 words apart (one bank group, 8
+    # conflicts), a quarter per k: 4 x 4 x 8 / 4 = 32
+    per_k = {(True, True): 4 + 4, (False, True): 4 + 4, (True, False): 4 + 32,
+             (False, False): 4 + 32}
     for (a_rm, b_rm), wf in per_k.items():
         assert gemm._fma_smem_bytes(64, 64, 32, 4, a_rm, b_rm) == 128.0 * 32 * 4 * wf
+    # 16 x 32 tile, 2 warps: 4 elements a thread, 2 x 2 blocks, 16 lanes along N:
+    # 4 rows, 2 columns. A column-major: 2 LDS.64 a k, lanes n and n^1 alike (one
+    # phase): 2; B row-major: one LDS.64 of 2 phases: 2; B column-major: 2 columns,
+    # 8 lanes a phase 2 x 16 words apart (stride 8 vectors: one bank group): 2 x 8
+    assert gemm._fma_smem_bytes(16, 32, 16, 2, False, True) == 128.0 * 16 * 2 * (2 + 2)
+    assert gemm._fma_smem_bytes(16, 32, 16, 2, False, False) == 128.0 * 16 * 2 * (2 + 16)
     # the layout decides it, not the tile alone: B column-major costs more on every shape
     for bm, bn, w in ((16, 16, 1), (128, 32, 4), (32, 128, 8), (256, 256, 8)):
         assert gemm._fma_smem_bytes(bm, bn, 32, w, True, False) > \
             gemm._fma_smem_bytes(bm, bn, 32, w, True, True)
+
+
+def _fp32_row(bm, bn, bk, warps, stages=3, m=8192, n=8192, k=8192):
+    return dict(m=m, n=n, k=k, block_m=bm, block_n=bn, block_k=bk, num_stages=stages,
+                num_warps=warps, split_k=1, dtype="float32", tf32=False, a_row_major=True,
+                b_row_major=False)
+
+
+def test_fma_spill_registers_and_l2_reload_chain_by_hand():
+    """Triton's FMA dot keeps BK / 8 k of fragments live; its spills are reloaded
+    from L2 once an iteration where the resident blocks' spills do not fit the L1
+    that the driver's shared-memory carve-out leaves."""
+    a100 = get_hw("a100")
+    rows = [_fp32_row(128, 128, 64, 4), _fp32_row(128, 128, 32, 4), _fp32_row(64, 64, 32, 4)]
+    cols, _ = validate(pl.DataFrame(rows), get_family("gemm"))
+    plan = gemm.lower(cols, a100)
+    # 128x128 on 4 warps: 128 accumulators; Triton's layout gives a thread 32 rows of
+    # A and 4 columns of B; 8 slices of BK = 64: 128 + 36 x 8 + 20 = 436 registers
+    # wanted, 255 allowed, 181 spilled; BK = 32: 128 + 36 x 4 + 20 = 292, 37 spilled
+    assert list(plan.extra["register_spill"]) == [181, 37, 0]
+    # A warp's chain: its FFMAs at one scheduler's share of the FP32 rate, then its
+    # own shared loads: A row-major, 32 rows a thread, every lane on one row (2
+    # phases, 1 wavefront, a quarter per k: 16 a k); B column-major, 4 columns in 4
+    # phases of 8 conflicting lanes (32 a k): 48 wavefronts a k and warp
+    fp32_sched = a100.rate("fp32_tflops") * 1e6 / a100.sm_count / 4  # FLOP/us
+    clock = a100.rate("clock_mhz")
+    own = lambda bm, bn, bk, w: 2.0 * bm * bn * bk / w / fp32_sched + 48 * bk / clock  # noqa: E731
+    # BK = 64: 255 registers x 128 threads allow 2 blocks, so the driver carves all
+    # 164 KiB of shared memory (2 x 129 KiB would be more): 192 - 164 = 28 KiB of L1
+    # against 181 x 4 x 128 = 90.5 KiB of spills on the one resident block: 181
+    # reloads from L2 an iteration
+    stall = 181 * a100.cal("l2_latency_cycles") / clock
+    assert plan.chain_us[0] == pytest.approx(own(128, 128, 64, 4) + stall, rel=1e-12)
+    # BK = 32: 2 blocks of 65 KiB shared memory fit, the carve-out is 130 KiB,
+    # leaving 62 KiB of L1 for 2 x 37 x 4 x 128 = 37 KiB of spills: no reloads
+    assert plan.chain_us[1] == pytest.approx(own(128, 128, 32, 4), rel=1e-12)
+    # 64x64 on 4 warps: 8 rows, 4 columns a thread, 16 lanes along N: A 4 + B 32 a k
+    assert plan.chain_us[2] == pytest.approx(
+        2.0 * 64 * 64 * 32 / 4 / fp32_sched + 36 * 32 / clock, rel=1e-12)
+    # the chain makes the spilling tile slower than its FFMAs and than the BK = 32 tile
+    res = evaluate(pl.DataFrame(rows), "a100")
+    lat = res["latency_us"].to_list()
+    assert lat[0] > 2.5 * lat[1]
+
+
+FMA_TABLE = Path(__file__).parent / "data" / "triton30_fma_sm80_sm90.csv"
+
+
+def test_fma_loads_match_the_compiler():
+    """Triton's FMA-dot layout as the model builds it issues, per thread and
+    iteration, exactly the FFMAs and the LDS.128 / LDS.64 that ptxas emits in
+    the main loop of every compiled IEEE FP32 tile and layout (Triton 3.0, sm_80
+    and sm_90: ``bench/triton_fma_footprints.py``), and the register estimate
+    splits them into spilling and non-spilling as ptxas does."""
+    t = pl.read_csv(FMA_TABLE)
+    assert t.height >= 600 and set(t["arch"].unique()) == {80, 90}
+    for r in t.iter_rows(named=True):
+        got = gemm.fma_loads(r["block_m"], r["block_n"], r["block_k"], r["num_warps"],
+                             r["a_row_major"], r["b_row_major"])
+        assert (got["ffma"], got[4], got[2]) == \
+            (r["loop_ffma"], r["loop_lds128"], r["loop_lds64"]), r
+    want = np.array([gemm.fma_registers(r["block_m"], r["block_n"], r["block_k"], r["num_warps"])
+                     for r in t.iter_rows(named=True)])
+    cap = np.minimum(255, 65536 // (32 * t["num_warps"].to_numpy()) // 8 * 8)
+    spills = t["spill_stores"].to_numpy() > 0
+    heavy = t["loop_ldl"].to_numpy() >= 100  # spills reloaded every iteration
+    assert ((want > cap) == spills).mean() >= 0.85
+    assert (want[heavy] > cap[heavy]).all()  # every heavily spilling kernel is predicted to spill
+    quiet = ~spills
+    assert np.abs(want[quiet] - t["regs"].to_numpy()[quiet]).mean() <= 35
 
 
 def test_tf32_mn_major_operand_on_warpgroup_mma_by_hand():
