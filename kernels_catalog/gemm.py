@@ -434,13 +434,16 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
             # promoted into both live in registers (CUTLASS GmmaFP8Accumulation)
             acc_regs *= 2
         if tc or lib[i]:
-            # operand fragments of one MMA step (16 elements of K), double-buffered;
-            # a library (CUTLASS) tensor-core kernel loads its warp fragments one
-            # instruction K-step at a time, 32 bytes of K (mma k16 for 16-bit
-            # operands, k8 for TF32: the warp-level MmaTensorOp's double-buffered
-            # per-k-group fragments), so TF32 does not double them
+            # operand fragments of one MMA step (16 elements of K), double-buffered,
+            # at most one instruction K-step of 32 bytes (mma k16 for 16-bit
+            # operands, k8 for TF32): a library (CUTLASS) kernel's warp-level
+            # MmaTensorOp double-buffers per-k-group fragments, and Triton's TF32
+            # dot on mma.sync loads them one m16n8k8 step ahead too (ptxas for
+            # sm_80, Triton 3.0: 128x128x32 on 4 warps 251-255 registers and at
+            # most 48 bytes of spills, 64x64x32 96-126; 16 elements of K would
+            # ask 296 and 136), so TF32 does not double them
             kb = 16 * eb
-            if lib[i] and tc and kb > 32:
+            if tc and kb > 32:
                 kb = 32
             frag = 0 if wg else 2 * ((bmi // wm) + (bni // wn)) * kb // (4 * 32)
         else:

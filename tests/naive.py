@@ -616,7 +616,10 @@ def gemm_lower_one(row: dict, hw) -> dict:
     want = (2 * acc if promo else acc) + REGS_BASE_GEMM
     if on_tc or row.get("backend") == "cublas":
         if not wgmma:
-            want += 2 * (bm // wm + bn // wn) * 16 * eb // 128
+            # double-buffered fragments of 16 elements of K, at most one 32-byte
+            # MMA K-step (TF32's m16n8k8) on the tensor cores
+            kb = min(16 * eb, 32) if on_tc else 16 * eb
+            want += 2 * (bm // wm + bn // wn) * kb // 128
     else:  # Triton's FMA dot: a thread's rows of A and columns of B for BK / 8 k
         _s, _lm, _ln, rows, cols = fma_layout(bm, bn, row["num_warps"])
         want += (rows + cols) * max(bk // 8, 1) - REGS_BASE_GEMM + REGS_BASE_FMA
