@@ -445,7 +445,15 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
             kb = 16 * eb
             if tc and kb > 32:
                 kb = 32
-            frag = 0 if wg else 2 * ((bmi // wm) + (bni // wn)) * kb // (4 * 32)
+            # Triton's TF32 dot keeps more of them in flight as BK grows: BK / 16
+            # m16n8k8 steps from BK = 64 on (ptxas for sm_80: 64x64x64, 64x64x128,
+            # 128x64x64, 64x128x64 and 128x128x64 on 8 warps 128-252 registers
+            # where this asks 136-200; 128x128x64 on 4 warps 255 and 0-296 bytes
+            # of spills where it asks 296)
+            steps = 2
+            if tc and not lib[i] and eb == 4 and bki // 16 > steps:
+                steps = bki // 16
+            frag = 0 if wg else steps * ((bmi // wm) + (bni // wn)) * kb // (4 * 32)
         else:
             # Triton's FMA dot: one k at a time, a thread holds its rows of A and
             # its columns of B (the library's SGEMM keeps the estimate above)

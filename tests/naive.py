@@ -619,7 +619,11 @@ def gemm_lower_one(row: dict, hw) -> dict:
             # double-buffered fragments of 16 elements of K, at most one 32-byte
             # MMA K-step (TF32's m16n8k8) on the tensor cores
             kb = min(16 * eb, 32) if on_tc else 16 * eb
-            want += 2 * (bm // wm + bn // wn) * kb // 128
+            # Triton's TF32 keeps BK / 16 of those steps in flight from BK = 64 on
+            steps = 2
+            if on_tc and eb == 4 and row.get("backend") != "cublas":
+                steps = max(2, bk // 16)
+            want += steps * (bm // wm + bn // wn) * kb // 128
     else:  # Triton's FMA dot: a thread's rows of A and columns of B for BK / 8 k
         _s, _lm, _ln, rows, cols = fma_layout(bm, bn, row["num_warps"])
         want += (rows + cols) * max(bk // 8, 1) - REGS_BASE_GEMM + REGS_BASE_FMA
