@@ -193,6 +193,14 @@ def test_fma_loads_match_the_compiler():
     assert (want[heavy] > cap[heavy]).all()  # every heavily spilling kernel is predicted to spill
     quiet = ~spills
     assert np.abs(want[quiet] - t["regs"].to_numpy()[quiet]).mean() <= 35
+    # the lowering asks what fma_registers says: registers plus spill
+    rows = [_fp32_row(r["block_m"], r["block_n"], r["block_k"], r["num_warps"]) | {
+        "a_row_major": r["a_row_major"], "b_row_major": r["b_row_major"]}
+        for r in t.filter(pl.col("arch") == 80).iter_rows(named=True)]
+    cols, _ = validate(pl.DataFrame(rows), get_family("gemm"))
+    plan = gemm.lower(cols, get_hw("a100"))
+    np.testing.assert_array_equal(plan.regs_thread + plan.extra["register_spill"],
+                                  want[t["arch"].to_numpy() == 80])
 
 
 def test_tf32_mn_major_operand_on_warpgroup_mma_by_hand():
