@@ -73,6 +73,22 @@ def test_latency_never_falls_when_a_rate_is_lowered(df, gpu, key, factor):
     assert ok.all(), (key, factor, a[~ok], b[~ok])
 
 
+def test_slower_dram_never_hides_more_than_a_floor_bound_wave_drained():
+    """The case hypothesis found in CI (a100, DRAM at half rate): a first wave held
+    at its latency + busiest-resource floor does not get longer when its stores
+    do, so the next wave may hide under its prologue only what is still draining
+    above that floor; hiding all of the grown stores made the grid 1e-5 us faster
+    with slower DRAM."""
+    row = dict(m=580, n=2566, k=1, dtype="bfloat16", a_row_major=False, b_row_major=False,
+               tf32=False, backend="triton", block_m=16, block_n=16, block_k=64, num_stages=1,
+               num_warps=1, group_m=1, raster="col", split_k=1)
+    hw = get_hw("a100")
+    base = evaluate(pl.DataFrame([row]), hw)["latency_us"][0]
+    for factor in (0.5, 0.25, 0.1):
+        slow = evaluate(pl.DataFrame([row]), slower(hw, "dram_bw_tbps", factor))["latency_us"][0]
+        assert slow >= base * (1.0 - LATENCY_RTOL), (factor, base, slow)
+
+
 def test_lowering_the_fp16_peak_slows_fp16_only():
     """A hand check that the property above has teeth: halving fp16 (spec and
     measured) slows a compute-bound fp16 GEMM and leaves bf16 alone."""

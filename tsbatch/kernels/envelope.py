@@ -315,6 +315,12 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         # `full` loses digits when the prologue is mostly hidden
         floor = resource_floor(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                warps_tile, warps_full, share_eff)
+        # what is still draining when the wave ends: no more than the wave's time
+        # above its own latency and busiest resource (a wave held at that floor
+        # has drained its stores inside it, under the resource that binds it)
+        slack = t - lat - floor
+        if store > slack:
+            store = slack if slack > 0.0 else 0.0
         h, hf, hf_c = _seam(a, b, c, t, store, own, p * ovh_tile, floor)
         inc = t - h - hf
         if p > 1 and full > 1:
