@@ -382,10 +382,13 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     floor = tiles * max([0.0] + [(w * ksteps + e) / r for w, e, r in zip(work_iter, work_epi, rates)
                                  if r > 0.0])
     total = t_pro + t_steady + t_epi
+    # still in flight when the last compute step ends: the exposed stores, and the
+    # busiest resource's work beyond the pipeline's estimate where it binds
+    drain = p * epi - hide + max(lat + floor - total, 0.0)
     if total < lat + floor:
         t_epi += lat + floor - total
         total = lat + floor
-    return total, t_pro, t_steady, t_epi, steady, p * epi - hide, p * epi
+    return total, t_pro, t_steady, t_epi, steady, drain, p * epi
 
 
 def resource_floor(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
@@ -426,14 +429,13 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         res = envelope_one(*args, p, sms, ksteps, stages, warps_tile, warps_full, lat,
                            ovh_iter, ovh_tile, 0, share_eff, sync, chain, streams)
         steady_iter = res[4]
-        floor = resource_floor(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
-                               warps_tile, warps_full, share_eff)
-        # still draining at the wave's end: at most its time above latency + floor
-        store = min(res[5], max(res[0] - lat - floor, 0.0))
+        store = res[5]
         h = min(res[1], store)  # a wave's prologue under the stores before it
         # and then its loop and last compute step, down to the busiest resource
         # (the loop time already hiding this wave's own epilogue cannot hide more)
         hf = max(min(res[2] + res[3] - res[6] - p * ovh_tile, store - h), 0.0)
+        floor = resource_floor(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
+                               warps_tile, warps_full, share_eff)
         cap = max(res[0] - floor, 0.0)  # never below the busiest resource
         if h + hf > cap:
             h = min(h, cap)

@@ -76,9 +76,10 @@ def test_latency_never_falls_when_a_rate_is_lowered(df, gpu, key, factor):
 def test_slower_dram_never_hides_more_than_a_floor_bound_wave_drained():
     """The case hypothesis found in CI (a100, DRAM at half rate): a first wave held
     at its latency + busiest-resource floor does not get longer when its stores
-    do, so the next wave may hide under its prologue only what is still draining
-    above that floor; hiding all of the grown stores made the grid 1e-5 us faster
-    with slower DRAM."""
+    do, so what the next wave runs its prologue under is what the first still has
+    in flight when its last compute step ends, stores and the floor's excess
+    together (which does not grow); hiding the grown stores alone made the grid
+    1e-5 us faster with slower DRAM."""
     row = dict(m=580, n=2566, k=1, dtype="bfloat16", a_row_major=False, b_row_major=False,
                tf32=False, backend="triton", block_m=16, block_n=16, block_k=64, num_stages=1,
                num_warps=1, group_m=1, raster="col", split_k=1)

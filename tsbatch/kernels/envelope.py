@@ -230,10 +230,17 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
             hide = t_st
     t_epi = comp + p * epi - hide + tiles * ovh_tile
     tot = t_pro + t_st + t_epi
+    # what is still in flight when the last compute step ends, for the next wave
+    # to run its prologue under: the exposed stores, and, where the busiest
+    # resource binds the wave, its work beyond the pipeline's estimate (so that a
+    # wave held at that floor hides no more when its stores grow: a slower DRAM
+    # once made a grid faster)
+    drain = p * epi - hide
     if tot < lat + floor:
         t_epi += lat + floor - tot
+        drain += lat + floor - tot
         tot = lat + floor
-    return tot, t_pro, t_st, t_epi, steady, p * epi - hide, p * epi
+    return tot, t_pro, t_st, t_epi, steady, drain, p * epi
 
 
 @jit_scalar
@@ -315,12 +322,6 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         # `full` loses digits when the prologue is mostly hidden
         floor = resource_floor(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                warps_tile, warps_full, share_eff)
-        # what is still draining when the wave ends: no more than the wave's time
-        # above its own latency and busiest resource (a wave held at that floor
-        # has drained its stores inside it, under the resource that binds it)
-        slack = t - lat - floor
-        if store > slack:
-            store = slack if slack > 0.0 else 0.0
         h, hf, hf_c = _seam(a, b, c, t, store, own, p * ovh_tile, floor)
         inc = t - h - hf
         if p > 1 and full > 1:
