@@ -34,6 +34,7 @@ from kernels_catalog.base import (
 )
 from kernels_catalog.program import load_program
 from tsbatch.kernels._config import jit_exact
+from tsbatch.kernels.occupancy import resident_tiles
 from tsbatch.kernels.envelope import (
     N_RES, R_CUDA, R_DRAM, R_L15, R_L2, R_SMEM, R_TC,
 )
@@ -750,11 +751,11 @@ def lower(cols: dict, hw) -> TilePlan:
     # a Triton FMA-dot warp's own shared loads per iteration: the shared-memory
     # work less the stores of the A and B tiles and the spills' local traffic
     # (once an iteration on this path)
-    fma_loads = (work_iter[:, R_SMEM]
+    own_loads = (work_iter[:, R_SMEM]
                  - (i64(cols["block_m"]) + i64(cols["block_n"])) * i64(cols["block_k"]) * 4.0
                  - spill * 8.0 * threads)
     chain = _fma_chain(hw, on_tc | lib, spill, smem_block, regs, threads,
-                       i64(cols["num_warps"]), work_iter[:, R_CUDA], rate[:, R_CUDA], fma_loads)
+                       i64(cols["num_warps"]), work_iter[:, R_CUDA], rate[:, R_CUDA], own_loads)
 
     # tensor accesses from the tile program: A reused along grid dim 1, B along
     # dim 0, C once per tile
@@ -828,7 +829,6 @@ def _fma_chain(hw, mma, spill, smem_block, regs, threads, warps, flops_iter, fp3
     idx = np.flatnonzero(~mma)
     if idx.size == 0:
         return None
-    from tsbatch.kernels.occupancy import resident_tiles
     clock = hw.rate("clock_mhz")
     chain = np.zeros(spill.shape[0], dtype=np.float64)
     chain[idx] = (flops_iter[idx] / warps[idx] / (fp32_rate[idx] / hw.warp_schedulers)
