@@ -44,6 +44,7 @@ PROBLEM = ["m", "n", "k", "dtype", "a_row_major", "b_row_major"]
 ROWS = {
     "half": pl.col("dtype") != "float32",
     "ieee-fp32": (pl.col("dtype") == "float32") & ~pl.col("tf32"),
+    "tf32": (pl.col("dtype") == "float32") & pl.col("tf32"),
 }
 
 
@@ -98,7 +99,7 @@ def main(argv=None) -> int:
     ap.add_argument("--problems", type=int, default=80)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rows", choices=sorted(ROWS), default="half",
-                    help="the Triton rows scored: fp16/bf16 (default) or IEEE FP32")
+                    help="the Triton rows scored: fp16/bf16 (default), IEEE FP32 or TF32")
     args = ap.parse_args(argv)
     axes = {}
     for item in args.grid:

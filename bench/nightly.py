@@ -105,6 +105,18 @@ def check_collectives(root: Path) -> list[dict]:
     return rows
 
 
+def _env_triton(d: Path) -> str | None:
+    """The Triton release a measurement directory's ``env.txt`` records
+    (``torch ... triton X.Y.Z``), for its files that carry none themselves."""
+    env = d / "env.txt"
+    if not env.exists():
+        return None
+    import re
+
+    m = re.search(r"\btriton\s+(\d+\.\d+\S*)", env.read_text())
+    return m.group(1) if m else None
+
+
 def check_held_out() -> list[dict]:
     rows = []
     for d in sorted((HERE / "measured").glob("h200-*")):
@@ -113,7 +125,7 @@ def check_held_out() -> list[dict]:
         files = sorted(p for p in (d / s / "gemm.parquet" for s in subdirs) if p.exists())
         if not files:
             continue
-        res = run_accuracy(files)
+        res = run_accuracy(files, triton_version=_env_triton(d))
         for r in res.groups.iter_rows(named=True):
             group = f"{d.name} {r['gpu']} {r['dtype']} {r['backend']} ({r['problems']} problems)"
             for metric in ("mape_pct", "spearman", "top5_retention_pct"):

@@ -19,12 +19,27 @@ columns a thread reads, as vectors of which width) to the LDS and FFMA counts,
 and its register estimate to ``regs`` and the spill / no-spill split, through
 the table ``--write`` produces.
 
-Needs ``triton`` (not a tsbatch dependency): ``pip install triton==3.0.0``
-(what wrote ``tests/data/triton30_fma_sm80_sm90.csv``; 3.1 gives the same
-loads). Compiling all 640 kernels takes about half an hour on 10 cores::
+``--tf32`` compiles the TF32 tiles instead (``allow_tf32=True``), each at its
+measured ``num_stages``: the A100 rows for sm_80, the H100 rows and the
+held-out H200 rows for sm_90 (``--arch`` keeps one). Their table adds
+``num_stages``, the ``triton`` release, and the main loop's ``loop_hmma`` /
+``loop_hgmma`` (mma.sync / warpgroup MMA), ``loop_ldsm`` and ``loop_ldgsts``
+(cp.async) counts: ``tests/test_lowering.py`` holds the model's shared memory
+per block and launch outcome to it, and checks the split the model draws
+between Triton releases (an M/N-contiguous TF32 operand for warpgroup MMA is
+staged through registers, no cp.async, before 3.3).
+
+Needs ``triton`` (not a tsbatch dependency); the compile API of 3.0 to 3.6 is
+handled. ``pip install triton==3.0.0`` wrote
+``tests/data/triton30_fma_sm80_sm90.csv`` (3.1 gives the same loads; all 640
+kernels take about half an hour on 10 cores), 3.1.0
+``tests/data/triton31_tf32_sm80_sm90.csv`` and 3.6.0
+``tests/data/triton36_tf32_sm90.csv`` (5 and 3 minutes on 2 cores)::
 
     python bench/triton_fma_footprints.py                  # compare, print a summary
     python bench/triton_fma_footprints.py --write tests/data/triton30_fma_sm80_sm90.csv
+    python bench/triton_fma_footprints.py --tf32 --write tests/data/triton31_tf32_sm80_sm90.csv
+    python bench/triton_fma_footprints.py --tf32 --arch 90 --write tests/data/triton36_tf32_sm90.csv
 """
 
 from __future__ import annotations
@@ -59,7 +74,8 @@ if triton is not None:
     @triton.jit
     def _mm(A, B, C, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
             sam: tl.constexpr, sak: tl.constexpr, sbk: tl.constexpr, sbn: tl.constexpr,
-            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+            TF32: tl.constexpr):
         pid = tl.program_id(0)
         grid_m = (M + BM - 1) // BM
         grid_n = (N + BN - 1) // BN
@@ -79,16 +95,20 @@ if triton is not None:
         for _k in range(K, 0, -BK):
             a = tl.load(A)
             b = tl.load(B)
-            acc += tl.dot(a, b, allow_tf32=False)
+            acc += tl.dot(a, b, allow_tf32=TF32)
             A += BK * sak
             B += BK * sbk
         mask = (rm[:, None] < M) & (rn[None, :] < N)
         tl.store(C + rm[:, None] * N + rn[None, :], acc, mask=mask)
 
 
+#: SASS opcodes of the dot's multiply: FMA path, mma.sync, warpgroup MMA
+_MULTIPLY = ("FFMA", "HMMA", "HGMMA")
+
+
 def _loop_counts(sass: str) -> dict:
     """Instruction counts of the main loop: the backward branch whose body
-    holds the most FFMAs."""
+    holds the most multiplies (FFMA, HMMA or HGMMA)."""
     ins = []
     for line in sass.splitlines():
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
@@ -99,7 +119,7 @@ def _loop_counts(sass: str) -> dict:
         b = re.search(r"BRA\s+(?:`\()?[^0x]*0x([0-9a-f]+)", txt)
         if b and int(b.group(1), 16) < addr:
             body = [t for a, t in ins if int(b.group(1), 16) <= a <= addr]
-            nf = sum("FFMA" in t for t in body)
+            nf = sum(any(op in t for op in _MULTIPLY) for t in body)
             if nf > best[0]:
                 best = (nf, body)
     c = collections.Counter()
@@ -109,24 +129,46 @@ def _loop_counts(sass: str) -> dict:
     pick = lambda pre: sum(v for k, v in c.items() if k.startswith(pre))  # noqa: E731
     return dict(loop_ffma=c.get("FFMA", 0), loop_lds128=c.get("LDS.128", 0),
                 loop_lds64=c.get("LDS.64", 0), loop_lds32=c.get("LDS", 0) + c.get("LDS.U", 0),
-                loop_ldl=pick("LDL"), loop_stl=pick("STL"))
+                loop_ldl=pick("LDL"), loop_stl=pick("STL"), loop_hmma=pick("HMMA"),
+                loop_hgmma=pick("HGMMA"), loop_ldsm=pick("LDSM"), loop_ldgsts=pick("LDGSTS"))
+
+
+def _source(values: list):
+    """The kernel's ASTSource with the constexpr ``values`` (arguments 3 on) and
+    16-byte-aligned pointers, in the API of the installed Triton: 3.0-3.2 take
+    argument-index constants and an ``AttrsDescriptor``, 3.3 on named
+    ``constexprs`` and per-argument attributes."""
+    from triton.compiler import ASTSource
+
+    names = _mm.arg_names
+    try:
+        from triton.compiler.compiler import AttrsDescriptor
+    except ImportError:  # Triton 3.3 on
+        sig = {nm: ("*fp32" if i < 3 else "constexpr") for i, nm in enumerate(names)}
+        return ASTSource(_mm, sig, constexprs=dict(zip(names[3:], values)),
+                         attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
+    consts = {3 + i: v for i, v in enumerate(values)}
+    try:  # Triton 3.0 / 3.1
+        return ASTSource(_mm, {0: "*fp32", 1: "*fp32", 2: "*fp32"}, constants=consts,
+                         attrs=AttrsDescriptor(divisible_by_16={0, 1, 2}))
+    except TypeError:  # Triton 3.2: named signature, attributes from a dict
+        sig = {nm: ("*fp32" if i < 3 else "constexpr") for i, nm in enumerate(names)}
+        attrs = AttrsDescriptor.from_dict({"arg_properties": {"tt.divisibility": [0, 1, 2]},
+                                           "cls": "AttrsDescriptor"})
+        return ASTSource(_mm, sig, constants=dict(zip(names[3:], values)), attrs=attrs)
 
 
 def compile_one(job: tuple) -> dict:
     """Compile one tile and layout for one architecture; the compiler's figures."""
-    bm, bn, bk, warps, a_rm, b_rm, arch = job
+    bm, bn, bk, warps, a_rm, b_rm, arch, stages, tf32 = job
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.compiler.compiler import AttrsDescriptor
 
     sam, sak = (PROBLEM, 1) if a_rm else (1, PROBLEM)
     sbk, sbn = (PROBLEM, 1) if b_rm else (1, PROBLEM)
-    consts = {3: PROBLEM, 4: PROBLEM, 5: PROBLEM, 6: sam, 7: sak, 8: sbk, 9: sbn, 10: bm, 11: bn,
-              12: bk, 13: 8}
-    src = ASTSource(_mm, {0: "*fp32", 1: "*fp32", 2: "*fp32"}, constants=consts,
-                    attrs=AttrsDescriptor(divisible_by_16={0, 1, 2}))
+    values = [PROBLEM, PROBLEM, PROBLEM, sam, sak, sbk, sbn, bm, bn, bk, 8, tf32]
+    src = _source(values)
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                       options={"num_warps": warps, "num_stages": 3})
+                       options={"num_warps": warps, "num_stages": stages})
     bindir = Path(triton.__file__).parent / "backends/nvidia/bin"
     with tempfile.TemporaryDirectory() as tmp:
         ptx, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
@@ -138,7 +180,10 @@ def compile_one(job: tuple) -> dict:
         sass = subprocess.run([str(bindir / "cuobjdump"), "-sass", str(cubin)],
                               capture_output=True, text=True, check=True).stdout
     spill = re.search(r"(\d+) bytes spill stores", err)
-    return dict(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, a_row_major=a_rm,
+    extra = dict(num_stages=stages) if tf32 else {}
+    if tf32:
+        extra["triton"] = triton.__version__
+    return dict(block_m=bm, block_n=bn, block_k=bk, **extra, num_warps=warps, a_row_major=a_rm,
                 b_row_major=b_rm, arch=arch, shared=int(k.metadata.shared),
                 regs=int(re.search(r"Used (\d+) registers", err).group(1)),
                 spill_stores=int(spill.group(1)) if spill else 0, **_loop_counts(sass))
@@ -158,15 +203,47 @@ def tiles() -> pl.DataFrame:
     return pl.concat(frames).unique().sort("block_m", "block_n", "block_k", "num_warps")
 
 
-def compiled_table(workers: int, archs=(80, 90)) -> pl.DataFrame:
-    jobs = [(r["block_m"], r["block_n"], r["block_k"], r["num_warps"], a, b, arch)
-            for r in tiles().iter_rows(named=True) for arch in archs
-            for a in (False, True) for b in (False, True)]
+#: TF32 rows: which file's tiles are compiled for which architecture
+TF32_SOURCES = {80: ["gemm/a100_triton_mm.parquet"], 90: ["gemm/h100_triton_mm.parquet"]}
+TF32_HELD_OUT = {90: ["bench/measured/h200-2026-11-30/fp32_layouts_tf32/gemm.parquet",
+                      "bench/measured/h200-2026-11-30/fp32/gemm.parquet"]}
+
+
+def tf32_tiles() -> pl.DataFrame:
+    """The TF32 Triton tiles (with their ``num_stages``) of the measured sets, per
+    architecture: A100 rows for sm_80, H100 and held-out H200 rows for sm_90."""
+    shared = Path(os.environ.get("TSBATCH_SHARED_DATA", ROOT.parent / "shared" / "data"))
+    frames = []
+    for arch in (80, 90):
+        paths = [shared / s for s in TF32_SOURCES[arch]] + [ROOT / h for h in TF32_HELD_OUT.get(arch, [])]
+        for p in paths:
+            if p.exists():
+                d = pl.read_parquet(p).filter((pl.col("backend") == "triton")
+                                              & (pl.col("dtype") == "float32") & pl.col("tf32"))
+                frames.append(d.select("block_m", "block_n", "block_k", "num_stages", "num_warps")
+                              .unique().with_columns(arch=pl.lit(arch)))
+    if not frames:
+        sys.exit("bench/triton_fma_footprints.py: no measured GEMM file found")
+    return pl.concat(frames).unique().sort("arch", "block_m", "block_n", "block_k", "num_stages",
+                                           "num_warps")
+
+
+def compiled_table(workers: int, archs=(80, 90), tf32: bool = False) -> pl.DataFrame:
+    if tf32:
+        jobs = [(r["block_m"], r["block_n"], r["block_k"], r["num_warps"], a, b, r["arch"],
+                 r["num_stages"], True)
+                for r in tf32_tiles().filter(pl.col("arch").is_in(list(archs))).iter_rows(named=True)
+                for a in (False, True) for b in (False, True)]
+    else:
+        jobs = [(r["block_m"], r["block_n"], r["block_k"], r["num_warps"], a, b, arch, 3, False)
+                for r in tiles().iter_rows(named=True) for arch in archs
+                for a in (False, True) for b in (False, True)]
     jobs.sort(key=lambda j: -j[0] * j[1] * j[2])  # the slow ones first
     with ProcessPoolExecutor(workers) as pool:
         out = list(pool.map(compile_one, jobs))
-    return pl.DataFrame(out).sort("arch", "block_m", "block_n", "block_k", "num_warps",
-                                  "a_row_major", "b_row_major")
+    keys = ["arch", "block_m", "block_n", "block_k"] + (["num_stages"] if tf32 else []) \
+        + ["num_warps", "a_row_major", "b_row_major"]
+    return pl.DataFrame(out).sort(keys)
 
 
 def model_counts(table: pl.DataFrame) -> pl.DataFrame:
@@ -183,16 +260,52 @@ def model_counts(table: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([table, pl.DataFrame(out)], how="horizontal")
 
 
+def tf32_summary(table: pl.DataFrame) -> int:
+    """The TF32 kernels' shared memory and launch outcome against the model's,
+    and their registers and spills."""
+    from kernels_catalog import gemm
+    from tsbatch.evaluate import get_family
+    from tsbatch.hw import get_hw
+    from tsbatch.schema import validate
+
+    print(f"Triton {triton.__version__}: {len(table)} TF32 kernels")
+    for arch, gpu in ((80, "a100"), (90, "h100")):
+        part = table.filter(pl.col("arch") == arch)
+        if part.height == 0:
+            continue
+        rows = part.select("block_m", "block_n", "block_k", "num_stages", "num_warps",
+                           "a_row_major", "b_row_major").with_columns(
+            m=pl.lit(PROBLEM), n=pl.lit(PROBLEM), k=pl.lit(PROBLEM), dtype=pl.lit("float32"),
+            tf32=pl.lit(True), triton_version=pl.lit(triton.__version__))
+        hw = get_hw(gpu)
+        cols, _ = validate(rows, get_family("gemm"))
+        plan = gemm.lower(cols, hw)
+        got, want = plan.smem_block, part["shared"].to_numpy()
+        lim = hw.smem_per_block_bytes
+        print(f"sm_{arch} ({gpu}): {part.height} kernels, {int((part['spill_stores'] > 0).sum())} "
+              f"spill, mean {part['regs'].mean():.0f} registers; model shared memory within "
+              f"2 KiB on {(abs(got - want) <= 2048).mean():.3f}, launch outcome agrees on "
+              f"{((got <= lim) == (want <= lim)).mean():.3f}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", default=None, help="write the compiled table (CSV) here")
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
+    ap.add_argument("--arch", type=int, action="append", choices=(80, 90),
+                    help="compile for this architecture only (repeatable; default 80 and 90)")
+    ap.add_argument("--tf32", action="store_true",
+                    help="the TF32 tiles instead (tensor cores: mma.sync on sm_80, warpgroup "
+                         "MMA or mma.sync on sm_90), each at its measured num_stages")
     args = ap.parse_args(argv)
     if triton is None:
         sys.exit("bench/triton_fma_footprints.py needs triton: pip install triton==3.0.0")
-    table = compiled_table(args.workers)
+    table = compiled_table(args.workers, archs=tuple(args.arch or (80, 90)), tf32=args.tf32)
     if args.write:
         table.write_csv(args.write)
+    if args.tf32:
+        return tf32_summary(table)
     t = model_counts(table)
     loads = all((t[f"model_{c}"] == t[f"loop_{c}"]).all() for c in ("ffma", "lds128", "lds64"))
     cap = (65536 // (32 * t["num_warps"]) // 8 * 8).clip(upper_bound=255)  # the lowering's

@@ -30,6 +30,8 @@ class Column:
     default: object = None
     positive: bool = False
     choices: tuple = ()
+    #: a regular expression every text value must match in full ('' : any)
+    pattern: str = ""
 
 
 @dataclass

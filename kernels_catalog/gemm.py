@@ -23,6 +23,7 @@ carry no tile configuration: they are predicted as the best entry of
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -41,6 +42,7 @@ from tsbatch.kernels.envelope import (
 from tsbatch.kernels.order import ORDER_GROUPED, ORDER_NAMES, ORDER_PERSISTENT
 
 __all__ = ["FAMILY", "COLUMNS", "DTYPES", "LIBRARY_TILES", "LIBRARY_TILES_FP8", "SCALE_MODES",
+           "TRITON_VERSION_DEFAULT", "TRITON_PIPELINED_MN32", "triton_release", "mn32_wavefronts",
            "FP8_PROMOTE_K", "FP8_SCALE_BLOCK", "ADMIT_RULES", "admit", "lower", "expand_library"]
 
 #: input dtype -> (bytes per element, output bytes, tensor-core rate key)
@@ -51,6 +53,33 @@ DTYPES = {
     "float8": (1, 2, "float8"),
 }
 _DTYPE_CODE = {name: i for i, name in enumerate(DTYPES)}
+
+#: the Triton release a candidate row without ``triton_version`` is modelled for
+TRITON_VERSION_DEFAULT = "3.6"
+#: what a ``triton_version`` value must look like: major.minor, then anything
+#: (a patch number, a local build tag) that the model ignores
+TRITON_VERSION_PATTERN = r"\d+\.\d+([.+\-].*)?"
+#: the first release that copies M/N-contiguous TF32 operands for warpgroup MMA
+#: with 4-byte cp.async, pipelined (earlier ones stage them through registers),
+#: as ``major * 1000 + minor`` (:func:`triton_release`)
+TRITON_PIPELINED_MN32 = 3003
+
+
+def _release_code(text: str) -> int:
+    major, minor = str(text).split(".")[:2]
+    return int(major) * 1000 + int(re.match(r"\d+", minor).group())
+
+
+def triton_release(versions) -> np.ndarray:
+    """``major * 1000 + minor`` of each ``triton_version`` text (already checked
+    against :data:`TRITON_VERSION_PATTERN`), as int64."""
+    arr = np.asarray(versions, dtype=object)
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if (arr == arr[0]).all():  # one release (the usual case): no per-row lookup
+        return np.full(arr.shape[0], _release_code(arr[0]), dtype=np.int64)
+    return map_codes(arr, {v: _release_code(v) for v in set(arr.tolist())})
+
 
 COLUMNS = (
     Column("m", "int", "rows of A and C", positive=True),
@@ -75,6 +104,12 @@ COLUMNS = (
            required=False, default="grouped", choices=tuple(ORDER_NAMES)),
     Column("split_k", "int", "splits of the reduction across blocks (partials reduced "
            "with fp32 atomics)", required=False, default=1, positive=True),
+    Column("triton_version", "str", "Triton release the kernels are compiled with "
+           "(major.minor, e.g. '3.1'; a patch or local suffix is ignored); it selects the "
+           "code generation where releases differ: before 3.3 a TF32 operand that is "
+           "M/N-contiguous is staged through registers for warpgroup MMA (Hopper), "
+           "unpipelined; from 3.3 it is copied into the ring with 4-byte cp.async",
+           required=False, default=TRITON_VERSION_DEFAULT, pattern=TRITON_VERSION_PATTERN),
     Column("scale_mode", "str", "float8 only: how A and B are scaled back to real values: "
            "'tensor' (one scale each, applied in the epilogue), 'row' (a scale per row of A "
            "and per column of B, epilogue), 'block' (DeepSeek-V3: A per 1x128 and B per "
@@ -358,6 +393,28 @@ def _fma_smem_bytes(bm, bn, bk, warps, a_rm, b_rm):
 
 
 @jit_exact
+def mn32_wavefronts(width):
+    """Shared-memory wavefronts of one warp's 4-byte store of an M/N-contiguous
+    TF32 operand into Triton's K-major tile for warpgroup MMA (Triton 3.0-3.6
+    for sm_90: a blocked layout of four elements along M (N) a thread,
+    ``min(32, width / 4)`` threads of a warp along M and the rest along K,
+    ``threadsPerWarp = [width / 4, 128 / width]``; a 128-byte-swizzled K-major
+    tile, ``vec = 4``, the 16-byte chunk XORed with the row mod 8). One store
+    instruction writes element ``j`` of each thread's four: its lanes' rows
+    ``4 l + j`` fall on two swizzle phases and its ``128 / width`` values of k
+    on as many banks of a chunk (up to four), so the warp's 32 words land on
+    ``2 min(4, 128 / width)`` banks: ``width / 8`` wavefronts for a 64-wide
+    operand, 16 from 128 on (``tests/test_lowering.py`` counts the banks lane
+    by lane). ``width`` is the operand's contiguous extent (BM of A, BN of B)."""
+    tpm = width // 4
+    if tpm > 32:
+        tpm = 32
+    if tpm < 1:
+        tpm = 1
+    return tpm / 2.0
+
+
+@jit_exact
 def _cdiv(a, b):
     return -((-a) // b) if b != 0 else 0
 
@@ -366,17 +423,20 @@ def _cdiv(a, b):
 def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_rm, eb_tab,
                 ob_tab, tc_tab, f32_code, wgmma_ok, wgmma_min, max_regs, sm_regs, sync_frac,
                 tc_eff, wg_share, g0, g1, ksteps, tiles, smem_block, threads, regs, spill, use_wg,
-                on_tc, t_bytes, work_iter, work_epi, rate, share_eff, useful_flops,
-                f8_code, f16_code, scode, fast, lib, mn32_cost):
+                on_tc, t_bytes, work_iter, work_epi, rate, share_eff, useful_flops, smem_bpc,
+                f8_code, f16_code, scode, fast, lib, hopper_wg, staged_mn, pipe_stages):
     """One pass over the rows: every per-row quantity of :func:`lower` (the
     docstring there); ``tc_tab[d]`` is dtype ``d``'s tensor-core rate per SM
     before the MMA path's share and the calibrated efficiency ``tc_eff``.
     ``scode``/``fast`` are the float8 rows' scale mode (:data:`SCALE_MODES`)
     and fast-accumulation flag (ignored on other rows); ``lib`` marks library
     (cuBLAS) rows, whose FP32 kernels stage conflict-free operand layouts;
-    ``mn32_cost`` is the shared-memory work (bytes at the SM's shared-memory
-    rate) of one element of an M/N-contiguous 32-bit operand that Triton feeds
-    to warpgroup MMA (0 where the GPU has no warpgroup MMA)."""
+    ``smem_bpc`` the SM's shared-memory bytes per clock; ``hopper_wg`` says the GPU's tensor cores take warpgroup MMA (sm_90),
+    where Triton's rules for the ring and for M/N-contiguous TF32 operands
+    apply, and ``staged_mn[i]`` that row ``i``'s Triton release stages those
+    operands through registers (before 3.3, :data:`TRITON_PIPELINED_MN32`);
+    ``pipe_stages`` receives the stages the envelope pipelines (1 where a
+    staged operand serialises the loop)."""
     for i in range(m.shape[0]):
         bmi = bm[i]
         bni = bn[i]
@@ -417,6 +477,20 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
             # library runs its mma.sync (sm80-style) kernel
             wg = False
         use_wg[i] = wg
+        # Triton's warpgroup-MMA TF32 dot with an M/N-contiguous operand (PTX: wgmma
+        # takes 32-bit operands from shared memory K-major only). Before Triton 3.3
+        # that operand is loaded into registers (LDG.128, four elements along M or N
+        # a thread) and stored K-major one 4-byte element at a time (STS), inside
+        # the iteration that consumes it, and the loop waits for its wgmma to retire
+        # (wgmma.wait_group 0): nothing of it is in flight across iterations, so the
+        # loop runs unpipelined. From 3.3 on the same elements are copied with
+        # 4-byte cp.async into the ring, pipelined (bench/triton_fma_footprints.py
+        # --tf32: SASS of Triton 3.0-3.2 and 3.3-3.6 for sm_90a)
+        mn32 = wg and hopper_wg and not lib[i] and dcode[i] == f32_code
+        a_mn = mn32 and not a_rm[i]
+        b_mn = mn32 and b_rm[i]
+        staged = staged_mn[i] and (a_mn or b_mn)
+        pipe_stages[i] = 1 if staged else stages[i]
         wg_m, wg_n = _warpgroup_grid(bmi, w)
         wm, wn = _warp_grid(bmi, bni, w)
         # per-block resources; Triton's software pipeliner keeps num_stages - 1 ring
@@ -426,6 +500,14 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         ab_elems = bmi * bki + bki * bni
         st = stages[i] - 1
         smem_block[i] = (st if st > 1 else 1) * ab_elems * eb
+        if wg and hopper_wg and not lib[i]:
+            # on the warpgroup-MMA path (sm_90) Triton's ring holds num_stages slots
+            # (Triton 3.1 and 3.6, 16-bit and TF32: the compiler's shared memory to
+            # within 2 KiB, and the launch outcome of every measured H100 TF32
+            # configuration), and an operand staged through registers one
+            a_sl = 1 if staged and a_mn else stages[i]
+            b_sl = 1 if staged and b_mn else stages[i]
+            smem_block[i] = (a_sl * bmi * bki + b_sl * bki * bni) * eb
         th = w * 32
         threads[i] = th
         th1 = th if th > 1 else 1
@@ -519,21 +601,18 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         else:
             passes = 1
         work_iter[i, R_SMEM] = (smem_reads + ab_elems * eb) + sp * 4.0 * th * 2.0 * passes
-        if wg and not lib[i] and dcode[i] == f32_code and mn32_cost > 0.0:
-            # warpgroup MMA reads TF32 operands from shared memory K-major only
-            # (no transpose for 32-bit types), so Triton loads an M/N-contiguous
-            # operand into a K-major tile one 4-byte element per thread with the
-            # warp's 32 threads along K (Triton 3.1 for sm_90: a blocked layout of
-            # sizePerThread [1, 1], threadsPerWarp [32, 1]; 4-byte cp.async.ca):
-            # each warp access touches 32 cache lines, and L1TEX splits it into
-            # wavefronts of a few lines each, one wavefront per cycle. On H100 the
-            # K-major layout reaches 309 TFLOPS, one such operand 116, two 50
+        if a_mn or b_mn:
+            # each element of an M/N-contiguous TF32 operand is written into the
+            # K-major swizzled tile by a 4-byte store (STS before Triton 3.3, the
+            # shared half of a 4-byte cp.async from 3.3), whose warp-wide bank
+            # conflicts set its cost: :func:`mn32_wavefronts` wavefronts, one
+            # cycle of the shared-memory pipe each, per 32 elements
             mn = 0.0
-            if not a_rm[i]:
-                mn += bmi * bki
-            if b_rm[i]:
-                mn += bki * bni
-            work_iter[i, R_SMEM] += mn * (mn32_cost - eb)
+            if a_mn:
+                mn += bmi * bki * (mn32_wavefronts(bmi) / 32.0 * smem_bpc - eb)
+            if b_mn:
+                mn += bki * bni * (mn32_wavefronts(bni) / 32.0 * smem_bpc - eb)
+            work_iter[i, R_SMEM] += mn
         if emul8:
             # one packed fp8x2 -> f16x2 conversion (2 FLOP-equivalent issue slots)
             # per two operand elements each warp reads from shared memory
@@ -711,6 +790,9 @@ def lower(cols: dict, hw) -> TilePlan:
     rate[:, R_DRAM] = hw.rate("dram_bw_tbps") * 1e6 * hw.cal("dram_efficiency")
     share_eff = np.empty(rows, dtype=np.float64)
     useful_flops = np.empty(rows, dtype=np.float64)
+    pipe_stages = np.empty(rows, dtype=np.int64)
+    staged_mn = (triton_release(cols["triton_version"]) < TRITON_PIPELINED_MN32
+                 if "triton_version" in cols else np.zeros(rows, dtype=np.bool_))
     _lower_rows(m, n, k, i64(cols["block_m"]), i64(cols["block_n"]), i64(cols["block_k"]),
                 i64(cols["num_stages"]), i64(cols["num_warps"]), split, dcode,
                 b8(cols["tf32"]), b8(cols["a_row_major"]), b8(cols["b_row_major"]), eb_tab,
@@ -719,12 +801,9 @@ def lower(cols: dict, hw) -> TilePlan:
                 int(hw.sm_registers), float(hw.mma_sync_fraction), float(hw.cal("tc_efficiency")),
                 float(hw.cal("wgmma_share_efficiency")), g0, g1, ksteps, tiles, smem_block,
                 threads, regs, spill, use_wgmma, on_tc, t_bytes, work_iter, work_epi, rate,
-                share_eff, useful_flops, _DTYPE_CODE["float8"], _DTYPE_CODE["float16"],
-                scode, b8(fast), lib,
-                # one element: one L1TEX wavefront (a cycle of the shared-memory
-                # pipe) per l1_lines_per_wavefront of the access's 32 lines
-                float(hw.smem_bytes_per_clk / hw.cal("l1_lines_per_wavefront"))
-                if hw.mma == "wgmma" else 0.0)
+                share_eff, useful_flops, float(hw.smem_bytes_per_clk), _DTYPE_CODE["float8"],
+                _DTYPE_CODE["float16"], scode, b8(fast), lib, hw.mma == "wgmma", b8(staged_mn),
+                pipe_stages)
 
     # power-limited tensor clock: tc_efficiency is the sustained share of the
     # tensor-core peak when every SM issues MMAs (the ceiling of measured GEMM
@@ -769,7 +848,7 @@ def lower(cols: dict, hw) -> TilePlan:
     group = clamp_group(group, g0)
     return TilePlan(
         g0=g0, g1=g1, g2=split, order=order, group=group, ksteps=ksteps,
-        stages=i64(cols["num_stages"]), smem_block=smem_block, regs_thread=regs,
+        stages=pipe_stages, smem_block=smem_block, regs_thread=regs,
         threads=threads, warps=i64(cols["num_warps"]),
         t_mask=t_mask, t_per_step=t_per_step, t_bytes=t_bytes,
         work_iter=work_iter, work_epi=work_epi, rate=rate, warps_full=4.0,

@@ -14,6 +14,7 @@ mismatch.
 from __future__ import annotations
 
 import math
+import re
 
 INF = math.inf
 
@@ -577,6 +578,28 @@ def fma_smem_bytes(bm: int, bn: int, bk: int, warps: int, a_row_major: bool,
     return 128.0 * bk * warps * per_k
 
 
+def mn32_store_wavefronts(width: int) -> int:
+    """Wavefronts of one warp's 4-byte store of an M/N-contiguous TF32 operand
+    (``width`` its contiguous extent) into Triton's K-major tile for warpgroup
+    MMA, lane by lane: a thread holds four consecutive elements along M (N),
+    ``min(32, width / 4)`` lanes run along M and the rest along K; the tile is
+    K-major, a row of 32 words (128 bytes) per m, whose 4-word chunks are
+    XORed with ``m mod 8``; one instruction stores element ``j`` of every lane.
+    The wavefronts are the most distinct words any bank receives."""
+    tpm = max(min(32, width // 4), 1)
+    worst = 0
+    for j in range(4):
+        banks: dict[int, set] = {}
+        for lane in range(32):
+            mm = 4 * (lane % tpm) + j
+            kk = lane // tpm
+            chunk = (kk // 4) ^ (mm % 8)
+            word = mm * 32 + chunk * 4 + kk % 4
+            banks.setdefault(word % 32, set()).add(word)
+        worst = max(worst, max(len(v) for v in banks.values()))
+    return worst
+
+
 def gemm_lower_one(row: dict, hw) -> dict:
     """One candidate's lowered quantities, as ``lower`` documents them.
 
@@ -650,14 +673,24 @@ def gemm_lower_one(row: dict, hw) -> dict:
     else:
         smem_reads = fma_smem_bytes(bm, bn, bk, row["num_warps"], row["a_row_major"],
                                     row["b_row_major"])
-    # Triton's TF32 on warpgroup MMA: an M/N-contiguous operand is loaded one
-    # 4-byte element per thread with the warp along K (32 cache lines per warp
-    # access), one L1TEX wavefront per l1_lines_per_wavefront lines
+    # Triton's TF32 on Hopper's warpgroup MMA: each element of an M/N-contiguous
+    # operand is stored into the K-major swizzled tile by one 4-byte store, whose
+    # warp's bank conflicts are counted lane by lane (mn32_store_wavefronts);
+    # before Triton 3.3 those operands pass through registers inside the
+    # iteration (one ring slot, no pipelining)
     mn32 = 0.0
+    a_mn = b_mn = False
     if (wgmma and hw.mma == "wgmma" and row["dtype"] == "float32"
             and row.get("backend", "triton") != "cublas"):
-        mn = (0 if row["a_row_major"] else bm * bk) + (bk * bn if row["b_row_major"] else 0)
-        mn32 = mn * (hw.smem_bytes_per_clk / hw.cal("l1_lines_per_wavefront") - eb)
+        a_mn, b_mn = not row["a_row_major"], bool(row["b_row_major"])
+        for on, width, elems in ((a_mn, bm, bm * bk), (b_mn, bn, bk * bn)):
+            if on:
+                mn32 += elems * (mn32_store_wavefronts(width) / 32.0 * hw.smem_bytes_per_clk - eb)
+    version = str(row.get("triton_version", "3.6"))
+    major, minor = version.split(".")[:2]
+    release = (int(major), int(re.match(r"\d+", minor).group()))
+    staged = (a_mn or b_mn) and release < (3, 3)
+    pipe_stages = 1 if staged else row["num_stages"]
     flops = 2.0 * bm * bn * bk
     cuda = 0.0 if on_tc else flops
     if emul8:  # a packed fp8x2 -> f16x2 conversion per two elements read
@@ -686,6 +719,11 @@ def gemm_lower_one(row: dict, hw) -> dict:
     mma_kind = on_tc or row.get("backend") == "cublas"
     chain = 0.0
     smem_block = max(row["num_stages"] - 1, 1) * (bm * bk + bk * bn) * eb
+    if wgmma and hw.mma == "wgmma" and row.get("backend", "triton") != "cublas":
+        # sm_90: num_stages ring slots, one for an operand staged through registers
+        st = row["num_stages"]
+        smem_block = ((1 if staged and a_mn else st) * bm * bk
+                      + (1 if staged and b_mn else st) * bk * bn) * eb
     if not mma_kind:
         sched_rate = hw.rate("fp32_tflops") * 1e6 / hw.sm_count * boost / hw.warp_schedulers
         chain = (flops / row["num_warps"]) / sched_rate \
@@ -708,7 +746,7 @@ def gemm_lower_one(row: dict, hw) -> dict:
             chain += spill * hw.cal("l2_latency_cycles") / hw.rate("clock_mhz")
     return {
         "g0": g0, "g1": g1, "ksteps": ksteps, "tiles": g0 * g1 * split,
-        "smem_block": max(row["num_stages"] - 1, 1) * (bm * bk + bk * bn) * eb,
+        "smem_block": smem_block, "stages": pipe_stages,
         "threads": threads, "regs_thread": min(want, cap), "register_spill": spill,
         "mma_path": "wgmma" if wgmma else ("mma_sync" if on_tc else "fma"),
         "tensor_core": flops if on_tc else 0.0, "cuda_core": cuda,

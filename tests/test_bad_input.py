@@ -250,3 +250,18 @@ def test_collective_optional_column_of_nulls_takes_its_default():
     # zero rows, every column of type Null (an empty NDJSON table)
     empty = pl.DataFrame({k: pl.Series([], dtype=pl.Null) for k in fuzz.BASE["collective"]})
     assert evaluate(empty, "h100", "collective").height == 0
+
+
+def test_a_triton_version_not_of_the_form_major_minor_is_an_input_error(tmp_path, capsys):
+    src = tmp_path / "c.parquet"
+    pl.DataFrame([{**BASE, "triton_version": "3.1"}, {**BASE, "triton_version": "latest"}]
+                 ).write_parquet(src)
+    out = tmp_path / "o.parquet"
+    assert main(["evaluate", str(src), "--hw", "h100", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "triton_version" in err and "'latest'" in err and "row 1" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists()
+    # releases with a patch number or a local build tag are accepted
+    for v in ("3.6.0", "3.10+gitabc", "3.3-rc1"):
+        assert _one(triton_version=v)["feasible"]

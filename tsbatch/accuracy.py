@@ -137,7 +137,7 @@ GEMM = FamilySpec(
     time_col="time_ms",
     time_scale_us=1000.0,
     problem_cols=("m", "n", "k", "dtype", "a_row_major", "b_row_major", "tf32"),
-    config_cols=("backend", *_TILE_COLS),
+    config_cols=("backend", *_TILE_COLS, "triton_version"),
     unit_cols=("backend",),
     # Library-only sets (LLMCompass) carry no layout: both operands row-major,
     # as in torch.matmul of contiguous tensors; no tile columns.
@@ -150,11 +150,22 @@ GEMM = FamilySpec(
     casts={
         "m": pl.Int64, "n": pl.Int64, "k": pl.Int64, "dtype": pl.String,
         "a_row_major": pl.Boolean, "b_row_major": pl.Boolean, "tf32": pl.Boolean,
-        "backend": pl.String, **{c: pl.Int32 for c in _TILE_COLS},
+        "backend": pl.String, **{c: pl.Int32 for c in _TILE_COLS}, "triton_version": pl.String,
     },
     backend="backend",
     together=_TILE_COLS,
 )
+
+#: The Triton release of the AutoHeuristic GEMM collection (rows whose ``source``
+#: starts with ``autoheuristic/``: ../shared/data/gemm/*_triton_mm.parquet), which
+#: the data do not record. PyTorch's AutoHeuristic was collected in the PyTorch
+#: 2.5 cycle, which ships Triton 3.1; and the measured H100 TF32 rows have the
+#: code generation of Triton 3.0-3.2, not of 3.3 on (bench/triton_fma_footprints.py
+#: --tf32): with an M/N-contiguous operand the 64-wide operands run twice as fast
+#: per element as the 128-wide ones, the bank conflicts of 3.0-3.2's register-
+#: staged 4-byte stores, and no faster with more stages (the loop is unpipelined).
+#: Only the codegen that differs between releases reads it (``triton_version``).
+AUTOHEURISTIC_TRITON_VERSION = "3.1"
 
 #: Keys each query block of the measured FlexAttention kernels visited. The
 #: AutoHeuristic collection (torchgen/_autoheuristic/flex_attention/
@@ -268,11 +279,45 @@ def _check_types(df: pl.DataFrame, spec: FamilySpec, path: Path) -> None:
         raise InputError(f"{path}: column '{spec.time_col}' has type {t}, expected a float time")
 
 
-def _prepare(df: pl.DataFrame, spec: FamilySpec, path: Path) -> pl.DataFrame:
+def _file_triton_version(path: Path) -> str | None:
+    """The ``tsbatch.triton_version`` a ``tsbatch measure`` Parquet file records."""
+    if path.suffix.lower() != ".parquet":
+        return None
+    import pyarrow.parquet as pq  # only for Parquet metadata
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (OSError, ValueError):
+        return None
+    v = meta.get(b"tsbatch.triton_version", b"").decode(errors="replace").strip()
+    return v if v and v != "unknown" else None
+
+
+def _triton_version_column(df: pl.DataFrame, path: Path, given: str | None) -> pl.Expr:
+    """A GEMM file's Triton release where it has no ``triton_version`` column: the
+    release its ``tsbatch measure`` metadata records, else ``given`` (the
+    ``--triton-version`` option), else :data:`AUTOHEURISTIC_TRITON_VERSION` for
+    the AutoHeuristic rows and the family's default for the others."""
+    from kernels_catalog.gemm import TRITON_VERSION_DEFAULT
+
+    v = _file_triton_version(path) or given
+    if v is not None:
+        return pl.lit(v, dtype=pl.String).alias("triton_version")
+    if "source" in df.columns:
+        return (pl.when(pl.col("source").cast(pl.String).str.starts_with("autoheuristic/"))
+                .then(pl.lit(AUTOHEURISTIC_TRITON_VERSION))
+                .otherwise(pl.lit(TRITON_VERSION_DEFAULT)).alias("triton_version"))
+    return pl.lit(TRITON_VERSION_DEFAULT, dtype=pl.String).alias("triton_version")
+
+
+def _prepare(df: pl.DataFrame, spec: FamilySpec, path: Path,
+             triton_version: str | None = None) -> pl.DataFrame:
     """Check columns and types, fill defaults, cast to the canonical schema."""
     if spec.time_col not in df.columns:
         raise InputError(f"{path}: missing time column '{spec.time_col}' ({spec.name} data)")
     fills = []
+    if spec is GEMM and "triton_version" not in df.columns:
+        fills.append(_triton_version_column(df, path, triton_version))
     partial = any(c in df.columns for c in spec.together)
     for col, (value, dtype) in spec.defaults.items():
         if col not in df.columns and not (partial and col in spec.together):
@@ -406,6 +451,7 @@ def load_measured(
     limit_problems: int | None = None,
     sample_problems: int | None = None,
     seed: int = 0,
+    triton_version: str | None = None,
 ) -> _Loaded:
     """Read, validate, filter and median-aggregate measured files.
 
@@ -433,7 +479,7 @@ def load_measured(
             out.skipped_files.setdefault(spec.name, []).append(str(path))
             continue
         out.raw_rows += df.height
-        df = _prepare(df, spec, path)
+        df = _prepare(df, spec, path, triton_version)
         if spec.has_gpu:
             df = _attach_gpu(df, path, hw)
         elif "system" in df.columns and hw is None:
@@ -585,6 +631,7 @@ def run_accuracy(
     limit_problems: int | None = None,
     sample_problems: int | None = None,
     seed: int = 0,
+    triton_version: str | None = None,
 ) -> AccuracyResult:
     """Score the model against measured files.
 
@@ -600,11 +647,16 @@ def run_accuracy(
     limit_problems, sample_problems : int, optional
         Keep only the first N problems (in sorted order) or N problems drawn
         with ``seed``, of each file.
+    triton_version : str, optional
+        Triton release of the GEMM files that record none (no
+        ``triton_version`` column, no ``tsbatch measure`` metadata); default:
+        :data:`AUTOHEURISTIC_TRITON_VERSION` for the AutoHeuristic rows, the
+        family's default for the others.
     """
     predictors = dict(PREDICTORS if predictors is None else predictors)
     loaded = load_measured(
         paths, hw=hw, families=tuple(predictors), limit_problems=limit_problems,
-        sample_problems=sample_problems, seed=seed,
+        sample_problems=sample_problems, seed=seed, triton_version=triton_version,
     )
     spec_by_name = {s.name: s for s in FAMILIES}
     scored_parts = []
@@ -929,6 +981,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("measured", nargs="+", metavar="MEASURED", help="measured Parquet file(s)")
     p.add_argument("--hw", help="GPU of every row (overrides the 'gpu' column and file prefix)")
+    p.add_argument("--triton-version", metavar="X.Y",
+                   help="Triton release of GEMM files that record none (no 'triton_version' "
+                        "column or tsbatch measure metadata); default: "
+                        f"{AUTOHEURISTIC_TRITON_VERSION} for PyTorch AutoHeuristic rows, the "
+                        "model's default release otherwise")
     p.add_argument("--json", metavar="REPORT.json", help="write the metrics as JSON")
     p.add_argument("--report", metavar="DIR", help="write a Markdown summary with parity plots")
     p.add_argument(
@@ -981,6 +1038,7 @@ def run(args: argparse.Namespace, *, predictors: Mapping[str, Predictor] | None 
     result = run_accuracy(
         args.measured, hw=args.hw, predictors=predictors,
         limit_problems=args.limit_problems, sample_problems=args.sample_problems, seed=args.seed,
+        triton_version=getattr(args, "triton_version", None),
     )
     broken = check_thresholds(result, thresholds)
     print_summary(result)

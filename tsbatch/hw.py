@@ -95,13 +95,6 @@ CALIBRATION_DEFAULTS: dict[str, tuple[float, str]] = {
         "blocks, or 8+ warps per block): their asynchronous MMA chains are "
         "arbitrated onto the same tensor cores",
     ),
-    "l1_lines_per_wavefront": (
-        1.0,
-        "cache lines one L1TEX wavefront reaches when a warp's access touches "
-        "many (NVIDIA's L1TEX model: such a request is split into wavefronts, "
-        "processed one per cycle); prices uncoalesced loads such as Triton's "
-        "K-along-the-warp loads of an M/N-contiguous TF32 operand for warpgroup MMA",
-    ),
     "l2_latency_cycles": (
         200.0,
         "SM cycles one load that misses L1 and hits L2 waits (a spilled register "

@@ -8,6 +8,8 @@ row and value); nothing is partially evaluated.
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 import numpy as np
@@ -293,5 +295,13 @@ def validate(df: pl.DataFrame, family: Family, offset: int = 0) -> tuple[dict, n
                 i = _first_bad(arr.astype(str) == unknown[0])
                 raise InputError(f"column '{c.name}' has unknown value {unknown[0]!r} at row "
                                  f"{offset + i}; known: {', '.join(c.choices)}")
+        if c.pattern and c.kind == "str":
+            vals = uniq if uniq is not None else np.unique(arr.astype(str)).tolist()
+            rx = re.compile(c.pattern)
+            bad_vals = sorted(v for v in vals if rx.fullmatch(str(v)) is None)
+            if bad_vals:
+                i = _first_bad(arr.astype(str) == bad_vals[0])
+                raise InputError(f"column '{c.name}' has {bad_vals[0]!r} at row {offset + i}, "
+                                 f"which is not of the form {c.pattern!r}")
         cols[c.name] = arr
     return cols, is_lib
