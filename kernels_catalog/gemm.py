@@ -791,8 +791,13 @@ def lower(cols: dict, hw) -> TilePlan:
     share_eff = np.empty(rows, dtype=np.float64)
     useful_flops = np.empty(rows, dtype=np.float64)
     pipe_stages = np.empty(rows, dtype=np.int64)
-    staged_mn = (triton_release(cols["triton_version"]) < TRITON_PIPELINED_MN32
-                 if "triton_version" in cols else np.zeros(rows, dtype=np.bool_))
+    # the release matters only to Hopper's TF32 rows: parse it for those alone
+    staged_mn = np.zeros(rows, dtype=np.bool_)
+    if hw.mma == "wgmma" and "triton_version" in cols:
+        sel = np.flatnonzero(b8(cols["tf32"]) & (dcode == _DTYPE_CODE["float32"]))
+        if sel.size:
+            staged_mn[sel] = (triton_release(np.asarray(cols["triton_version"], dtype=object)[sel])
+                              < TRITON_PIPELINED_MN32)
     _lower_rows(m, n, k, i64(cols["block_m"]), i64(cols["block_n"]), i64(cols["block_k"]),
                 i64(cols["num_stages"]), i64(cols["num_warps"]), split, dcode,
                 b8(cols["tf32"]), b8(cols["a_row_major"]), b8(cols["b_row_major"]), eb_tab,
