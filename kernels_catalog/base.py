@@ -30,8 +30,10 @@ class Column:
     default: object = None
     positive: bool = False
     choices: tuple = ()
-    #: a regular expression every text value must match in full ('' : any)
+    #: a regular expression every text value must match in full ('' : any), and
+    #: what it asks for, in words, for the error message
     pattern: str = ""
+    pattern_doc: str = ""
 
 
 @dataclass

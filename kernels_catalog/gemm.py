@@ -109,7 +109,8 @@ COLUMNS = (
            "code generation where releases differ: before 3.3 a TF32 operand that is "
            "M/N-contiguous is staged through registers for warpgroup MMA (Hopper), "
            "unpipelined; from 3.3 it is copied into the ring with 4-byte cp.async",
-           required=False, default=TRITON_VERSION_DEFAULT, pattern=TRITON_VERSION_PATTERN),
+           required=False, default=TRITON_VERSION_DEFAULT, pattern=TRITON_VERSION_PATTERN,
+           pattern_doc="a Triton release, major.minor (e.g. '3.1'; '3.6.0' and '3.10+git' also)"),
     Column("scale_mode", "str", "float8 only: how A and B are scaled back to real values: "
            "'tensor' (one scale each, applied in the epilogue), 'row' (a scale per row of A "
            "and per column of B, epilogue), 'block' (DeepSeek-V3: A per 1x128 and B per "

@@ -567,3 +567,42 @@ def test_tf32_label_audit_counts_against_the_fp32_peak():
     assert audit["fp32_cuda_core_peak_tflops"] == 19.5
     assert (audit["tf32_proven"], audit["looks_ieee_fp32"]) == (1, 1)
     assert abs(audit["median_best_over_fp32_peak"] - (40 / 19.5 + 15 / 19.5) / 2) < 1e-9
+
+
+def test_the_triton_release_of_a_measured_gemm_file(tmp_path):
+    """A file's own column wins; else its tsbatch measure metadata; else
+    --triton-version; else 3.1 for the AutoHeuristic rows and the family's
+    default for the others. What the predictor is handed says which."""
+    import pyarrow.parquet as pq
+
+    from kernels_catalog.gemm import TRITON_VERSION_DEFAULT
+    from tsbatch.accuracy import AUTOHEURISTIC_TRITON_VERSION
+
+    row = dict(gpu="h100", m=512, n=512, k=512, dtype="float32", tf32=True, backend="triton",
+               block_m=64, block_n=64, block_k=32, num_stages=3, num_warps=4, group_m=8,
+               time_ms=0.05)
+    seen = []
+
+    def pred(frame, hw):
+        seen.append(sorted(set(frame["triton_version"].to_list())))
+        return frame.with_columns(latency_us=pl.lit(50.0), feasible=pl.lit(True))
+
+    def run_one(frame, meta=None, **kw):
+        path = tmp_path / "h100_gemm.parquet"
+        table = frame.to_arrow()
+        if meta:
+            table = table.replace_schema_metadata(meta)
+        pq.write_table(table, path)
+        seen.clear()
+        run_accuracy([path], predictors={"gemm": pred}, **kw)
+        return seen[0]
+
+    plain = pl.DataFrame([row, dict(row, m=1024)])
+    ah = plain.with_columns(source=pl.lit("autoheuristic/h100_mm"))
+    assert run_one(plain) == [TRITON_VERSION_DEFAULT]
+    assert run_one(ah) == [AUTOHEURISTIC_TRITON_VERSION]
+    assert run_one(ah, triton_version="3.4") == ["3.4"]
+    assert run_one(ah, {b"tsbatch.triton_version": b"3.6.0"}, triton_version="3.4") == ["3.6.0"]
+    assert run_one(plain.with_columns(triton_version=pl.lit("3.2")), triton_version="3.4") == ["3.2"]
+    with pytest.raises(InputError, match="--triton-version"):
+        run_one(plain, triton_version="latest")

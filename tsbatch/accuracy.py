@@ -654,6 +654,12 @@ def run_accuracy(
         family's default for the others.
     """
     predictors = dict(PREDICTORS if predictors is None else predictors)
+    if triton_version is not None:
+        from kernels_catalog.gemm import TRITON_VERSION_PATTERN
+
+        if re.fullmatch(TRITON_VERSION_PATTERN, str(triton_version)) is None:
+            raise InputError(f"--triton-version: {triton_version!r} is not a Triton release "
+                             "(major.minor, e.g. 3.1)")
     loaded = load_measured(
         paths, hw=hw, families=tuple(predictors), limit_problems=limit_problems,
         sample_problems=sample_problems, seed=seed, triton_version=triton_version,

@@ -301,7 +301,7 @@ def validate(df: pl.DataFrame, family: Family, offset: int = 0) -> tuple[dict, n
             bad_vals = sorted(v for v in vals if rx.fullmatch(str(v)) is None)
             if bad_vals:
                 i = _first_bad(arr.astype(str) == bad_vals[0])
-                raise InputError(f"column '{c.name}' has {bad_vals[0]!r} at row {offset + i}, "
-                                 f"which is not of the form {c.pattern!r}")
+                raise InputError(f"column '{c.name}' has {bad_vals[0]!r} at row {offset + i}; "
+                                 f"expected {c.pattern_doc or 'text matching ' + repr(c.pattern)}")
         cols[c.name] = arr
     return cols, is_lib
