@@ -180,9 +180,7 @@ def compile_one(job: tuple) -> dict:
         sass = subprocess.run([str(bindir / "cuobjdump"), "-sass", str(cubin)],
                               capture_output=True, text=True, check=True).stdout
     spill = re.search(r"(\d+) bytes spill stores", err)
-    extra = dict(num_stages=stages) if tf32 else {}
-    if tf32:
-        extra["triton"] = triton.__version__
+    extra = dict(num_stages=stages, triton=triton.__version__) if tf32 else {}
     return dict(block_m=bm, block_n=bn, block_k=bk, **extra, num_warps=warps, a_row_major=a_rm,
                 b_row_major=b_rm, arch=arch, shared=int(k.metadata.shared),
                 regs=int(re.search(r"Used (\d+) registers", err).group(1)),

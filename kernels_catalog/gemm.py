@@ -432,9 +432,9 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
     ``scode``/``fast`` are the float8 rows' scale mode (:data:`SCALE_MODES`)
     and fast-accumulation flag (ignored on other rows); ``lib`` marks library
     (cuBLAS) rows, whose FP32 kernels stage conflict-free operand layouts;
-    ``smem_bpc`` the SM's shared-memory bytes per clock; ``hopper_wg`` says the GPU's tensor cores take warpgroup MMA (sm_90),
-    where Triton's rules for the ring and for M/N-contiguous TF32 operands
-    apply, and ``staged_mn[i]`` that row ``i``'s Triton release stages those
+    ``smem_bpc`` the SM's shared-memory bytes per clock; ``hopper_wg`` says
+    the GPU's tensor cores take warpgroup MMA (sm_90), where Triton's rules for
+    the ring and for M/N-contiguous TF32 operands apply, and ``staged_mn[i]`` that row ``i``'s Triton release stages those
     operands through registers (before 3.3, :data:`TRITON_PIPELINED_MN32`);
     ``pipe_stages`` receives the stages the envelope pipelines (1 where a
     staged operand serialises the loop)."""
@@ -499,8 +499,6 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         # the others are in flight), which matches which configurations of the
         # measured A100 and H100 sets ran and which failed for lack of shared memory
         ab_elems = bmi * bki + bki * bni
-        st = stages[i] - 1
-        smem_block[i] = (st if st > 1 else 1) * ab_elems * eb
         if wg and hopper_wg and not lib[i]:
             # on the warpgroup-MMA path (sm_90) Triton's ring holds num_stages slots
             # (Triton 3.1 and 3.6, 16-bit and TF32: the compiler's shared memory to
@@ -509,6 +507,9 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
             a_sl = 1 if staged and a_mn else stages[i]
             b_sl = 1 if staged and b_mn else stages[i]
             smem_block[i] = (a_sl * bmi * bki + b_sl * bki * bni) * eb
+        else:
+            st = stages[i] - 1
+            smem_block[i] = (st if st > 1 else 1) * ab_elems * eb
         th = w * 32
         threads[i] = th
         th1 = th if th > 1 else 1

@@ -283,13 +283,9 @@ def _file_triton_version(path: Path) -> str | None:
     """The ``tsbatch.triton_version`` a ``tsbatch measure`` Parquet file records."""
     if path.suffix.lower() != ".parquet":
         return None
-    import pyarrow.parquet as pq  # only for Parquet metadata
+    from tsbatch.io import read_metadata
 
-    try:
-        meta = pq.read_schema(path).metadata or {}
-    except (OSError, ValueError):
-        return None
-    v = meta.get(b"tsbatch.triton_version", b"").decode(errors="replace").strip()
+    v = read_metadata(path).get("tsbatch.triton_version", "").strip()
     return v if v and v != "unknown" else None
 
 
