@@ -20,10 +20,10 @@ programs. What the plan holds, per row:
   tensor-core path;
 - rates as the GEMM family's (tensor cores at the dtype's rate, times
   ``mma_sync_fraction`` off the warpgroup path, times ``tc_efficiency``);
-- the chain: each body action's duration at the SM's full rates is the
-  longest of its resources' times (an action's own resources pipeline);
-  asynchronous actions and tensor moves take none; the best order's chain
-  and its index per row.
+- the chain: each body action's work on each of its resources (a use) at
+  the SM's full rates, list-scheduled per use (an action's uses on distinct
+  pipes overlap, :mod:`tsbatch.kernels.dag`); asynchronous actions and
+  tensor moves take none; the best order's chain and its index per row.
 """
 
 from __future__ import annotations
@@ -298,10 +298,12 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
                      "Blackwell")
         blocked = np.where((blocked == 0) & (tmem > cap_t), len(rules), blocked)
 
-    # ---- chain of the best order: an action's duration is the longest of its
-    # resources' times at the SM's full rates (tensor-core work of a dtype without
-    # tensor cores on CUDA cores)
-    dur = np.zeros((n, len(body)), dtype=np.float64)
+    # ---- chain of the best order: each synchronous body action's work on each of
+    # its resources (a use) at the SM's full rates; tensor-core work of a dtype
+    # without tensor cores runs on the CUDA cores (its use moves there)
+    use_ptr = np.zeros(len(body) + 1, dtype=np.int64)
+    use_res_l: list[int] = []
+    udur_l: list[np.ndarray] = []
     for k, uses in enumerate(sync_work):
         for col, w in uses:
             if col == R_TC:
@@ -309,34 +311,36 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
             else:
                 t = w / rate[:, col] if (rate[:, col] > 0).all() else np.where(
                     rate[:, col] > 0, w / np.where(rate[:, col] > 0, rate[:, col], 1.0), 0.0)
-            np.maximum(dur[:, k], t, out=dur[:, k])
+            use_res_l.append(col)
+            udur_l.append(t)
+        use_ptr[k + 1] = len(use_res_l)
+    use_res = np.array(use_res_l, dtype=np.int64)
+    udur = np.column_stack(udur_l) if udur_l else np.zeros((n, 0))
     if prog.has_chain() and n:
-        res_mask = np.array([sum(1 << (alu_col if _RES[r] == R_ALU else _RES[r]) for r, _ in a.uses)
-                             if not a.is_async else 0 for a in body], dtype=np.int64)
         # tensor-core work of a dtype without tensor cores runs on CUDA cores
-        res_mask_fma = np.array([(m & ~(1 << R_TC)) | ((1 << R_CUDA) if m & (1 << R_TC) else 0)
-                                 for m in res_mask], dtype=np.int64)
+        use_res_fma = np.where(use_res == R_TC, R_CUDA, use_res)
         preds = prog.body_preds()
         pred_mask = np.array([sum(1 << p for p in ps) for ps in preds], dtype=np.int64)
         orders = prog.orders()
         # the search runs once per distinct (durations, unit) row: a batch of tile
         # configurations over few shapes repeats them many times
-        key = np.column_stack([np.ascontiguousarray(dur).view(np.int64),
+        key = np.column_stack([np.ascontiguousarray(udur).view(np.int64),
                                on_tc.astype(np.int64)])
         inv, rep = dedup_rows(key)
         chain_u = np.zeros(rep.shape[0])
         best_u = np.zeros(rep.shape[0], dtype=np.int64)
         tc_u = on_tc[rep]
-        for sel, rm in ((tc_u, res_mask), (~tc_u, res_mask_fma)):
+        for sel, ur in ((tc_u, use_res), (~tc_u, use_res_fma)):
             idx = np.flatnonzero(sel)
             if idx.size:
-                c, b = best_orders(dur[rep[idx]], rm, pred_mask, orders)
+                c, b = best_orders(udur[rep[idx]], use_ptr, ur, pred_mask, orders)
                 chain_u[idx] = c
                 best_u[idx] = b
         chain = chain_u[inv]
         best = best_u[inv]
     else:
-        chain = dur.max(axis=1) if len(body) else np.zeros(n)
+        # no dependency between synchronous actions: the longest action's use
+        chain = udur.max(axis=1) if udur.shape[1] else np.zeros(n)
         best = np.zeros(n, dtype=np.int64)
 
     if prog.streams is not None:

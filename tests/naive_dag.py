@@ -20,26 +20,32 @@ def brute_force_orders(preds) -> list[tuple[int, ...]]:
     return [p for p in itertools.permutations(range(n)) if is_topological(p, preds)]
 
 
-def chain(durations, resources, preds, order) -> float:
-    """The list schedule of ``order``: each action starts when its predecessors
-    are done and each of its resources is free, and holds them for its duration."""
+def chain(uses, preds, order) -> float:
+    """The list schedule of ``order``. ``uses[a]`` lists action ``a``'s
+    ``(resource, duration)`` pairs: each use starts when the action's
+    predecessors are done and its resource is free, and holds that resource
+    for its own duration; the action ends with its last use. A use of zero
+    duration neither waits nor holds."""
     finish = {}
     free = {}
     for a in order:
-        start = max([finish[p] for p in preds[a]] + [free.get(r, 0.0) for r in resources[a]]
-                    + [0.0])
-        end = start + durations[a]
+        ready = max([finish[p] for p in preds[a]] + [0.0])
+        end = ready
+        for r, d in uses[a]:
+            if d <= 0.0:
+                continue
+            e = max(ready, free.get(r, 0.0)) + d
+            free[r] = e
+            end = max(end, e)
         finish[a] = end
-        for r in resources[a]:
-            free[r] = end
     return max(finish.values(), default=0.0)
 
 
-def best_order(durations, resources, preds, orders) -> tuple[float, int]:
+def best_order(uses, preds, orders) -> tuple[float, int]:
     """The shortest chain over ``orders`` and the first order reaching it."""
     best, arg = float("inf"), 0
     for k, o in enumerate(orders):
-        c = chain(durations, resources, preds, o)
+        c = chain(uses, preds, o)
         if c < best:
             best, arg = c, k
     return best, arg

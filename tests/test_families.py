@@ -77,28 +77,46 @@ def test_best_orders_kernel_equals_twin(preds, data):
     n = len(preds)
     orders = legal_orders(preds)
     rows = data.draw(st.integers(1, 4))
-    dur = np.array([[data.draw(st.floats(0.0, 10.0)) for _ in range(n)] for _ in range(rows)])
-    res = [sorted(data.draw(st.sets(st.integers(0, 7), max_size=3))) for _ in range(n)]
-    res_mask = np.array([sum(1 << r for r in rs) for rs in res], dtype=np.int64)
+    # each action's uses: up to 3 resources (a resource may repeat), zero durations included
+    res = [data.draw(st.lists(st.integers(0, 7), max_size=3)) for _ in range(n)]
+    use_res = np.array([r for rs in res for r in rs], dtype=np.int64)
+    use_ptr = np.cumsum([0] + [len(rs) for rs in res])
+    udur = np.array([[data.draw(st.one_of(st.just(0.0), st.floats(0.0, 10.0)))
+                      for _ in range(use_res.size)] for _ in range(rows)]).reshape(rows, -1)
     pred_mask = np.array([sum(1 << p for p in ps) for ps in preds], dtype=np.int64)
-    chain, best = best_orders(dur, res_mask, pred_mask, orders)
+    chain, best = best_orders(udur, use_ptr, use_res, pred_mask, orders)
     for i in range(rows):
-        want, arg = naive_dag.best_order(dur[i], res, preds, [tuple(o) for o in orders])
+        uses = [list(zip(res[a], udur[i, use_ptr[a]:use_ptr[a + 1]])) for a in range(n)]
+        want, arg = naive_dag.best_order(uses, preds, [tuple(o) for o in orders])
         assert chain[i] == pytest.approx(want, rel=1e-12, abs=1e-12)
         # the kernel's order is a best one (ties may be broken differently only if equal)
-        assert naive_dag.chain(dur[i], res, preds, tuple(orders[best[i]])) == pytest.approx(want)
+        assert naive_dag.chain(uses, preds, tuple(orders[best[i]])) == pytest.approx(want)
 
 
 def test_order_matters_on_a_shared_unit():
     # a -> b on unit 0, c on unit 0 independent: issuing c first delays b
     preds = [[], [0], []]
-    res = [[0], [0], [0]]
     orders = [tuple(o) for o in legal_orders(preds)]
-    chains = [naive_dag.chain([1.0, 1.0, 5.0], res, preds, o) for o in orders]
+    one = [[(0, 1.0)], [(0, 1.0)], [(0, 5.0)]]
+    chains = [naive_dag.chain(one, preds, o) for o in orders]
     assert min(chains) == 7.0 and max(chains) == 7.0  # one unit: every order sums
-    res2 = [[0], [1], [1]]  # b and c share unit 1; a on unit 0
-    chains2 = {o: naive_dag.chain([1.0, 1.0, 5.0], res2, preds, o) for o in orders}
+    two = [[(0, 1.0)], [(1, 1.0)], [(1, 5.0)]]  # b and c share unit 1; a on unit 0
+    chains2 = {o: naive_dag.chain(two, preds, o) for o in orders}
     assert chains2[(0, 1, 2)] == 7.0 and chains2[(2, 0, 1)] == 6.0
+
+
+def test_uses_of_one_action_overlap_on_their_own_resources():
+    # a: 1 on unit 0 and 3 on unit 1 (its instructions on two pipes interleave);
+    # b after nothing, 2 on unit 0: issued after a, it waits only for a's unit-0
+    # share (1), not for a's whole duration (3): the chain is max(3, 1 + 2) = 3
+    preds = [[], []]
+    uses = [[(0, 1.0), (1, 3.0)], [(0, 2.0)]]
+    assert naive_dag.chain(uses, preds, (0, 1)) == 3.0
+    got, _ = best_orders(np.array([[1.0, 3.0, 2.0]]), np.array([0, 2, 3]), np.array([0, 1, 0]),
+                         np.array([0, 0]), legal_orders(preds))
+    assert got[0] == 3.0
+    # a dependent successor waits for the whole action
+    assert naive_dag.chain(uses, [[], [0]], (0, 1)) == 5.0
 
 
 # ----------------------------------------------------------------------------- programs

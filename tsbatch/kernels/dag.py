@@ -1,18 +1,25 @@
 """The best legal order of a tile-action DAG, per row (TileSight Eq. 4-5).
 
 An issue order ``σ`` (a topological order of one loop iteration's actions)
-is list-scheduled: in ``σ``'s order each action starts when its in-iteration
-predecessors have finished and every resource it uses is free, and holds
-those resources for its duration. The makespan is the order's *chain*: the
-time one issue stream needs for an iteration. The best order is the one with
-the shortest chain; :func:`best_orders` finds it for a batch of rows, whose
-action durations differ, over orders enumerated once per program
+is list-scheduled: in ``σ``'s order each action becomes ready when its
+in-iteration predecessors have finished; its work on each of its resources
+(a *use*: the tensor cores, the FMA pipe, the SFUs, ...) starts as soon as
+the action is ready and that resource is free, holds the resource for the
+use's own duration, and the action finishes with its last use. A warp
+issues one instruction stream, but the instructions of one action go to
+different pipes and interleave there (instruction-level parallelism): the
+rescale's multiplies do not wait behind the exponentials' SFU work, only
+behind earlier work on the FMA pipe. The makespan is the order's *chain*:
+the time one issue stream needs for an iteration. The best order is the one
+with the shortest chain; :func:`best_orders` finds it for a batch of rows,
+whose use durations differ, over orders enumerated once per program
 (:meth:`kernels_catalog.program.TileProgram.orders`). Asynchronous actions
-(prefetched loads) have zero duration here: their cost enters the envelope's
-resource and latency bounds.
+(prefetched loads) have no uses here: their cost enters the envelope's
+resource and latency bounds. A use of zero duration neither waits nor
+holds its resource.
 
-Cost per row: ``O x A`` action steps (``O`` orders, ``A`` actions), each a
-few comparisons over the action's resources (a bit mask).
+Cost per row: ``O x U`` use steps (``O`` orders, ``U`` uses over the
+actions), each a few comparisons.
 """
 
 from __future__ import annotations
@@ -25,12 +32,12 @@ from tsbatch.kernels.envelope import N_RES
 
 __all__ = ["best_orders", "MAX_DAG_RESOURCES"]
 
-#: resources a DAG's actions may use (bits of the resource masks)
+#: resources a DAG's actions may use (indices below this)
 MAX_DAG_RESOURCES = N_RES
 
 
 @jit_serial
-def _best_orders(dur, res_mask, pred_mask, orders, out_chain, out_best, lo, hi):
+def _best_orders(udur, use_ptr, use_res, pred_mask, orders, out_chain, out_best, lo, hi):
     n_ord = orders.shape[0]
     n_act = orders.shape[1]
     finish = np.empty(n_act, dtype=np.float64)
@@ -44,20 +51,23 @@ def _best_orders(dur, res_mask, pred_mask, orders, out_chain, out_best, lo, hi):
             span = 0.0
             for s in range(n_act):
                 a = orders[o, s]
-                start = 0.0
+                ready = 0.0
                 pm = pred_mask[a]
                 for b in range(n_act):
-                    if (pm >> b) & 1 and finish[b] > start:
-                        start = finish[b]
-                rm = res_mask[a]
-                for r in range(MAX_DAG_RESOURCES):
-                    if (rm >> r) & 1 and free[r] > start:
-                        start = free[r]
-                end = start + dur[i, a]
+                    if (pm >> b) & 1 and finish[b] > ready:
+                        ready = finish[b]
+                end = ready
+                for u in range(use_ptr[a], use_ptr[a + 1]):
+                    d = udur[i, u]
+                    if d <= 0.0:
+                        continue
+                    r = use_res[u]
+                    st = free[r] if free[r] > ready else ready
+                    e = st + d
+                    free[r] = e
+                    if e > end:
+                        end = e
                 finish[a] = end
-                for r in range(MAX_DAG_RESOURCES):
-                    if (rm >> r) & 1:
-                        free[r] = end
                 if end > span:
                     span = end
                 if span >= best:  # this order cannot win any more
@@ -69,24 +79,32 @@ def _best_orders(dur, res_mask, pred_mask, orders, out_chain, out_best, lo, hi):
         out_best[i] = arg
 
 
-def best_orders(dur: np.ndarray, res_mask: np.ndarray, pred_mask: np.ndarray,
-                orders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def best_orders(udur: np.ndarray, use_ptr: np.ndarray, use_res: np.ndarray,
+                pred_mask: np.ndarray, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the shortest chain over ``orders`` and the index of the order
     that reaches it (the first such order on ties).
 
-    ``dur`` ``(n, A)`` action durations; ``res_mask`` ``(A,)`` bit masks of the
-    resources each action holds (bits below :data:`MAX_DAG_RESOURCES`);
+    ``udur`` ``(n, U)`` durations of the uses, grouped by action: action
+    ``a``'s uses are ``use_ptr[a]:use_ptr[a + 1]`` (``use_ptr`` ``(A + 1,)``),
+    on resources ``use_res`` ``(U,)`` (below :data:`MAX_DAG_RESOURCES`);
     ``pred_mask`` ``(A,)`` bit masks of each action's predecessors;
     ``orders`` ``(O, A)`` action indices in issue order.
     """
-    dur = np.ascontiguousarray(dur, dtype=np.float64)
-    n = dur.shape[0]
+    udur = np.ascontiguousarray(udur, dtype=np.float64)
+    use_ptr = np.ascontiguousarray(use_ptr, dtype=np.int64)
+    use_res = np.ascontiguousarray(use_res, dtype=np.int64)
+    n = udur.shape[0]
+    if use_ptr.shape[0] != orders.shape[1] + 1 or udur.shape[1] != use_res.shape[0] \
+            or (use_ptr.shape[0] and use_ptr[-1] != use_res.shape[0]):
+        raise ValueError("best_orders: use_ptr must have one entry per action plus one, "
+                         "ending at the number of uses (udur's columns, use_res)")
+    if use_res.size and (use_res.min() < 0 or use_res.max() >= MAX_DAG_RESOURCES):
+        raise ValueError(f"best_orders: resources must be in [0, {MAX_DAG_RESOURCES})")
     chain = np.empty(n, dtype=np.float64)
     best = np.empty(n, dtype=np.int64)
     if n == 0:
         return chain, best
-    args = (dur, np.ascontiguousarray(res_mask, dtype=np.int64),
-            np.ascontiguousarray(pred_mask, dtype=np.int64),
+    args = (udur, use_ptr, use_res, np.ascontiguousarray(pred_mask, dtype=np.int64),
             np.ascontiguousarray(orders, dtype=np.int64), chain, best)
     run_shares(_best_orders, args, even_bounds(n))
     return chain, best
