@@ -409,6 +409,56 @@ def resource_floor(work_iter, work_epi, rate, shared, compute, p, active, ksteps
     return max(times)
 
 
+def burst_share(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
+                warps_full, share_eff=1.0):
+    """Of the busiest resource (the first of equal ones), the share of its work
+    that comes once per tile, if it is a memory resource; else 0."""
+    frac = min(1.0, p * warps_tile / warps_full)
+    best, share = 0.0, 0.0
+    for r in range(len(work_iter)):
+        if rate[r] <= 0.0:
+            continue
+        eff = rate[r] / active if shared[r] else rate[r]
+        if compute[r]:
+            eff *= frac
+        if r == 0 and p * warps_tile > warps_full:
+            eff *= share_eff
+        t = p * (ksteps * work_iter[r] + work_epi[r]) / eff
+        if t > best:
+            best = t
+            share = 0.0 if compute[r] else work_epi[r] / (ksteps * work_iter[r] + work_epi[r])
+    return share
+
+
+def queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, stages, warps_tile,
+                warps_full, lat, ovh_iter, ovh_tile, share_eff, sync, chain, streams, floor):
+    """One full wave of ``p`` slots by mean-value analysis: ``p`` customers, a
+    queue of demand ``floor / p`` per tile and a delay of one slot's own wave
+    increment (seam included) less that demand."""
+    demand = floor / p
+    if demand <= 0.0:
+        return 0.0
+    one = envelope_one(work_iter, work_epi, rate, shared, compute, 1, sms, ksteps, stages,
+                       warps_tile, warps_full, lat, ovh_iter, ovh_tile, 0, share_eff, sync,
+                       chain, streams)
+    store = one[5]
+    h = min(one[1], store)
+    hf = max(min(one[2] + one[3] - one[6] - ovh_tile, store - h), 0.0)
+    cap = max(one[0] - resource_floor(work_iter, work_epi, rate, shared, compute, 1, sms,
+                                      ksteps, warps_tile, warps_full, share_eff), 0.0)
+    if h + hf > cap:
+        h = min(h, cap)
+        hf = cap - h
+    delay = max(one[0] - h - hf - demand, 0.0)
+    queue = 0.0
+    throughput = 0.0
+    for n in range(1, p + 1):
+        resp = demand * (1.0 + queue)
+        throughput = n / (delay + resp)
+        queue = throughput * resp
+    return p / throughput
+
+
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
               chain=0.0, streams=1.0):
@@ -444,6 +494,15 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         inc = res[0] - h - hf
         if p > 1 and full > 1:  # out-of-step slots work under (1 - 1/p) of the rest
             inc = min(inc, max(floor, inc - (1.0 - 1.0 / p) * (store - h - hf)))
+            # ... and queue for a memory resource fed in bursts (once-per-tile work)
+            beta = burst_share(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
+                               warps_tile, warps_full, share_eff)
+            if beta > 0.0:
+                qd = queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
+                                 stages, warps_tile, warps_full, lat, ovh_iter, ovh_tile,
+                                 share_eff, sync, chain, streams, floor)
+                if qd > inc:
+                    inc += beta * (qd - inc)
         hf_c = min(hf, res[3])  # hidden: off the drain first, then off the loop
         # one wave plus (full - 1) waves less the hidden part (no cancellation)
         total[0] += res[0] + (full - 1) * inc

@@ -791,3 +791,36 @@ def test_more_iterations_never_faster_loop_counted_once():
     for c, got in zip(cases, lat):
         assert got - c["launch"] == pytest.approx(_twin_wave(c)[0], rel=1e-12)
 
+
+
+def test_queued_wave_two_slots_closed_form():
+    """Mean-value analysis of two slots: with demand D a tile at the busiest
+    resource and a delay Z of the rest, the second customer finds the first
+    at the queue with probability D / (Z + D): a wave of the two takes
+    Z + D + D^2 / (Z + D), between the max of the bounds (max(Z + D, 2D))
+    and their sum. Kernel and twin agree."""
+    from tsbatch.kernels.envelope import _queued_wave
+    # a tile: 64 KiB of DRAM traffic once per tile (Q in, O out), some tensor-core
+    # work per iteration; 2 resident slots on 108 SMs
+    work_iter = [4.0e6, 5.0e4, 4.0e3, 1.6e5, 0.0, 3.2e4, 0.0, 0.0, 6.0e3]
+    work_epi = [0.0, 3.3e4, 128.0, 6.6e4, 0.0, 6.6e4, 6.6e4, 0.0, 0.0]
+    rate = [2.35e6, 1.76e5, 2.26e4, 1.78e5, 0.0, 4.5e6, 1.7e6, 0.0, 9.0e4]
+    args = (work_iter, work_epi, rate, SHARED.tolist(), COMPUTE.tolist(), 2, 108, 2, 3, 4.0,
+            4.0, 0.6, 0.06, 0.0, 1.0, 0.1, 1.2, 1.0)
+    floor = naive.resource_floor(work_iter, work_epi, rate, SHARED.tolist(), COMPUTE.tolist(),
+                                 2, 108, 2, 4.0, 4.0)
+    twin = naive.queued_wave(*args, floor)
+    kern = _queued_wave(np.array(work_iter), np.array(work_epi), np.array(rate), SHARED, COMPUTE,
+                        *args[5:], floor)
+    assert kern == pytest.approx(twin, rel=1e-12)
+    # the closed form, from the twin's one-slot increment
+    one = naive.queued_wave(work_iter, work_epi, rate, SHARED.tolist(), COMPUTE.tolist(), 1,
+                            *args[6:], floor / 2)  # one customer: delay + demand
+    d = floor / 2
+    z = one - d
+    assert z > 0
+    assert twin == pytest.approx(z + d + d * d / (z + d), rel=1e-12)
+    assert max(z + d, 2 * d) < twin < z + 2 * d
+    # the busiest resource is DRAM, all of it once per tile: the whole share queues
+    assert naive.burst_share(work_iter, work_epi, rate, SHARED.tolist(), COMPUTE.tolist(), 2,
+                             108, 2, 4.0, 4.0) == 1.0

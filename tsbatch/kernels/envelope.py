@@ -57,7 +57,16 @@ slots run out of step: the other slots keep working under all but ``1/p`` of
 the stores still exposed, down to the wave's busiest-resource time
 (:func:`resource_floor`). So a short-loop kernel of many waves (attention
 over a few key blocks, a small-K GEMM) streams its output stores under other
-tiles' work instead of paying them once per wave.
+tiles' work instead of paying them once per wave. Where the busiest resource
+is a memory one and a share ``beta`` of its work comes once per tile (Q
+loads, output stores: bursts at a tile's start and end), the out-of-step
+slots also queue for it: that share of the wave takes the time of a closed
+queueing network of ``p`` slots (exact mean-value analysis: a queue with the
+busiest resource's demand per tile and a delay of the rest of one slot's own
+wave), when that is longer (:func:`_queued_wave`). Between the two bounds,
+one slot's serial path and the busiest resource, the slots wait for each
+other; the max of the two bounds ranked configurations near a DRAM floor
+equal that measured 5-15 % apart (A100 FlexAttention).
 Without this, a short-K, many-wave GEMM pays one exposed load latency per
 wave on top of its store-bandwidth time.
 
@@ -286,6 +295,69 @@ def _seam(a, b, c, t, store, own1, own2, floor):
 
 
 @jit_scalar
+def _burst_share(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
+                 warps_full, share_eff):
+    """The share of the busiest resource's work that comes once per tile (a
+    prologue load, the output stores) when that resource is a memory one (0
+    when a compute resource is the busiest): the part of its demand that
+    arrives in bursts at a tile's start and end rather than spread over the
+    loop. Same rates as :func:`resource_floor`."""
+    f = p * warps_tile / warps_full
+    shared_units = f > 1.0
+    if f > 1.0:
+        f = 1.0
+    top = 0.0
+    share = 0.0
+    for r in range(work_iter.shape[0]):
+        rr = _rate_on_sm(rate[r], shared[r], compute[r], r == R_TC, active, f, shared_units,
+                         share_eff)
+        if rr <= 0.0:
+            continue
+        u = p * (ksteps * work_iter[r] + work_epi[r]) / rr
+        if u > top:
+            top = u
+            share = 0.0
+            if compute[r] == 0:
+                share = work_epi[r] / (ksteps * work_iter[r] + work_epi[r])
+    return share
+
+
+@jit_scalar
+def _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, stages,
+                 warps_tile, warps_full, lat, ovh_iter, ovh_tile, share_eff, sync, chain,
+                 streams, floor):
+    """A full wave of ``p`` out-of-step slots queueing at the busiest resource:
+    exact mean-value analysis (Reiser and Lavenberg 1980) of a closed network
+    of ``p`` customers (the slots), each cycling through one tile: a queue
+    whose demand per tile is the busiest resource's time, ``floor / p``, and a
+    delay, the rest of what one slot alone takes per wave (its own wave
+    increment, seam included, less that demand). With one slot that is the
+    slot's own increment; with many it tends to ``floor``; in between the
+    slots wait for each other at the busiest resource, which a max of the two
+    bounds does not see."""
+    dem = floor / p
+    if dem <= 0.0:
+        return 0.0
+    t1, a1, b1, c1, _s1, st1, own1 = envelope_one(work_iter, work_epi, rate, shared, compute, 1,
+                                                  sms, ksteps, stages, warps_tile, warps_full,
+                                                  lat, ovh_iter, ovh_tile, 0, share_eff, sync,
+                                                  chain, streams)
+    fl1 = resource_floor(work_iter, work_epi, rate, shared, compute, 1, sms, ksteps,
+                         warps_tile, warps_full, share_eff)
+    h1, hf1, _hc = _seam(a1, b1, c1, t1, st1, own1, ovh_tile, fl1)
+    z = t1 - h1 - hf1 - dem
+    if z < 0.0:
+        z = 0.0
+    q = 0.0
+    x = 0.0
+    for n in range(1, p + 1):
+        r = dem * (1.0 + q)
+        x = n / (z + r)
+        q = x * r
+    return p / x
+
+
+@jit_scalar
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
               chain=0.0, streams=1.0):
@@ -333,6 +405,17 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
                 cut = floor
             if cut < inc:
                 inc = cut
+            # but where the busiest resource is a memory one fed in bursts (once per
+            # tile), the out-of-step slots queue for it: that share of its demand
+            # waits as in a closed queue of p slots, never less than the above
+            beta = _burst_share(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
+                                warps_tile, warps_full, share_eff)
+            if beta > 0.0:
+                qd = _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
+                                  stages, warps_tile, warps_full, lat, ovh_iter, ovh_tile,
+                                  share_eff, sync, chain, streams, floor)
+                if qd > inc:
+                    inc += beta * (qd - inc)
         T += t + (full - 1) * inc
         tp += a + (full - 1) * (a - h)
         ts += b + (full - 1) * (b - (hf - hf_c))
