@@ -392,29 +392,13 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     return total, t_pro, t_steady, t_epi, steady, drain, p * epi
 
 
-def resource_floor(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
-                   warps_full, share_eff=1.0):
-    """The busiest resource's time of ``p`` tiles' whole work on one SM."""
+def busiest(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
+            warps_full, share_eff=1.0):
+    """``(time, burst)``: the busiest resource's time of ``p`` tiles' whole work
+    on one SM (the first of equal ones), and the share of its work that comes
+    once per tile if it is a memory resource (else 0)."""
     frac = min(1.0, p * warps_tile / warps_full)
-    times = [0.0]
-    for r in range(len(work_iter)):
-        if rate[r] <= 0.0:
-            continue
-        eff = rate[r] / active if shared[r] else rate[r]
-        if compute[r]:
-            eff *= frac
-        if r == 0 and p * warps_tile > warps_full:
-            eff *= share_eff
-        times.append(p * (ksteps * work_iter[r] + work_epi[r]) / eff)
-    return max(times)
-
-
-def burst_share(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
-                warps_full, share_eff=1.0):
-    """Of the busiest resource (the first of equal ones), the share of its work
-    that comes once per tile, if it is a memory resource; else 0."""
-    frac = min(1.0, p * warps_tile / warps_full)
-    best, share = 0.0, 0.0
+    best, burst = 0.0, 0.0
     for r in range(len(work_iter)):
         if rate[r] <= 0.0:
             continue
@@ -426,8 +410,19 @@ def burst_share(work_iter, work_epi, rate, shared, compute, p, active, ksteps, w
         t = p * (ksteps * work_iter[r] + work_epi[r]) / eff
         if t > best:
             best = t
-            share = 0.0 if compute[r] else work_epi[r] / (ksteps * work_iter[r] + work_epi[r])
-    return share
+            burst = 0.0 if compute[r] else work_epi[r] / (ksteps * work_iter[r] + work_epi[r])
+    return best, burst
+
+
+def resource_floor(*args, **kw):
+    """The busiest resource's time of ``p`` tiles' whole work on one SM."""
+    return busiest(*args, **kw)[0]
+
+
+def burst_share(*args, **kw):
+    """Of the busiest resource, the share of its work that comes once per tile
+    if it is a memory resource; else 0."""
+    return busiest(*args, **kw)[1]
 
 
 def queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, stages, warps_tile,

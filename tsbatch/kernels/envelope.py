@@ -63,7 +63,7 @@ loads, output stores: bursts at a tile's start and end), the out-of-step
 slots also queue for it: that share of the wave takes the time of a closed
 queueing network of ``p`` slots (exact mean-value analysis: a queue with the
 busiest resource's demand per tile and a delay of the rest of one slot's own
-wave), when that is longer (:func:`_queued_wave`). Between the two bounds,
+wave), when that is longer (:func:`_queued_wave`, :func:`_busiest`). Between the two bounds,
 one slot's serial path and the busiest resource, the slots wait for each
 other; the max of the two bounds ranked configurations near a DRAM floor
 equal that measured 5-15 % apart (A100 FlexAttention).
@@ -253,24 +253,41 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
 
 
 @jit_scalar
-def resource_floor(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
-                   warps_full, share_eff=1.0):
-    """The busiest resource's time for ``p`` tiles on one SM (all their loop
-    iterations and once-per-tile work), at the rates :func:`envelope_one` uses."""
+def _busiest(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
+             warps_full, share_eff):
+    """``(time, burst)``: the busiest resource's time for ``p`` tiles on one SM
+    (all their loop iterations and once-per-tile work) at the rates
+    :func:`envelope_one` uses, and, where that resource is a memory one, the
+    share of its work that comes once per tile (a prologue load, the output
+    stores: bursts at a tile's start and end rather than spread over the
+    loop; 0 for a compute resource)."""
     f = p * warps_tile / warps_full
     shared_units = f > 1.0
     if f > 1.0:
         f = 1.0
-    out = 0.0
+    top = 0.0
+    burst = 0.0
     for r in range(work_iter.shape[0]):
         rr = _rate_on_sm(rate[r], shared[r], compute[r], r == R_TC, active, f, shared_units,
                          share_eff)
         if rr <= 0.0:
             continue
         u = p * (ksteps * work_iter[r] + work_epi[r]) / rr
-        if u > out:
-            out = u
-    return out
+        if u > top:
+            top = u
+            burst = 0.0
+            if compute[r] == 0:
+                burst = work_epi[r] / (ksteps * work_iter[r] + work_epi[r])
+    return top, burst
+
+
+@jit_scalar
+def resource_floor(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
+                   warps_full, share_eff=1.0):
+    """The busiest resource's time for ``p`` tiles on one SM (all their loop
+    iterations and once-per-tile work), at the rates :func:`envelope_one` uses."""
+    return _busiest(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
+                    warps_full, share_eff)[0]
 
 
 @jit_scalar
@@ -292,34 +309,6 @@ def _seam(a, b, c, t, store, own1, own2, floor):
         hf = cap - h
     hf_c = hf if hf < c else c
     return h, hf, hf_c
-
-
-@jit_scalar
-def _burst_share(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
-                 warps_full, share_eff):
-    """The share of the busiest resource's work that comes once per tile (a
-    prologue load, the output stores) when that resource is a memory one (0
-    when a compute resource is the busiest): the part of its demand that
-    arrives in bursts at a tile's start and end rather than spread over the
-    loop. Same rates as :func:`resource_floor`."""
-    f = p * warps_tile / warps_full
-    shared_units = f > 1.0
-    if f > 1.0:
-        f = 1.0
-    top = 0.0
-    share = 0.0
-    for r in range(work_iter.shape[0]):
-        rr = _rate_on_sm(rate[r], shared[r], compute[r], r == R_TC, active, f, shared_units,
-                         share_eff)
-        if rr <= 0.0:
-            continue
-        u = p * (ksteps * work_iter[r] + work_epi[r]) / rr
-        if u > top:
-            top = u
-            share = 0.0
-            if compute[r] == 0:
-                share = work_epi[r] / (ksteps * work_iter[r] + work_epi[r])
-    return share
 
 
 @jit_scalar
@@ -408,8 +397,8 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
             # but where the busiest resource is a memory one fed in bursts (once per
             # tile), the out-of-step slots queue for it: that share of its demand
             # waits as in a closed queue of p slots, never less than the above
-            beta = _burst_share(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
-                                warps_tile, warps_full, share_eff)
+            beta = _busiest(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
+                            warps_tile, warps_full, share_eff)[1]
             if beta > 0.0:
                 qd = _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                   stages, warps_tile, warps_full, lat, ovh_iter, ovh_tile,
