@@ -496,6 +496,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
                 qd = queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                  stages, warps_tile, warps_full, lat, ovh_iter, ovh_tile,
                                  share_eff, sync, chain, streams, floor)
+                qd = min(qd, res[0])  # never more than the wave alone
                 if qd > inc:
                     inc += beta * (qd - inc)
         hf_c = min(hf, res[3])  # hidden: off the drain first, then off the loop

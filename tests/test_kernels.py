@@ -667,8 +667,26 @@ def test_share_eff_slows_only_shared_tensor_cores(c):
     assert_allclose(got, t2 + c["launch"], rtol=FASTMATH_RTOL, atol=0)
 
 
+#: a case hypothesis found (CI, session 18): the queue of out-of-step slots once
+#: took a later wave longer than the same wave alone (the SFU-bound tile's
+#: once-per-tile work); the queued wave is capped at the isolated one
+QUEUE_ABOVE_ISOLATED = {
+    'work_iter': [0.001770239467781795, 6048.086280478664, 0.0, 0.9280800741686158,
+                  12469.76677539174, 0.535492587612397, 12.063713241572561,
+                  0.016083304160952987, 4.246360662939635],
+    'work_epi': [0.0, 0.0, 536202.3573129737, 0.0, 0.01103546181209458, 408.7029757816832,
+                 9775.703686006085, 328.874127925047, 180168.69925130683],
+    'rate': [0.0, 3768.965753422924, 186728.86348841578, 0.0, 546244.4454598336,
+             60674.798402372515, 323354.26297177054, 21.943899881387644, 413570.0952744494],
+    'tiles': 1, 'sms': 1, 'p': 3, 'ksteps': 5, 'stages': 1, 'warps_tile': 1.0,
+    'warps_full': 4.0, 'lat': 0.0, 'ovh_iter': 0.008155261736351272,
+    'ovh_tile': 0.8552269742870702, 'persistent': 0, 'launch': 4.306417480888342,
+    'share_eff': 1.0, 'sync': 0.1753074192833161}
+
+
 @settings(max_examples=150, deadline=None)
 @given(envelope_cases(), st.integers(2, 12))
+@example(QUEUE_ABOVE_ISOLATED, 2)
 def test_wave_seams_hide_at_most_the_prologue_and_never_the_stores(c, full):
     """Inter-wave overlap: W full waves cost no more than W isolated waves, no
     less than W waves without their prologues and their drains' compute (what

@@ -63,7 +63,8 @@ loads, output stores: bursts at a tile's start and end), the out-of-step
 slots also queue for it: that share of the wave takes the time of a closed
 queueing network of ``p`` slots (exact mean-value analysis: a queue with the
 busiest resource's demand per tile and a delay of the rest of one slot's own
-wave), when that is longer (:func:`_queued_wave`, :func:`_busiest`). Between the two bounds,
+wave), when that is longer, and never more than the same wave alone
+(:func:`_queued_wave`, :func:`_busiest`). Between the two bounds,
 one slot's serial path and the busiest resource, the slots wait for each
 other; the max of the two bounds ranked configurations near a DRAM floor
 equal that measured 5-15 % apart (A100 FlexAttention).
@@ -403,6 +404,8 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
                 qd = _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                   stages, warps_tile, warps_full, lat, ovh_iter, ovh_tile,
                                   share_eff, sync, chain, streams, floor)
+                if qd > t:
+                    qd = t  # never more than the wave alone, from scratch
                 if qd > inc:
                     inc += beta * (qd - inc)
         T += t + (full - 1) * inc
