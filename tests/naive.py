@@ -419,10 +419,18 @@ def resource_floor(*args, **kw):
     return busiest(*args, **kw)[0]
 
 
-def burst_share(*args, **kw):
-    """Of the busiest resource, the share of its work that comes once per tile
-    if it is a memory resource; else 0."""
-    return busiest(*args, **kw)[1]
+def seam(res, store, own_tiles, floor):
+    """``(h, hf)``: what a wave (``res``, :func:`envelope_one`'s tuple) hides of
+    the stores ``store`` draining from the wave before it: under its prologue,
+    then under its loop and last compute step less its own stores and the
+    tiles' overheads ``own_tiles``, never taking it below ``floor``."""
+    h = min(res[1], store)
+    hf = max(min(res[2] + res[3] - res[6] - own_tiles, store - h), 0.0)
+    cap = max(res[0] - floor, 0.0)
+    if h + hf > cap:
+        h = min(h, cap)
+        hf = cap - h
+    return h, hf
 
 
 def queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, stages, warps_tile,
@@ -436,14 +444,9 @@ def queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, stag
     one = envelope_one(work_iter, work_epi, rate, shared, compute, 1, sms, ksteps, stages,
                        warps_tile, warps_full, lat, ovh_iter, ovh_tile, 0, share_eff, sync,
                        chain, streams)
-    store = one[5]
-    h = min(one[1], store)
-    hf = max(min(one[2] + one[3] - one[6] - ovh_tile, store - h), 0.0)
-    cap = max(one[0] - resource_floor(work_iter, work_epi, rate, shared, compute, 1, sms,
-                                      ksteps, warps_tile, warps_full, share_eff), 0.0)
-    if h + hf > cap:
-        h = min(h, cap)
-        hf = cap - h
+    h, hf = seam(one, one[5], ovh_tile, resource_floor(
+        work_iter, work_epi, rate, shared, compute, 1, sms, ksteps, warps_tile, warps_full,
+        share_eff))
     delay = max(one[0] - h - hf - demand, 0.0)
     queue = 0.0
     throughput = 0.0
@@ -476,22 +479,16 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
                            ovh_iter, ovh_tile, 0, share_eff, sync, chain, streams)
         steady_iter = res[4]
         store = res[5]
-        h = min(res[1], store)  # a wave's prologue under the stores before it
-        # and then its loop and last compute step, down to the busiest resource
-        # (the loop time already hiding this wave's own epilogue cannot hide more)
-        hf = max(min(res[2] + res[3] - res[6] - p * ovh_tile, store - h), 0.0)
-        floor = resource_floor(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
-                               warps_tile, warps_full, share_eff)
-        cap = max(res[0] - floor, 0.0)  # never below the busiest resource
-        if h + hf > cap:
-            h = min(h, cap)
-            hf = cap - h
+        floor, beta = busiest(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
+                              warps_tile, warps_full, share_eff)
+        # a wave's prologue under the stores before it, then its loop and last
+        # compute step (the loop time already hiding this wave's own epilogue
+        # cannot hide more), never below the busiest resource
+        h, hf = seam(res, store, p * ovh_tile, floor)
         inc = res[0] - h - hf
         if p > 1 and full > 1:  # out-of-step slots work under (1 - 1/p) of the rest
             inc = min(inc, max(floor, inc - (1.0 - 1.0 / p) * (store - h - hf)))
             # ... and queue for a memory resource fed in bursts (once-per-tile work)
-            beta = burst_share(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
-                               warps_tile, warps_full, share_eff)
             if beta > 0.0:
                 qd = queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                  stages, warps_tile, warps_full, lat, ovh_iter, ovh_tile,
@@ -513,15 +510,10 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
             total[i] += res[i]
         if not full:
             steady_iter = res[4]
-        hidden = min(res[1], store)
         pt = math.ceil(tail / sms)
-        hf = max(min(res[2] + res[3] - pt * ovh_tile - res[6], store - hidden), 0.0)
-        floor = resource_floor(work_iter, work_epi, rate, shared, compute, pt, min(tail, sms),
-                               ksteps, warps_tile, warps_full, share_eff)
-        cap = max(res[0] - floor, 0.0)
-        if hidden + hf > cap:
-            hidden = min(hidden, cap)
-            hf = cap - hidden
+        hidden, hf = seam(res, store, pt * ovh_tile, resource_floor(
+            work_iter, work_epi, rate, shared, compute, pt, min(tail, sms), ksteps, warps_tile,
+            warps_full, share_eff))
         hf_c = min(hf, res[3])
         total[0] -= hidden + hf
         total[1] -= hidden

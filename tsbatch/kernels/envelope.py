@@ -382,7 +382,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         # as one wave plus (full - 1) waves less the hidden part, not full waves
         # less (full - 1) hidden parts: the difference of two products of
         # `full` loses digits when the prologue is mostly hidden
-        floor = resource_floor(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
+        floor, beta = _busiest(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                warps_tile, warps_full, share_eff)
         h, hf, hf_c = _seam(a, b, c, t, store, own, p * ovh_tile, floor)
         inc = t - h - hf
@@ -398,8 +398,6 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
             # but where the busiest resource is a memory one fed in bursts (once per
             # tile), the out-of-step slots queue for it: that share of its demand
             # waits as in a closed queue of p slots, never less than the above
-            beta = _busiest(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
-                            warps_tile, warps_full, share_eff)[1]
             if beta > 0.0:
                 qd = _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                   stages, warps_tile, warps_full, lat, ovh_iter, ovh_tile,
