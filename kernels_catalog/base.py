@@ -96,6 +96,12 @@ class TilePlan:
     #: such a row is infeasible with that rule's text as its reason
     blocked: np.ndarray | None = None
     rules: tuple = ()
+    #: per-row block bytes of each tensor as the cache model sees them (its
+    #: footprints and the cache problem's key), where they differ from the
+    #: traffic ``t_bytes``: GEMM edge tiles fetch only their in-bound rows, but
+    #: the cache model takes every block at its full size, so that problems of
+    #: one grid share their cache results whatever m and n (None: ``t_bytes``)
+    t_foot: np.ndarray | None = None
     #: per-row flag: the row broke a rule checked before lowering (sizes the model
     #: cannot represent, what the backend cannot build) and was lowered from
     #: placeholder values; its numbers mean nothing and results leave them null

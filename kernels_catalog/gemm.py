@@ -35,6 +35,7 @@ from kernels_catalog.base import (
 )
 from kernels_catalog.program import load_program
 from tsbatch.kernels._config import jit_exact
+from tsbatch.kernels._threads import even_bounds, run_shares
 from tsbatch.kernels.occupancy import resident_tiles
 from tsbatch.kernels.envelope import (
     N_RES, R_CUDA, R_DRAM, R_L15, R_L2, R_SMEM, R_TC,
@@ -424,9 +425,10 @@ def _cdiv(a, b):
 def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_rm, eb_tab,
                 ob_tab, tc_tab, f32_code, wgmma_ok, wgmma_min, max_regs, sm_regs, sync_frac,
                 tc_eff, wg_share, g0, g1, ksteps, tiles, smem_block, threads, regs, spill, use_wg,
-                on_tc, t_bytes, work_iter, work_epi, rate, share_eff, useful_flops, smem_bpc,
-                f8_code, f16_code, scode, fast, lib, hopper_wg, staged_mn, pipe_stages):
-    """One pass over the rows: every per-row quantity of :func:`lower` (the
+                on_tc, t_bytes, t_foot, work_iter, work_epi, rate, share_eff, useful_flops, smem_bpc,
+                f8_code, f16_code, scode, fast, lib, hopper_wg, staged_mn, pipe_stages, lo, hi):
+    """One pass over rows ``lo:hi`` (a share; :func:`lower` runs the shares on the
+    thread pool): every per-row quantity of :func:`lower` (the
     docstring there); ``tc_tab[d]`` is dtype ``d``'s tensor-core rate per SM
     before the MMA path's share and the calibrated efficiency ``tc_eff``.
     ``scode``/``fast`` are the float8 rows' scale mode (:data:`SCALE_MODES`)
@@ -438,7 +440,7 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
     operands through registers (before 3.3, :data:`TRITON_PIPELINED_MN32`);
     ``pipe_stages`` receives the stages the envelope pipelines (1 where a
     staged operand serialises the loop)."""
-    for i in range(m.shape[0]):
+    for i in range(lo, hi):
         bmi = bm[i]
         bni = bn[i]
         bki = bk[i]
@@ -567,8 +569,15 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         # sector efficiency of the contiguous runs of each load (32-byte sectors)
         a_run = (bki if a_rm[i] else bmi) * eb
         b_run = (bni if b_rm[i] else bki) * eb
-        a_fetch = a_bytes * (math.ceil(a_run / 32.0) * 32.0 / a_run)
-        b_fetch = b_bytes * (math.ceil(b_run / 32.0) * 32.0 / b_run)
+        a_eff = math.ceil(a_run / 32.0) * 32.0 / a_run
+        b_eff = math.ceil(b_run / 32.0) * 32.0 / b_run
+        a_fetch = a_bytes * a_eff
+        b_fetch = b_bytes * b_eff
+        # the cache model's blocks: the same fetch at the full tile size, so that
+        # a problem's cache key does not change with m and n within one grid
+        # (the traffic above counts in-bound rows only)
+        a_foot = float(bmi * bki * eb) * a_eff
+        b_foot = float(bki * bni * eb) * b_eff
         blocks = bki / FP8_SCALE_BLOCK  # 128-deep scale blocks per iteration
         if f8 and scode[i] == 2:
             # DeepSeek-V3 block scales, fp32, loaded with the operands they scale
@@ -577,8 +586,10 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
             # grid dim 1, B's 128x128 scales (ceil(BN/128) per K block, at least
             # one 32-byte sector) along dim 0
             a_fetch += rows_a * 4.0 * blocks
+            a_foot += bmi * 4.0 * blocks
             nb = (bni + FP8_SCALE_BLOCK - 1) // FP8_SCALE_BLOCK
             b_fetch += (nb * 4.0 if nb * 4.0 > 32.0 else 32.0) * blocks
+            b_foot += (nb * 4.0 if nb * 4.0 > 32.0 else 32.0) * blocks
         work_iter[i, R_L2] = a_fetch + b_fetch  # split by the cache model later
         if wg:
             smem_reads = bki * eb * (wg_n * bmi + wg_m * bni)
@@ -649,6 +660,9 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         t_bytes[i, 0] = a_fetch
         t_bytes[i, 1] = b_fetch
         t_bytes[i, 2] = c_bytes
+        t_foot[i, 0] = a_foot
+        t_foot[i, 1] = b_foot
+        t_foot[i, 2] = float(bmi * bni * ob)
         share_eff[i] = wg_share if wg else 1.0
         useful_flops[i] = 2.0 * m[i] * n[i] * k[i]
 
@@ -780,6 +794,7 @@ def lower(cols: dict, hw) -> TilePlan:
     use_wgmma = np.empty(rows, dtype=np.bool_)
     on_tc = np.empty(rows, dtype=np.bool_)
     t_bytes = np.empty((rows, 3), dtype=np.float64)
+    t_foot = np.empty((rows, 3), dtype=np.float64)
     work_iter = np.zeros((rows, N_RES), dtype=np.float64)
     work_epi = np.zeros((rows, N_RES), dtype=np.float64)
     # rates per microsecond (per SM for private resources, chip for shared)
@@ -800,17 +815,19 @@ def lower(cols: dict, hw) -> TilePlan:
         if sel.size:
             staged_mn[sel] = (triton_release(np.asarray(cols["triton_version"], dtype=object)[sel])
                               < TRITON_PIPELINED_MN32)
-    _lower_rows(m, n, k, i64(cols["block_m"]), i64(cols["block_n"]), i64(cols["block_k"]),
+    # rows in shares on the thread pool (the kernel releases the GIL)
+    run_shares(_lower_rows, (
+                m, n, k, i64(cols["block_m"]), i64(cols["block_n"]), i64(cols["block_k"]),
                 i64(cols["num_stages"]), i64(cols["num_warps"]), split, dcode,
                 b8(cols["tf32"]), b8(cols["a_row_major"]), b8(cols["b_row_major"]), eb_tab,
                 ob_tab, tc_tab, _DTYPE_CODE["float32"], hw.mma in ("wgmma", "tcgen05"),
                 float(hw.cal("wgmma_min_warps")), int(hw.max_registers_per_thread),
                 int(hw.sm_registers), float(hw.mma_sync_fraction), float(hw.cal("tc_efficiency")),
                 float(hw.cal("wgmma_share_efficiency")), g0, g1, ksteps, tiles, smem_block,
-                threads, regs, spill, use_wgmma, on_tc, t_bytes, work_iter, work_epi, rate,
+                threads, regs, spill, use_wgmma, on_tc, t_bytes, t_foot, work_iter, work_epi, rate,
                 share_eff, useful_flops, float(hw.smem_bytes_per_clk), _DTYPE_CODE["float8"],
                 _DTYPE_CODE["float16"], scode, b8(fast), lib, hw.mma == "wgmma", b8(staged_mn),
-                pipe_stages)
+                pipe_stages), even_bounds(rows))
 
     # power-limited tensor clock: tc_efficiency is the sustained share of the
     # tensor-core peak when every SM issues MMAs (the ceiling of measured GEMM
@@ -857,7 +874,7 @@ def lower(cols: dict, hw) -> TilePlan:
         g0=g0, g1=g1, g2=split, order=order, group=group, ksteps=ksteps,
         stages=pipe_stages, smem_block=smem_block, regs_thread=regs,
         threads=threads, warps=i64(cols["num_warps"]),
-        t_mask=t_mask, t_per_step=t_per_step, t_bytes=t_bytes,
+        t_mask=t_mask, t_per_step=t_per_step, t_bytes=t_bytes, t_foot=t_foot,
         work_iter=work_iter, work_epi=work_epi, rate=rate, warps_full=4.0,
         lat_us=np.full(rows, hw.cal("mem_latency_us")),
         ovh_iter_us=np.full(rows, hw.cal("iter_overhead_cycles") * cyc),

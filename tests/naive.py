@@ -710,9 +710,14 @@ def gemm_lower_one(row: dict, hw) -> dict:
     b_fetch = bk * cols_b * eb * (math.ceil(b_run / 32) * 32 / b_run)
     blocks = bk / 128
     nb = _ceil_div(bn, 128)
+    # the cache model sees every block at its full tile size
+    a_foot = bm * bk * eb * (math.ceil(a_run / 32) * 32 / a_run)
+    b_foot = bk * bn * eb * (math.ceil(b_run / 32) * 32 / b_run)
     if f8 and mode == "block":  # fp32 1x128 (A) and 128x128 (B) scales
         a_fetch += rows_a * 4.0 * blocks
         b_fetch += max(nb * 4.0, 32.0) * blocks
+        a_foot += bm * 4.0 * blocks
+        b_foot += max(nb * 4.0, 32.0) * blocks
     if wgmma:
         smem_reads = bk * eb * (wg_n * bm + wg_m * bn)
     elif on_tc or row.get("backend") == "cublas":  # library SGEMM: conflict-free staging
@@ -802,6 +807,7 @@ def gemm_lower_one(row: dict, hw) -> dict:
         + spill * 8.0 * threads * (math.ceil(bk / (32 // eb if on_tc else 1)) if mma_kind else 1),
         "chain_us": chain,
         "t_bytes": (a_fetch, b_fetch, c_bytes),
+        "t_foot": (a_foot, b_foot, float(bm * bn * ob)),
         "l2_epi": l2_epi,
         "dram_epi": bm * bn * 4.0 if split > 1 else c_bytes,
         "cuda_epi": cuda_epi,

@@ -244,7 +244,8 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
     conc = sms * np.maximum(p, 1)
     # the key holds every input of a cache problem (block bytes by their exact
     # bits), so rows sharing a key get exactly the results they would alone
-    tb = np.ascontiguousarray(plan.t_bytes, dtype=np.float64).view(np.int64)
+    foot = plan.t_bytes if plan.t_foot is None else plan.t_foot
+    tb = np.ascontiguousarray(foot, dtype=np.float64).view(np.int64)
     keys = np.column_stack([plan.g0, plan.g1, plan.g2, plan.order, plan.group, conc,
                             plan.ksteps, tb, plan.t_mask, plan.t_per_step])
     inv, rep = dedup_rows(keys)
@@ -263,7 +264,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
     v = sub.shape[0]
     got = cache_hit_rates(
         plan.g0[sub], plan.g1[sub], plan.g2[sub], plan.order[sub], plan.group[sub], conc[sub],
-        plan.ksteps[sub], plan.t_mask[sub], plan.t_per_step[sub], plan.t_bytes[sub],
+        plan.ksteps[sub], plan.t_mask[sub], plan.t_per_step[sub], foot[sub],
         np.full(v, cap2), np.full(v, float(hw.l2_assoc)), np.full(v, sms),
         np.full(v, g15), np.full(v, float(hw.l15_bytes)), np.full(v, float(hw.l15_assoc)),
         k_samples=k_samples, max_waves=wave_samples, max_lookback=max_lookback)
