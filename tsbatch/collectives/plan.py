@@ -25,7 +25,10 @@ Links (one direction each, achieved bandwidth = spec x calibrated efficiency):
   the whole node): ``bridge[s, d]`` per ordered pair of a bridge group, the
   GPU's NVLink bandwidth split over its ``group - 1`` peers;
 - PCIe: ``pcie_out[g]``, ``pcie_in[g]`` (the GPU's x16 link to its switch)
-  and, between switches, ``uplink_up[switch]``, ``uplink_down[switch]``;
+  and, between switches, ``uplink_up[switch]``, ``uplink_down[switch]``; where
+  peer-to-peer is off between two GPUs (``links.pcie.p2p_level``) the exchange
+  is staged through host memory and also crosses ``shm_out[src]``, ``shm_in[dst]``
+  (the calibrated ``shm_bw_gbps``);
 - network: ``nic_out[node, j]``, ``nic_in[node, j]``; a GPU uses NIC
   ``local * nics_per_node // gpus_per_node`` (its PCIe neighbour); without
   GPUDirect RDMA (:meth:`Topology.staging_bw`) also ``stage_up[node, switch]``,
@@ -260,6 +263,17 @@ class Topology:
         return (self.nodes == 1 and self.n > 2
                 and all(self.same_bridge_group(0, r) for r in range(1, self.n)))
 
+    def p2p_ok(self, s: int, d: int) -> bool:
+        """Whether NCCL moves PCIe traffic between ranks ``s`` and ``d`` (same node) by
+        peer-to-peer, by the system's ``links.pcie.p2p_level``; else through host memory."""
+        pc = self.system.pcie
+        if pc is None or pc.p2p_level == "sys":
+            return True
+        if pc.p2p_level == "none":
+            return False
+        per = int(pc.counts.get("gpus_per_switch", 1))
+        return per > 1 and self.local(s) // per == self.local(d) // per
+
     def intra_is_nvlink(self, s: int, d: int) -> bool:
         nv = self.system.nvlink
         if nv is None:
@@ -339,6 +353,23 @@ class Topology:
         out += self._port(("pcie", s), bw, "pcie", "pci", pc.alpha_us)
         per = int(pc.counts.get("gpus_per_switch", 1))
         sw_s, sw_d = self.local(s) // per, self.local(d) // per
+        if not self.p2p_ok(s, d):
+            # NCCL's SHM transport: the sender's kernel writes into pinned host memory, the
+            # receiver's kernel reads it back, each over its own PCIe link and switch uplink
+            # (both ways even within one switch: the buffer is in host memory); the staged
+            # rate of one GPU's traffic is the calibrated shm_bw_gbps
+            shm = sy.cal("shm_bw_gbps")
+            up = pc.counts.get("uplink_bw_unidir_gbps", pc.bw_gbps) * sy.cal("pcie_efficiency")
+            if per > 1:
+                out.append(self._link(("uplink_up", self.node(s), sw_s), up, "pcie_uplink", "pci", pc.alpha_us))
+                out.append(self._link(("uplink_down", self.node(d), sw_d), up, "pcie_uplink", "pci", pc.alpha_us))
+            out.append(self._link(("shm_out", s), shm, "pcie_shm", "pci", pc.alpha_us))
+            out += self._port(("shm", s), shm, "pcie_shm", "pci", pc.alpha_us)
+            out.append(self._link(("shm_in", d), shm, "pcie_shm", "pci", pc.alpha_us))
+            out += self._port(("shm", d), shm, "pcie_shm", "pci", pc.alpha_us)
+            out.append(self._link(("pcie_in", d), bw, "pcie", "pci", pc.alpha_us))
+            out += self._port(("pcie", d), bw, "pcie", "pci", pc.alpha_us)
+            return out
         if sw_s != sw_d:
             up = pc.counts.get("uplink_bw_unidir_gbps", pc.bw_gbps) * sy.cal("pcie_efficiency")
             out.append(self._link(("uplink_up", self.node(s), sw_s), up, "pcie_uplink", "pci", pc.alpha_us))
