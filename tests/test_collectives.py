@@ -77,8 +77,11 @@ def test_routes_follow_the_topology():
     assert _classes(t, t.route(1, 2)) == ["pcie", "pcie_uplink", "pcie_uplink", "pcie"]
     assert _classes(t, t.route(0, 4)) == ["net", "net"]
     r = Topology(get_system("rtx_pro_6000_server"), 8, 8)
-    assert _classes(r, r.route(0, 1)) == ["pcie", "pcie"]  # same switch
-    assert _classes(r, r.route(0, 2)) == ["pcie", "pcie_uplink", "pcie_uplink", "pcie"]
+    assert _classes(r, r.route(0, 1)) == ["pcie", "pcie"]  # same switch: peer-to-peer
+    # between switches without P2P (p2p_level = "pxb"): staged through host memory
+    assert _classes(r, r.route(0, 2)) == ["pcie", "pcie_uplink", "pcie_uplink", "pcie_shm", "pcie_shm", "pcie"]
+    a = Topology(get_system("a100_pcie_nvlink_pairs"), 4, 4)  # P2P through the host (AMD EPYC)
+    assert _classes(a, a.route(1, 2)) == ["pcie", "pcie_uplink", "pcie_uplink", "pcie"]
     h = Topology(get_system("h200_nvl"), 8, 8)
     bridge = h.route(0, 3)
     assert _classes(h, bridge) == ["nvlink_bridge"]
