@@ -42,6 +42,7 @@ GRIDS = {
     "net_burst_efficiency": np.arange(0.05, 1.001, 0.01),
     "nvlink_alpha_us": np.arange(0.2, 3.01, 0.1),
     "net_staging_bw_gbps": np.arange(2.0, 30.01, 0.25),
+    "shm_bw_gbps": np.arange(2.0, 40.01, 0.25),
 }
 
 
@@ -94,6 +95,9 @@ def main(argv=None) -> int:
     ap.add_argument("--staging", action="store_true",
                     help="also fit net_staging_bw_gbps (network traffic staged through host memory "
                          "over the GPUs' PCIe switch uplinks: GPUDirect RDMA off)")
+    ap.add_argument("--shm", action="store_true",
+                    help="also fit shm_bw_gbps (PCIe traffic staged through host memory where "
+                         "peer-to-peer is off: links.pcie.p2p_level)")
     ap.add_argument("--only", default="", help="comma-separated constants to fit (default: all named)")
     ap.add_argument("--alpha", action="store_true",
                     help="also fit the NVLink hop latency (links.nvlink.alpha_us, NCCL's 0.6 us)")
@@ -122,6 +126,9 @@ def main(argv=None) -> int:
     if args.staging:
         keys_large.append("net_staging_bw_gbps")
         cal.setdefault("net_staging_bw_gbps", 8.0)
+    if args.shm:
+        keys_large.append("shm_bw_gbps")
+        cal.setdefault("shm_bw_gbps", 12.0)
     if args.channels:
         keys_large.append("nccl_channels")
         cal.setdefault("nccl_channels", 12)

@@ -62,17 +62,32 @@ _FMA_PER_CLK_PER_TENSOR_CORE = {
     ("blackwell", 10): 1024,
     ("blackwell", 12): 128,
     ("cdna2", None): 128,
+    # issue 36: GA102 (sm_86) and AD102 (sm_89) tensor cores do half GA100's dense fp16
+    # FMA per clock (GA102 whitepaper: 128 dense FP16 FMA/clk per tensor core; Ada
+    # whitepaper: the same per SM-clock, with FP8 at twice that); CDNA3 doubles CDNA2
+    # (CDNA 3 whitepaper: 2048 dense FP16 FLOP/clk/CU)
+    ("ampere", "8.6"): 128,
+    ("ada", "8.9"): 128,
+    ("cdna3", None): 256,
 }
+#: products that run fp16 with FP32 accumulation at half the die's tensor rate (their
+#: datasheets: L40 181 TFLOPS and L20 119.5 TFLOPS dense fp16, where the L40S and RTX 6000
+#: Ada with the same AD102 SM quote 362 and 364)
+_HALF_RATE_FP32_ACC = {"l40", "l20"}
 _TENSOR_CORES_PER_SM = 4  # every part here: 4 sub-partitions / SIMDs, one unit each
 
 
 def _per_sm_fp16_flop_per_clk(spec: HwSpec) -> int:
     """Dense fp16 FLOP per clock per SM (or CU), derived from the architecture."""
     if spec.vendor == "nvidia":
-        key = (spec.arch, int(spec.compute_capability.split(".")[0]))
+        key = (spec.arch, spec.compute_capability)
+        if key not in _FMA_PER_CLK_PER_TENSOR_CORE:
+            key = (spec.arch, int(spec.compute_capability.split(".")[0]))
     else:
         key = (spec.arch, None)
     fma = _FMA_PER_CLK_PER_TENSOR_CORE[key]
+    if spec.key in _HALF_RATE_FP32_ACC:
+        fma //= 2
     return 2 * fma * _TENSOR_CORES_PER_SM
 
 

@@ -21,10 +21,14 @@ Links (one direction each, achieved bandwidth = spec x calibrated efficiency):
 - switched NVLink: ``nvl_out[g]``, ``nvl_in[g]``: a GPU's port into the
   NVSwitch fabric; in-switch reduction (NVLS) exchanges end or start at the
   switch (:data:`SWITCH`);
-- bridged NVLink: ``bridge[s, d]`` per ordered pair of a bridge group, the
+- bridged NVLink (and a full-mesh node, ``topology = "mesh"``: one bridge group of
+  the whole node): ``bridge[s, d]`` per ordered pair of a bridge group, the
   GPU's NVLink bandwidth split over its ``group - 1`` peers;
 - PCIe: ``pcie_out[g]``, ``pcie_in[g]`` (the GPU's x16 link to its switch)
-  and, between switches, ``uplink_up[switch]``, ``uplink_down[switch]``;
+  and, between switches, ``uplink_up[switch]``, ``uplink_down[switch]``; where
+  peer-to-peer is off between two GPUs (``links.pcie.p2p_level``) the exchange
+  is staged through host memory and also crosses ``shm_out[src]``, ``shm_in[dst]``
+  (the calibrated ``shm_bw_gbps``);
 - network: ``nic_out[node, j]``, ``nic_in[node, j]``; a GPU uses NIC
   ``local * nics_per_node // gpus_per_node`` (its PCIe neighbour); without
   GPUDirect RDMA (:meth:`Topology.staging_bw`) also ``stage_up[node, switch]``,
@@ -245,11 +249,30 @@ class Topology:
         return local // int(pc.counts.get("gpus_per_switch", 1)) if pc is not None else local
 
     def same_bridge_group(self, s: int, d: int) -> bool:
+        """Whether ranks ``s`` and ``d`` are joined by their own direct link (an NVLink
+        bridge group, or the node of a full-mesh system: ``topology = "mesh"``)."""
         nv = self.system.nvlink
-        if nv is None or nv.topology != "bridged" or self.node(s) != self.node(d):
+        if nv is None or nv.topology not in ("bridged", "mesh") or self.node(s) != self.node(d):
             return False
         k = int(nv.counts.get("bridge_group", 2))
         return self.local(s) // k == self.local(d) // k
+
+    def full_mesh(self) -> bool:
+        """A one-node job of more than 2 ranks whose every pair has its own direct link
+        (all of it within one bridge group or a full-mesh node)."""
+        return (self.nodes == 1 and self.n > 2
+                and all(self.same_bridge_group(0, r) for r in range(1, self.n)))
+
+    def p2p_ok(self, s: int, d: int) -> bool:
+        """Whether NCCL moves PCIe traffic between ranks ``s`` and ``d`` (same node) by
+        peer-to-peer, by the system's ``links.pcie.p2p_level``; else through host memory."""
+        pc = self.system.pcie
+        if pc is None or pc.p2p_level == "sys":
+            return True
+        if pc.p2p_level == "none":
+            return False
+        per = int(pc.counts.get("gpus_per_switch", 1))
+        return per > 1 and self.local(s) // per == self.local(d) // per
 
     def intra_is_nvlink(self, s: int, d: int) -> bool:
         nv = self.system.nvlink
@@ -330,6 +353,23 @@ class Topology:
         out += self._port(("pcie", s), bw, "pcie", "pci", pc.alpha_us)
         per = int(pc.counts.get("gpus_per_switch", 1))
         sw_s, sw_d = self.local(s) // per, self.local(d) // per
+        if not self.p2p_ok(s, d):
+            # NCCL's SHM transport: the sender's kernel writes into pinned host memory, the
+            # receiver's kernel reads it back, each over its own PCIe link and switch uplink
+            # (both ways even within one switch: the buffer is in host memory); the staged
+            # rate of one GPU's traffic is the calibrated shm_bw_gbps
+            shm = sy.cal("shm_bw_gbps")
+            up = pc.counts.get("uplink_bw_unidir_gbps", pc.bw_gbps) * sy.cal("pcie_efficiency")
+            if per > 1:
+                out.append(self._link(("uplink_up", self.node(s), sw_s), up, "pcie_uplink", "pci", pc.alpha_us))
+                out.append(self._link(("uplink_down", self.node(d), sw_d), up, "pcie_uplink", "pci", pc.alpha_us))
+            out.append(self._link(("shm_out", s), shm, "pcie_shm", "pci", pc.alpha_us))
+            out += self._port(("shm", s), shm, "pcie_shm", "pci", pc.alpha_us)
+            out.append(self._link(("shm_in", d), shm, "pcie_shm", "pci", pc.alpha_us))
+            out += self._port(("shm", d), shm, "pcie_shm", "pci", pc.alpha_us)
+            out.append(self._link(("pcie_in", d), bw, "pcie", "pci", pc.alpha_us))
+            out += self._port(("pcie", d), bw, "pcie", "pci", pc.alpha_us)
+            return out
         if sw_s != sw_d:
             up = pc.counts.get("uplink_bw_unidir_gbps", pc.bw_gbps) * sy.cal("pcie_efficiency")
             out.append(self._link(("uplink_up", self.node(s), sw_s), up, "pcie_uplink", "pci", pc.alpha_us))
@@ -370,6 +410,15 @@ def _ring_stages(topo: Topology, collective: str, steps_per_phase: list[tuple[st
     n = topo.n
     frac = 1.0 / (n * len(rings))
     ex = [Exchange(r[i], r[(i + 1) % n], frac) for r in rings for i in range(n)]
+    if topo.full_mesh():
+        # every pair has its own link: NCCL's (RCCL's) ring search lays its channels on
+        # rings of different orders so that every link carries traffic (on a fully
+        # connected node the channels' rings cover the pairs evenly). The even mixture
+        # of all directed Hamiltonian cycles of n ranks puts 1/(n-1) of a ring step's
+        # bytes on every ordered pair; for n = 4 it is exactly the three 4-cycles run
+        # both ways. Each rank still sends 1/n of the message per step.
+        ex = [Exchange(a, b, 1.0 / (n * (n - 1))) for a in range(n) for b in range(n) if a != b]
+        frac = 1.0 / (n * (n - 1))
     r0 = rings[0]
     stages = []
     for phase, steps in steps_per_phase:

@@ -19,7 +19,7 @@ from pathlib import Path
 from tsbatch.errors import InputError
 
 __all__ = ["LinkClass", "System", "systems_dir", "load_system_file", "get_system", "list_systems",
-           "CALIBRATION_KEYS", "OPTIONAL_CALIBRATION_KEYS"]
+           "CALIBRATION_KEYS", "OPTIONAL_CALIBRATION_KEYS", "P2P_LEVELS"]
 
 #: the per-system calibrated constants every system file declares
 CALIBRATION_KEYS = ("launch_overhead_us", "rank_skew_us", "nvlink_efficiency",
@@ -39,8 +39,24 @@ CALIBRATION_KEYS = ("launch_overhead_us", "rank_skew_us", "nvlink_efficiency",
 #: net_staging_bw_gbps: where net_ll128 = 0 (no GPUDirect RDMA either: same PATH_PXB
 #: threshold), the achieved per-direction rate of the network traffic a PCIe switch's GPUs
 #: stage through host memory (one link per switch and direction; NIC duplex factor)
+#: shm_bw_gbps: where PCIe peer-to-peer is off between two GPUs (links.pcie.p2p_level), the
+#: achieved per-direction rate at which one GPU's traffic is staged through host memory
+#: (NCCL's SHM transport: the sender's kernel writes into pinned host memory, the
+#: receiver's reads it back over its own link); required by a system whose p2p_level
+#: is not "sys"
 OPTIONAL_CALIBRATION_KEYS = ("net_node_bw_gbps", "nccl_channels", "duplex_factor", "net_ll128",
-                             "net_duplex_factor", "net_burst_efficiency", "net_staging_bw_gbps")
+                             "net_duplex_factor", "net_burst_efficiency", "net_staging_bw_gbps",
+                             "shm_bw_gbps")
+
+#: links.pcie.p2p_level: between which GPUs NCCL uses PCIe peer-to-peer (its P2P transport);
+#: other pairs go through host memory (SHM transport). NCCL (src/graph/paths.cc,
+#: ncclTopoCheckP2p) allows P2P up to PATH_SYS by default, but only up to PATH_PXB (GPUs
+#: behind a common PCIe switch) on Intel and other non-AMD x86 hosts and on ARM hosts; GPUs
+#: whose driver refuses P2P (most GeForce cards) never use it.
+#:   "sys"  every pair (AMD x86 hosts; the default, as every file before issue 36)
+#:   "pxb"  only GPUs behind the same PCIe switch (Intel x86 / ARM hosts)
+#:   "none" no pair (P2P unsupported)
+P2P_LEVELS = ("sys", "pxb", "none")
 
 
 @dataclass(frozen=True)
@@ -56,6 +72,8 @@ class LinkClass:
     #: NCCL hardware class of the per-hop latency table: "nvlink", "pci" or "net"
     hw_class: str
     counts: dict = field(default_factory=dict)
+    #: PCIe only: between which GPUs NCCL uses peer-to-peer (:data:`P2P_LEVELS`)
+    p2p_level: str = "sys"
 
 
 @dataclass(frozen=True)
@@ -94,10 +112,13 @@ class System:
         parts = []
         if self.nvlink is not None:
             t = (f"bridged x{self.nvlink.counts.get('bridge_group', 2)}"
-                 if self.nvlink.topology == "bridged" else "NVSwitch" + (" +NVLS" if self.nvls else ""))
+                 if self.nvlink.topology == "bridged" else
+                 f"full mesh of {self.gpus_per_node}" if self.nvlink.topology == "mesh" else
+                 "NVSwitch" + (" +NVLS" if self.nvls else ""))
             parts.append(f"{self.nvlink.kind} {self.nvlink.bw_gbps:g} GB/s ({t})")
         if self.pcie is not None:
-            parts.append(f"{self.pcie.kind} {self.pcie.bw_gbps:g} GB/s")
+            p2p = {"sys": "", "pxb": ", P2P within a switch only", "none": ", no P2P"}[self.pcie.p2p_level]
+            parts.append(f"{self.pcie.kind} {self.pcie.bw_gbps:g} GB/s{p2p}")
         if self.net is not None:
             parts.append(f"{self.net.kind} {self.net.counts.get('nics_per_node', 1)}x{self.net.bw_gbps:g} GB/s")
         return "; ".join(parts)
@@ -120,6 +141,10 @@ def _num(path, where, entry) -> tuple[float, str]:
 
 
 _HW_CLASS = {"nvlink": "nvlink", "pcie": "pci"}
+
+#: kinds of the direct GPU-to-GPU link class (the ``nvlink`` slot): NVIDIA NVLink, AMD
+#: Infinity Fabric (xGMI) between Instinct GPUs, which RCCL treats as NCCL treats NVLink
+GPU_LINK_KINDS = ("nvlink", "xgmi")
 
 
 def load_system_file(path: str | Path) -> System:
@@ -155,25 +180,33 @@ def load_system_file(path: str | Path) -> System:
         kind = str(ld.get("kind", ""))
         if scope == "inter_node":
             slot = "net"
-        elif kind.startswith("nvlink"):
+        elif kind.startswith(GPU_LINK_KINDS):
             slot = "nvlink"
         elif kind.startswith("pcie"):
             slot = "pcie"
         else:
-            raise InputError(f"{path}: links.{name}.kind '{kind}' is neither nvlink* nor pcie*")
+            raise InputError(f"{path}: links.{name}.kind '{kind}' is neither a GPU-to-GPU link "
+                             f"({', '.join(k + '*' for k in GPU_LINK_KINDS)}) nor pcie*")
         counts = {}
         for key in ("links_per_gpu", "switches_per_node", "nics_per_node", "gpus_per_switch",
                     "uplink_bw_unidir_gbps", "bridge_group"):
             if key in ld:
                 counts[key] = num(ld, key, f"links.{name}")
         topology = str(ld.get("topology", "switched"))
-        if topology not in ("switched", "bridged"):
-            raise InputError(f"{path}: links.{name}.topology must be 'switched' or 'bridged'")
+        if topology not in ("switched", "bridged", "mesh"):
+            raise InputError(f"{path}: links.{name}.topology must be 'switched', 'bridged' or 'mesh'")
+        if topology == "mesh":
+            # every GPU of a node linked directly to every other: one bridge group of the node
+            counts["bridge_group"] = num(sysd, "gpus_per_node", "system")
+        p2p = str(ld.get("p2p_level", "sys"))
+        if p2p not in P2P_LEVELS or (p2p != "sys" and slot != "pcie"):
+            raise InputError(f"{path}: links.{name}.p2p_level must be one of {', '.join(P2P_LEVELS)} "
+                             f"(PCIe links only), got '{p2p}'")
         classes[slot] = LinkClass(
             name=name, kind=kind, scope=scope, topology=topology,
             bw_gbps=num(ld, "bw_unidir_gbps", f"links.{name}"),
             alpha_us=num(ld, "alpha_us", f"links.{name}"),
-            hw_class=_HW_CLASS.get(slot, "net"), counts=counts)
+            hw_class=_HW_CLASS.get(slot, "net"), counts=counts, p2p_level=p2p)
         if slot == "nvlink":
             nvls = bool(ld.get("in_switch_reduction", False)) and topology == "switched"
     if classes["nvlink"] is None and classes["pcie"] is None:
@@ -182,6 +215,9 @@ def load_system_file(path: str | Path) -> System:
     for k in OPTIONAL_CALIBRATION_KEYS:
         if k in cal_doc:
             calibration[k] = num(cal_doc, k, "calibration")
+    if classes["pcie"] is not None and classes["pcie"].p2p_level != "sys" and "shm_bw_gbps" not in calibration:
+        raise InputError(f"{path}: links.{classes['pcie'].name}.p2p_level = '{classes['pcie'].p2p_level}' "
+                         "needs calibration.shm_bw_gbps (the rate of traffic staged through host memory)")
     gpn = int(num(sysd, "gpus_per_node", "system"))
     max_nodes = int(num(sysd, "max_nodes", "system", default=1.0))
     if classes["net"] is None:
