@@ -422,11 +422,40 @@ def _cdiv(a, b):
 
 
 @jit_exact
+def vector_bytes(ld, eb):
+    """Bytes one thread moves per global access of an operand whose rows start
+    ``ld`` elements apart: Triton vectorizes a load along the contiguous
+    dimension only as far as it can prove each row's start aligned, i.e. to
+    the largest power of two dividing ``ld`` (a compile-time constant in
+    PyTorch's mm template), times the element bytes, at most 16."""
+    v = ld & -ld
+    v = v * eb
+    return v if v < 16 else 16
+
+
+@jit_exact
+def sram_passes(v):
+    """Shared-memory/L1 SRAM traffic of an operand copied ``v`` bytes a thread,
+    in multiples of its bytes. A 16-byte ``cp.async.cg`` bypasses L1 and only
+    writes shared memory (1). Narrower copies are cached in L1 on the way
+    (``cp.async.ca`` for 4 and 8 bytes; ``ld.global`` into registers, then
+    ``st.shared``, below 4): the L1 fill, the read out of L1 and the shared
+    store each pass the SRAM, the last two at one 128-byte wavefront per warp
+    instruction at best, so a warp instruction of ``32 v < 128`` bytes costs a
+    whole wavefront."""
+    if v >= 16:
+        return 1.0
+    per = 128.0 / (32.0 * v) if v < 4 else 1.0
+    return 1.0 + 2.0 * per
+
+
+@jit_exact
 def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_rm, eb_tab,
                 ob_tab, tc_tab, f32_code, wgmma_ok, wgmma_min, max_regs, sm_regs, sync_frac,
                 tc_eff, wg_share, g0, g1, ksteps, tiles, smem_block, threads, regs, spill, use_wg,
                 on_tc, t_bytes, t_foot, work_iter, work_epi, rate, share_eff, useful_flops, smem_bpc,
-                f8_code, f16_code, scode, fast, lib, hopper_wg, staged_mn, pipe_stages, lo, hi):
+                f8_code, f16_code, scode, fast, lib, hopper_wg, staged_mn, pipe_stages,
+                copy_smem, lo, hi):
     """One pass over rows ``lo:hi`` (a share; :func:`lower` runs the shares on the
     thread pool): every per-row quantity of :func:`lower` (the
     docstring there); ``tc_tab[d]`` is dtype ``d``'s tensor-core rate per SM
@@ -439,7 +468,9 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
     the ring and for M/N-contiguous TF32 operands apply, and ``staged_mn[i]`` that row ``i``'s Triton release stages those
     operands through registers (before 3.3, :data:`TRITON_PIPELINED_MN32`);
     ``pipe_stages`` receives the stages the envelope pipelines (1 where a
-    staged operand serialises the loop)."""
+    staged operand serialises the loop or an operand is loaded inside the
+    iteration), ``copy_smem`` the SRAM bytes of the A and B tile copies per
+    iteration (part of ``work_iter[:, R_SMEM]``)."""
     for i in range(lo, hi):
         bmi = bm[i]
         bni = bn[i]
@@ -494,24 +525,40 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         b_mn = mn32 and b_rm[i]
         staged = staged_mn[i] and (a_mn or b_mn)
         pipe_stages[i] = 1 if staged else stages[i]
+        # Triton pipelines a load only from 32 bits a thread (cp.async moves 4,
+        # 8 or 16 bytes; AssignLatencies.cpp isSmallLoad): an operand whose rows
+        # start at a 2-byte alignment (a 16-bit operand with an odd leading
+        # dimension) is loaded into registers inside the iteration that uses it
+        va = 16
+        vb = 16
+        if not lib[i]:
+            va = vector_bytes(k[i] if a_rm[i] else m[i], eb)
+            vb = vector_bytes(n[i] if b_rm[i] else k[i], eb)
+        a_sync = va < 4
+        b_sync = vb < 4
+        if (a_sync or b_sync) and not staged:
+            pipe_stages[i] = 1
         wg_m, wg_n = _warpgroup_grid(bmi, w)
         wm, wn = _warp_grid(bmi, bni, w)
         # per-block resources; Triton's software pipeliner keeps num_stages - 1 ring
         # slots of A and B in shared memory (one stage computes from registers while
         # the others are in flight), which matches which configurations of the
         # measured A100 and H100 sets ran and which failed for lack of shared memory
-        ab_elems = bmi * bki + bki * bni
         if wg and hopper_wg and not lib[i]:
             # on the warpgroup-MMA path (sm_90) Triton's ring holds num_stages slots
             # (Triton 3.1 and 3.6, 16-bit and TF32: the compiler's shared memory to
             # within 2 KiB, and the launch outcome of every measured H100 TF32
             # configuration), and an operand staged through registers one
-            a_sl = 1 if staged and a_mn else stages[i]
-            b_sl = 1 if staged and b_mn else stages[i]
+            a_sl = 1 if (staged and a_mn) or a_sync else stages[i]
+            b_sl = 1 if (staged and b_mn) or b_sync else stages[i]
             smem_block[i] = (a_sl * bmi * bki + b_sl * bki * bni) * eb
         else:
             st = stages[i] - 1
-            smem_block[i] = (st if st > 1 else 1) * ab_elems * eb
+            if st < 1:
+                st = 1
+            # an operand loaded inside the iteration holds one buffer, not a ring
+            smem_block[i] = ((1 if a_sync else st) * bmi * bki
+                             + (1 if b_sync else st) * bki * bni) * eb
         th = w * 32
         threads[i] = th
         th1 = th if th > 1 else 1
@@ -613,7 +660,10 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
             passes = (bki + ksub - 1) // ksub
         else:
             passes = 1
-        work_iter[i, R_SMEM] = (smem_reads + ab_elems * eb) + sp * 4.0 * th * 2.0 * passes
+        # the tile copies: once through the SRAM at 16 bytes a thread, three
+        # times and in whole wavefronts when narrower (sram_passes)
+        copy_smem[i] = (sram_passes(va) * bmi * bki + sram_passes(vb) * bki * bni) * eb
+        work_iter[i, R_SMEM] = smem_reads + copy_smem[i] + sp * 4.0 * th * 2.0 * passes
         if a_mn or b_mn:
             # each element of an M/N-contiguous TF32 operand is written into the
             # K-major swizzled tile by a 4-byte store (STS before Triton 3.3, the
@@ -808,6 +858,7 @@ def lower(cols: dict, hw) -> TilePlan:
     share_eff = np.empty(rows, dtype=np.float64)
     useful_flops = np.empty(rows, dtype=np.float64)
     pipe_stages = np.empty(rows, dtype=np.int64)
+    copy_smem = np.empty(rows, dtype=np.float64)
     # the release matters only to Hopper's TF32 rows: parse it for those alone
     staged_mn = np.zeros(rows, dtype=np.bool_)
     if hw.mma == "wgmma" and "triton_version" in cols:
@@ -827,7 +878,7 @@ def lower(cols: dict, hw) -> TilePlan:
                 threads, regs, spill, use_wgmma, on_tc, t_bytes, t_foot, work_iter, work_epi, rate,
                 share_eff, useful_flops, float(hw.smem_bytes_per_clk), _DTYPE_CODE["float8"],
                 _DTYPE_CODE["float16"], scode, b8(fast), lib, hw.mma == "wgmma", b8(staged_mn),
-                pipe_stages), even_bounds(rows))
+                pipe_stages, copy_smem), even_bounds(rows))
 
     # power-limited tensor clock: tc_efficiency is the sustained share of the
     # tensor-core peak when every SM issues MMAs (the ceiling of measured GEMM
@@ -854,9 +905,7 @@ def lower(cols: dict, hw) -> TilePlan:
     # a Triton FMA-dot warp's own shared loads per iteration: the shared-memory
     # work less the stores of the A and B tiles and the spills' local traffic
     # (once an iteration on this path)
-    own_loads = (work_iter[:, R_SMEM]
-                 - (i64(cols["block_m"]) + i64(cols["block_n"])) * i64(cols["block_k"]) * 4.0
-                 - spill * 8.0 * threads)
+    own_loads = work_iter[:, R_SMEM] - copy_smem - spill * 8.0 * threads
     chain = _fma_chain(hw, on_tc | lib, spill, smem_block, regs, threads,
                        i64(cols["num_warps"]), work_iter[:, R_CUDA], rate[:, R_CUDA], own_loads)
 

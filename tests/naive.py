@@ -647,6 +647,30 @@ def mn32_store_wavefronts(width: int) -> int:
     return worst
 
 
+def operand_vector_bytes(ld: int, eb: int) -> int:
+    """Bytes a thread moves per global access of an operand whose rows start
+    ``ld`` elements apart, as Triton vectorizes it when ``ld`` is a compile-time
+    constant: the widest power-of-two run of elements at which every row start
+    is aligned, times ``eb``, at most 16 bytes."""
+    run = 1
+    while ld % (run * 2) == 0 and run * eb < 16:
+        run *= 2
+    return min(run * eb, 16)
+
+
+def operand_sram_passes(v: int) -> float:
+    """SRAM traffic (L1 and shared memory share it) of a ``v``-byte-a-thread
+    operand copy, in multiples of its bytes: 16-byte copies bypass L1 and only
+    write shared memory; narrower ones also fill L1 and are read back out of it,
+    and the read and the shared store each take a 128-byte wavefront per warp
+    instruction even when the warp moves fewer bytes (32 lanes x ``v``)."""
+    if v == 16:
+        return 1.0
+    warp_bytes = 32 * v
+    wavefront_per_byte = max(128 / warp_bytes, 1.0)
+    return 1.0 + 2.0 * wavefront_per_byte
+
+
 def gemm_lower_one(row: dict, hw) -> dict:
     """One candidate's lowered quantities, as ``lower`` documents them.
 
@@ -743,6 +767,17 @@ def gemm_lower_one(row: dict, hw) -> dict:
     release = (int(major), int(re.match(r"\d+", minor).group()))
     staged = (a_mn or b_mn) and release < (3, 3)
     pipe_stages = 1 if staged else row["num_stages"]
+    # Triton's operand loads: vectorized to the alignment of their rows' starts;
+    # under 4 bytes a thread (a 16-bit operand with an odd leading dimension)
+    # a load is not pipelined but issued inside the iteration into one buffer
+    lib = row.get("backend", "triton") == "cublas"
+    va = vb = 16
+    if not lib:
+        va = operand_vector_bytes(row["k"] if row["a_row_major"] else row["m"], eb)
+        vb = operand_vector_bytes(row["n"] if row["b_row_major"] else row["k"], eb)
+    a_sync, b_sync = va < 4, vb < 4
+    if (a_sync or b_sync) and not staged:
+        pipe_stages = 1
     flops = 2.0 * bm * bn * bk
     cuda = 0.0 if on_tc else flops
     if emul8:  # a packed fp8x2 -> f16x2 conversion per two elements read
@@ -770,12 +805,14 @@ def gemm_lower_one(row: dict, hw) -> dict:
     # driver's shared-memory carve-out leaves
     mma_kind = on_tc or row.get("backend") == "cublas"
     chain = 0.0
-    smem_block = max(row["num_stages"] - 1, 1) * (bm * bk + bk * bn) * eb
+    ring = max(row["num_stages"] - 1, 1)
+    smem_block = ((1 if a_sync else ring) * bm * bk + (1 if b_sync else ring) * bk * bn) * eb
     if wgmma and hw.mma == "wgmma" and row.get("backend", "triton") != "cublas":
         # sm_90: num_stages ring slots, one for an operand staged through registers
+        # or loaded inside the iteration
         st = row["num_stages"]
-        smem_block = ((1 if staged and a_mn else st) * bm * bk
-                      + (1 if staged and b_mn else st) * bk * bn) * eb
+        smem_block = ((1 if (staged and a_mn) or a_sync else st) * bm * bk
+                      + (1 if (staged and b_mn) or b_sync else st) * bk * bn) * eb
     if not mma_kind:
         sched_rate = hw.rate("fp32_tflops") * 1e6 / hw.sm_count * boost / hw.warp_schedulers
         chain = (flops / row["num_warps"]) / sched_rate \
@@ -803,7 +840,8 @@ def gemm_lower_one(row: dict, hw) -> dict:
         "mma_path": "wgmma" if wgmma else ("mma_sync" if on_tc else "fma"),
         "tensor_core": flops if on_tc else 0.0, "cuda_core": cuda,
         "l2_iter": a_fetch + b_fetch,
-        "smem": smem_reads + (bm * bk + bk * bn) * eb + mn32
+        "smem": smem_reads + (bm * bk * operand_sram_passes(va)
+                              + bk * bn * operand_sram_passes(vb)) * eb + mn32
         + spill * 8.0 * threads * (math.ceil(bk / (32 // eb if on_tc else 1)) if mma_kind else 1),
         "chain_us": chain,
         "t_bytes": (a_fetch, b_fetch, c_bytes),

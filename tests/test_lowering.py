@@ -294,3 +294,27 @@ def test_tf32_shared_memory_and_launches_match_the_compiler(table):
     staged = gemm.triton_release(both_mn["triton"].to_numpy()) < gemm.TRITON_PIPELINED_MN32
     assert both_mn.height > 0
     assert np.array_equal(both_mn["loop_ldgsts"].to_numpy() == 0, staged)
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 1 << 20), st.sampled_from([1, 2, 4]))
+def test_operand_vector_bytes_matches_twin(ld, eb):
+    """Triton's vector width of an operand load (the largest power of two
+    dividing the leading dimension, times the element size, at most 16 B) and
+    the SRAM passes it costs, kernel against the plain-Python twin."""
+    v = gemm.vector_bytes(ld, eb)
+    assert v == naive.operand_vector_bytes(ld, eb)
+    assert gemm.sram_passes(v) == naive.operand_sram_passes(v)
+
+
+def test_operand_vector_bytes_by_hand():
+    # fp16: 4096 elements -> 16 B; an odd leading dimension -> one element (2 B),
+    # which Triton loads into registers inside the iteration (not pipelined)
+    assert gemm.vector_bytes(4096, 2) == 16
+    assert gemm.vector_bytes(43, 2) == 2
+    assert gemm.vector_bytes(6, 2) == 4
+    assert gemm.vector_bytes(7491, 4) == 4
+    # 16 B copies bypass L1: one pass; 2 B copies fill L1, are read back and
+    # stored, the last two at a whole 128 B wavefront per 64 B warp access
+    assert gemm.sram_passes(16) == 1.0
+    assert gemm.sram_passes(2) == 1.0 + 2.0 * 2.0
+    assert gemm.sram_passes(4) == 3.0
