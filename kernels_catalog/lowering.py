@@ -372,7 +372,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         lat_us=np.full(n, hw.cal("mem_latency_us")),
         ovh_iter_us=np.full(n, hw.cal("iter_overhead_cycles") * cyc),
         ovh_tile_us=np.full(n, hw.cal("tile_overhead_cycles") * cyc),
-        launch_us=hw.launch_us * launches,
+        launch_us=hw.program_launch_us * launches,
         persistent=(order == ORDER_PERSISTENT).astype(np.int64),
         useful_flops=np.asarray(useful, dtype=np.float64),
         share_eff=np.where(wg, hw.cal("wgmma_share_efficiency"), 1.0),

@@ -479,3 +479,26 @@ def test_gemm_lowering_agrees_with_its_tile_program(rows):
     np.testing.assert_allclose(own.work_iter[:, 0], gen.work_iter[:, 0], rtol=1e-12)  # TC
     np.testing.assert_allclose(own.useful_flops, gen.useful_flops, rtol=1e-12)
     assert gemm.FAMILY.program is gemm.PROGRAM and gemm.PROGRAM.orders().shape[0] == 2
+
+
+def test_launch_overhead_split_per_family():
+    """GEMM rows take the GPU's launch_overhead_us, rows of the tile-program
+    families its program_launch_overhead_us (each set by its own family's
+    measured floor; A100: 6.1 and 5.1 us), and a GPU that sets no program
+    value gives both the same."""
+    from tsbatch.hw import get_hw
+
+    gemm_row = pl.DataFrame({"m": [4096], "n": [4096], "k": [4096], "dtype": ["float16"],
+                             "block_m": [128], "block_n": [128], "block_k": [32],
+                             "num_stages": [3], "num_warps": [4]})
+    for gpu in ("a100", "h100"):
+        hw = get_hw(gpu)
+        g = evaluate(gemm_row, gpu)["t_launch_us"][0]
+        a = evaluate(_attn_row(), gpu, "attention")["t_launch_us"][0]
+        assert g == pytest.approx(hw.launch_us)
+        assert a == pytest.approx(hw.program_launch_us)
+    a100 = get_hw("a100")
+    assert a100.launch_us == pytest.approx(6.1) and a100.program_launch_us == pytest.approx(5.1)
+    h100 = get_hw("h100")
+    assert "program_launch_overhead_us" not in h100.calibration
+    assert h100.program_launch_us == h100.launch_us

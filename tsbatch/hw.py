@@ -67,6 +67,13 @@ CALIBRATION_DEFAULTS: dict[str, tuple[float, str]] = {
         "fixed per-kernel time not covered by the tile pipeline (launch, grid "
         "setup, teardown); overrides [launch] when set",
     ),
+    "program_launch_overhead_us": (
+        0.0,
+        "launch_overhead_us of the families lowered from tile programs "
+        "(attention, decoding, MLA, norms, MoE, user TOML programs) where their "
+        "own measured floor sets it apart from the GEMM's; unset: "
+        "launch_overhead_us",
+    ),
     "iter_overhead_cycles": (
         0.0,
         "fixed SM cycles per reduction-loop iteration of one tile (barrier, "
@@ -252,6 +259,16 @@ class HwSpec:
         if "launch_overhead_us" in self.calibration:
             return float(self.calibration["launch_overhead_us"])
         return float(self.launch_overhead_us)
+
+    @property
+    def program_launch_us(self) -> float:
+        """Launch overhead of the families lowered from tile programs:
+        ``program_launch_overhead_us`` where the GPU file sets it, else
+        :attr:`launch_us` (DESIGN.md, "Calibration": a constant that two
+        families' data set to different floors is split per family)."""
+        if "program_launch_overhead_us" in self.calibration:
+            return float(self.calibration["program_launch_overhead_us"])
+        return self.launch_us
 
     @property
     def has_l15(self) -> bool:
