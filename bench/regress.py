@@ -3,7 +3,8 @@
     python bench/regress.py REF [--quick] [--json OUT.json] [--no-fail]
                             [--tol-mape 0.3] [--tol-bias 0.02] [--tol-spearman 0.005]
                             [--tol-top5 0.3] [--speed-ratio 0.95] [--min-problems 3]
-                            [--skip-speed | --skip-accuracy] [--cold] [--workdir DIR]
+                            [--skip-speed | --skip-accuracy] [--no-cold] [--workdir DIR]
+                            [--keep-predictions DIR]
 
 Run it before every model or speed commit against main's last landing
 (``python bench/regress.py main``) and paste its summary block into the
@@ -40,13 +41,15 @@ alternating, each a new process, one untimed warm-up each:
 ``tsbatch evaluate`` of the 2,000,000-row LLM sweep
 (``../shared/tools/mk_llm_sweep.py``, made once into WORKDIR) ``--hw h100``,
 Parquet to Parquet, whole process; the same with ``--top 5%``; the start of
-a new process evaluating 1,000 rows (numba kernels cached; ``--cold`` adds the
-start with an empty numba cache, which compiles every kernel: minutes);
+a new process evaluating 1,000 rows (numba kernels cached), and the same with
+an empty numba cache (every kernel it uses compiles: minutes; once per version,
+off with ``--no-cold`` and in ``--quick``);
 ``prune`` latency (bench/prune_latency.py's workloads and configurations,
 sum of the per-workload medians); attention rows/s (the FlexAttention file
 through ``evaluate``; n/a where the reference has no attention family).
 
-``--quick``: a 300,000-row sweep, two timed repeats instead of three, 300
+``--quick``: a 300,000-row sweep (every shape of the sweep once), one timed
+repeat instead of two, 300
 problems per measured file, and no cold start (a few minutes on 2 cores);
 its accuracy figures are of the sample, so compare them only with other
 ``--quick`` runs.
@@ -278,6 +281,7 @@ def alternate(versions: dict[str, Path], make_cmd, repeats: int, warmup: int, lo
     then ``repeats`` timed, alternating (the order flips every round)."""
     times: dict[str, list[float]] = {t: [] for t in versions}
     failed: dict[str, str] = {}
+    last: dict[str, float] = {}
     tags = list(versions)
     for i in range(warmup + repeats):
         order = tags if i % 2 == 0 else tags[::-1]
@@ -293,9 +297,10 @@ def alternate(versions: dict[str, Path], make_cmd, repeats: int, warmup: int, lo
                 continue
             if i >= warmup:
                 times[tag].append(dt)
-        log(f"  {name} round {i + 1}/{warmup + repeats}"
-            + ("" if i >= warmup else " (warm-up)") + ": "
-            + ", ".join(f"{t} {times[t][-1]:.2f} s" for t in tags if t not in failed and i >= warmup and times[t]))
+            if tag not in failed:
+                last[tag] = dt
+        log(f"  {name} round {i + 1}/{warmup + repeats}" + ("" if i >= warmup else " (warm-up, untimed)")
+            + ": " + ", ".join(f"{t} {last[t]:.2f} s" for t in tags if t in last and t not in failed))
     return {t: (failed[t] if t in failed else times[t]) for t in tags}
 
 
@@ -316,19 +321,21 @@ def speed_phase(versions: dict[str, Path], args, tmp: Path, workdir: Path, log) 
         return [PY, "-m", "tsbatch.cli", "evaluate", str(sweep), "--hw", "h100",
                 "-o", str(tmp / f"sweep_out_{tag}.parquet"), "-q", *extra]
 
-    def record(name: str, res: dict, what: str, unit: str = "s") -> None:
+    def record(name: str, res: dict, what: str, unit: str = "s", higher_better: bool = False) -> None:
         ref, new = res["ref"], res["new"]
         r_med = statistics.median(ref) if isinstance(ref, list) and ref else None
         n_med = statistics.median(new) if isinstance(new, list) and new else None
-        ratio = r_med / n_med if r_med and n_med else None
+        ratio = None
+        if r_med and n_med:
+            ratio = n_med / r_med if higher_better else r_med / n_med
         figures.append({"name": name, "what": what, "unit": unit, "ref": r_med, "new": n_med,
                         "ref_runs": ref, "new_runs": new, "ratio": ratio})
 
     log(f"speed: sweep {sweep.name} ({rows:,} rows), {reps} timed repeats after 1 warm-up, alternating")
-    record(f"full model, evaluate {rows / 1e6:g}M rows (s)",
+    record(f"full model, evaluate {rows / 1e6:g}M-row sweep",
            alternate(versions, lambda t: cli(t), reps, warm, log, "evaluate"),
            "whole-process seconds of tsbatch evaluate SWEEP --hw h100 -o OUT.parquet")
-    record(f"top-5 %, evaluate --top 5% {rows / 1e6:g}M rows (s)",
+    record(f"top-5 %, evaluate --top 5% of the same sweep",
            alternate(versions, lambda t: cli(t, "--top", "5%"), reps, warm, log, "top 5%"),
            "whole-process seconds of tsbatch evaluate SWEEP --hw h100 --top 5% -o OUT.parquet")
 
@@ -338,7 +345,7 @@ def speed_phase(versions: dict[str, Path], args, tmp: Path, workdir: Path, log) 
     build_candidates(1000).write_parquet(small)
     start_cmd = lambda t: [PY, "-m", "tsbatch.cli", "evaluate", str(small), "--hw", "h100",  # noqa: E731
                            "-o", str(tmp / f"start_out_{t}.parquet"), "-q"]
-    record("start, new process evaluating 1,000 rows, kernels cached (s)",
+    record("start, new process evaluating 1,000 rows, kernels cached",
            alternate(versions, start_cmd, max(reps, 3), warm, log, "start"),
            "whole-process seconds, numba cache warm")
     if args.cold:
@@ -346,7 +353,7 @@ def speed_phase(versions: dict[str, Path], args, tmp: Path, workdir: Path, log) 
             d = tmp / f"numba_cold_{tag}_{i}"
             d.mkdir(exist_ok=True)
             return {"NUMBA_CACHE_DIR": str(d)}
-        record("cold start, empty numba cache, 1,000 rows (s)",
+        record("cold start, empty numba cache, 1,000 rows",
                alternate(versions, start_cmd, 1, 0, log, "cold start", extra_env=cold_env),
                "whole-process seconds, every kernel compiled")
 
@@ -382,17 +389,13 @@ def speed_phase(versions: dict[str, Path], args, tmp: Path, workdir: Path, log) 
         errs = [a.get(key, {}).get("error") or a.get("error") for a in api[tag]]
         return next((e for e in errs if e), "not measured")
 
-    record("prune latency, 4 workloads x 1,000 configs, sum of medians (s)",
-           {t: api_values(t, "prune_s") for t in versions},
-           "bench/prune_latency.py's workloads, warm prune() calls")
-    at = {t: api_values(t, "attention_rows_per_s") for t in versions}
-    # rows/s: higher is better, so the ratio is new / ref (record divides ref by new)
-    inv = {t: ([1.0 / v for v in vals] if isinstance(vals, list) else vals) for t, vals in at.items()}
-    record("attention, FlexAttention rows through evaluate (s per row)", inv,
-           "warm evaluate(family='attention') on the A100 FlexAttention file")
-    f = figures[-1]
-    f["ref_rows_per_s"] = 1.0 / f["ref"] if f["ref"] else None
-    f["new_rows_per_s"] = 1.0 / f["new"] if f["new"] else None
+    record("prune latency, 4 workloads x 1,000 configs, sum of medians",
+           {t: ([v * 1e3 for v in vals] if isinstance(vals, list) else vals)
+            for t, vals in ((t, api_values(t, "prune_s")) for t in versions)},
+           "bench/prune_latency.py's workloads, warm prune() calls", unit="ms")
+    record("attention, FlexAttention rows through evaluate", {t: api_values(t, "attention_rows_per_s") for t in versions},
+           "warm evaluate(family='attention') on the A100 FlexAttention file (aggregated rows)",
+           unit="rows/s", higher_better=True)
     return figures
 
 
@@ -406,16 +409,15 @@ def _fmt_s(v) -> str:
 
 
 def format_speed(figures: list[dict], tol: Tolerance) -> str:
-    lines = ["speed: medians of the timed runs (this run, same machine); ratio = ref / working"
-             " (above 1: the working tree is faster)"]
+    lines = ["speed: medians of the timed runs (this run, same machine); ratio = ref time / working time "
+             "(rows/s: working / ref); above 1: the working tree is faster"]
     for f in figures:
         v = judge_speed(f["ratio"], tol)
         mark = {"worse": "  !!", "better": "  +"}.get(v, "")
-        if f.get("new_rows_per_s"):
-            vals = (f"ref {f['ref_rows_per_s']:,.0f} rows/s" if f.get("ref_rows_per_s") else "ref n/a") + \
-                   f", working {f['new_rows_per_s']:,.0f} rows/s"
-        else:
-            vals = f"ref {_fmt_s(f['ref'])}, working {_fmt_s(f['new'])}"
+        u = f["unit"]
+        fmt = (lambda x: f"{x:,.0f} {u}") if u == "rows/s" else (lambda x: f"{_fmt_s(x)} {u}")
+        vals = ", ".join(f"{lab} {'n/a' if f[k] is None else fmt(f[k])}"
+                         for lab, k in (("ref", "ref"), ("working", "new")))
         note = ""
         for side in ("ref", "new"):
             if isinstance(f[f"{side}_runs"], str):
@@ -447,14 +449,17 @@ def main(argv=None) -> int:
     skip = ap.add_mutually_exclusive_group()
     skip.add_argument("--skip-speed", action="store_true", help="accuracy only")
     skip.add_argument("--skip-accuracy", action="store_true", help="speed only")
-    ap.add_argument("--cold", action="store_true",
-                    help="also time a start with an empty numba cache (compiles everything: minutes)")
+    ap.add_argument("--cold", action=argparse.BooleanOptionalAction, default=None,
+                    help="time a start with an empty numba cache too (compiles every kernel it uses: "
+                         "minutes; default on, off with --quick)")
     ap.add_argument("--rows", type=int, help="sweep rows (default 2,000,000; --quick 300,000)")
-    ap.add_argument("--repeats", type=int, help="timed repeats of each speed figure (default 3; --quick 2)")
+    ap.add_argument("--repeats", type=int, help="timed repeats of each speed figure after its warm-up (default 2; --quick 1)")
     ap.add_argument("--sample-problems", type=int,
                     help="problems per measured file (default all; --quick 300)")
     ap.add_argument("--files", nargs="+", type=Path, metavar="MEASURED",
                     help="these measured files instead of the default set")
+    ap.add_argument("--keep-predictions", type=Path, metavar="DIR",
+                    help="write each version's scored rows (scored_ref.parquet, scored_new.parquet)")
     ap.add_argument("--repo", type=Path, default=ROOT,
                     help="git repository REF is read from (default: this checkout)")
     ap.add_argument("--workdir", type=Path,
@@ -462,7 +467,9 @@ def main(argv=None) -> int:
                     help="where the reference tree and the sweep are kept (default %(default)s)")
     args = ap.parse_args(argv)
     args.rows = args.rows or (300_000 if args.quick else 2_000_000)
-    args.repeats = args.repeats or (2 if args.quick else 3)
+    args.repeats = args.repeats or (1 if args.quick else 2)
+    if args.cold is None:
+        args.cold = not args.quick
     if args.sample_problems is None and args.quick:
         args.sample_problems = 300
     args.attention_problems = 300 if args.quick else None
@@ -509,6 +516,11 @@ def _main(args, tol: Tolerance) -> int:
                     if r.get("status") != "ok":
                         log(f"  {tag}: {j['file']} on {j['hw']}: n/a ({r.get('status')}: {r.get('error')})")
             scored = {tag: scored_frame(inputs, jobs, res[tag]) for tag in versions}
+            if args.keep_predictions:
+                args.keep_predictions.mkdir(parents=True, exist_ok=True)
+                for tag, sc in scored.items():
+                    if sc.height:
+                        sc.write_parquet(args.keep_predictions / f"scored_{tag}.parquet")
             figs = {tag: (accuracy_figures(s, GROUP) if s.height else None) for tag, s in scored.items()}
             if figs["new"] is None:
                 raise InputError("the working tree predicted none of the measured files")
