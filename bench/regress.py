@@ -1,0 +1,576 @@
+"""Regression guard: a reference commit against the working tree, accuracy and speed, side by side.
+
+    python bench/regress.py REF [--quick] [--json OUT.json] [--no-fail]
+                            [--tol-mape 0.3] [--tol-bias 0.02] [--tol-spearman 0.005]
+                            [--tol-top5 0.3] [--speed-ratio 0.95] [--min-problems 3]
+                            [--skip-speed | --skip-accuracy] [--no-cold] [--workdir DIR]
+                            [--keep-predictions DIR]
+
+Run it before every model or speed commit against main's last landing
+(``python bench/regress.py main``) and paste its summary block into the
+commit message (issue 35).
+
+Install. ``git archive REF`` is unpacked into ``WORKDIR/trees/<sha>``
+(default ``$TSBATCH_REGRESS_DIR`` or ``/tmp/tsbatch-regress``; kept, so its
+numba cache survives to the next run) and imported with ``PYTHONPATH`` in
+subprocesses; nothing is installed into any environment. The working tree is
+imported the same way from this checkout (uncommitted changes included).
+
+Accuracy. Every measured file (``../shared/data`` or ``$TSBATCH_SHARED_DATA``:
+``gemm/*``, ``attention/*``, ``collectives/*``; and this tree's
+``bench/measured/h200-*/gemm.parquet`` and ``.../more/gemm.parquet``) is read,
+validated and median-aggregated once, by the working tree's
+:func:`tsbatch.accuracy.load_measured` (so both versions get the very same
+input rows and columns); each version predicts them in a subprocess
+(``bench/regress_worker.py predict``) with its own ``tsbatch accuracy``
+predictor; the working tree's :mod:`tsbatch.metrics` and
+:mod:`tsbatch.regress_metrics` score both. Per file x GPU x dtype x backend,
+whole and per time bucket (the problem's best measured time: < 20 us,
+20-100 us, 0.1-1 ms, > 1 ms) and per operand layout: MAPE, median
+measured/predicted, Spearman, top-5 % retention. A family, GPU or dtype a
+version cannot predict is n/a for that version, never an error.
+
+Cross-validated figures: bench/cross_validate.py's held-out half (its
+``split``, seed 0: per GPU x file x dtype, half the problems), with each
+version's shipped constants, whole and m*n*k <= 2e10 (``SMALL_MNK``), per
+GPU x dtype x backend x file. The fitted-constants column of a full
+cross-validation (a grid search of 10+ minutes per version) is not run.
+
+Speed, ratios reference / working tree measured in this run, the two
+alternating, each a new process, one untimed warm-up each:
+``tsbatch evaluate`` of the 2,000,000-row LLM sweep
+(``../shared/tools/mk_llm_sweep.py``, made once into WORKDIR) ``--hw h100``,
+Parquet to Parquet, whole process; the same with ``--top 5%``; the start of
+a new process evaluating 1,000 rows (numba kernels cached), and the same with
+an empty numba cache (every kernel it uses compiles: minutes; once per version,
+off with ``--no-cold`` and in ``--quick``);
+``prune`` latency (bench/prune_latency.py's workloads and configurations,
+sum of the per-workload medians); attention rows/s (the FlexAttention file
+through ``evaluate``; n/a where the reference has no attention family).
+
+``--quick``: a 300,000-row sweep (every shape of the sweep once), one timed
+repeat instead of two, 300
+problems per measured file, and no cold start (a few minutes on 2 cores);
+its accuracy figures are of the sample, so compare them only with other
+``--quick`` runs.
+
+Every figure that moved the wrong way by more than its tolerance is marked
+``!!`` (``+``: better by more than the tolerance; ``~``: fewer than
+``--min-problems`` problems, shown but not judged). The run ends with the
+summary block and exits 1 when anything regressed (``--no-fail``: 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))  # the working tree's tsbatch, whatever the caller's PYTHONPATH
+
+import polars as pl  # noqa: E402
+
+from tsbatch.accuracy import FAMILIES, _dtype_label, load_measured  # noqa: E402
+from tsbatch.errors import InputError  # noqa: E402
+from tsbatch.regress_metrics import (  # noqa: E402
+    Tolerance, accuracy_figures, add_slices, compare_figures, format_comparison, judge_speed,
+    judged_rows, summary_lines,
+)
+
+GROUP = ("file", "gpu", "dtype", "backend")
+CV_GROUP = ("file", "gpu", "dtype", "backend")
+SWEEP_TOOL_REL = Path("tools") / "mk_llm_sweep.py"
+PY = sys.executable
+
+
+# ----------------------------------------------------------------------
+# versions
+# ----------------------------------------------------------------------
+def _git(*args: str, cwd: Path = ROOT) -> str:
+    r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise InputError(f"git {' '.join(args)}: {r.stderr.strip() or 'failed'}")
+    return r.stdout.strip()
+
+
+def resolve_ref(ref: str, repo: Path = ROOT) -> str:
+    """The full commit id of ``ref`` (one clear error when it names none)."""
+    try:
+        return _git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", cwd=repo)
+    except InputError:
+        raise InputError(f"REF {ref!r}: not a commit of {repo}") from None
+
+
+def install_ref(sha: str, workdir: Path, repo: Path = ROOT) -> Path:
+    """``git archive`` of ``sha`` (of ``repo``) unpacked into ``workdir/trees/sha``
+    (reused when a previous run completed it)."""
+    dest = workdir / "trees" / sha
+    done = dest / ".regress-complete"
+    if done.exists():
+        return dest
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    archive = subprocess.Popen(["git", "archive", sha], cwd=repo, stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=True)
+    if archive.wait() != 0:
+        raise InputError(f"git archive {sha} failed")
+    done.write_text(sha + "\n")
+    return dest
+
+
+def working_label() -> str:
+    head = _git("rev-parse", "--short", "HEAD")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return f"{head}{'+dirty' if dirty else ''}"
+
+
+def version_env(root: Path, extra: dict | None = None) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_WAIT_POLICY="passive")
+    env.pop("NUMBA_CACHE_DIR", None)  # each tree keeps its kernels in its own __pycache__
+    env.update(extra or {})
+    return env
+
+
+# ----------------------------------------------------------------------
+# measured data
+# ----------------------------------------------------------------------
+def data_root() -> Path:
+    return Path(os.environ.get("TSBATCH_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def measured_files(root: Path) -> list[tuple[str, Path]]:
+    """(label, path) of every measured file, in report order."""
+    out = []
+    for sub in ("gemm", "attention", "collectives"):
+        out += [(f"{sub}/{p.name}", p) for p in sorted((root / sub).glob("*.parquet"))]
+    for pattern in ("bench/measured/h200-*/gemm.parquet", "bench/measured/h200-*/more/gemm.parquet"):
+        out += [(str(p.relative_to(ROOT)), p) for p in sorted(ROOT.glob(pattern))]
+    return out
+
+
+def load_inputs(files: list[tuple[str, Path]], sample_problems: int | None) -> pl.DataFrame:
+    """Every file through the working tree's ``load_measured``: one frame with ``file``,
+    ``_family``, ``_hw``, unique ``_problem``/``_unit`` ids, the input columns and ``measured_us``."""
+    fams = tuple(s.name for s in FAMILIES)
+    parts, p0, u0 = [], 0, 0
+    for label, path in files:
+        loaded = load_measured([path], families=fams, sample_problems=sample_problems)
+        for fam, frames in loaded.frames.items():
+            for fr in frames:
+                fr = fr.with_columns(pl.col("_problem") + p0, pl.col("_unit") + u0,
+                                     pl.lit(label).alias("file"), pl.lit(fam).alias("_family"))
+                p0, u0 = int(fr["_problem"].max()) + 1, int(fr["_unit"].max()) + 1
+                parts.append(fr)
+    if not parts:
+        raise InputError("no measured rows in " + ", ".join(str(p) for _, p in files))
+    return pl.concat(parts, how="diagonal_relaxed")
+
+
+def write_jobs(inputs: pl.DataFrame, tmp: Path) -> list[dict]:
+    """One prediction job per (file, GPU): its input columns as Parquet."""
+    spec = {s.name: s for s in FAMILIES}
+    jobs = []
+    for i, ((label, fam, hw), part) in enumerate(
+            inputs.group_by(["file", "_family", "_hw"], maintain_order=True)):
+        cols = list(spec[fam].input_cols)
+        src = tmp / f"in_{i}.parquet"
+        part.select(cols).write_parquet(src)
+        jobs.append({"file": label, "family": fam, "hw": hw, "input": str(src), "index": i})
+    return jobs
+
+
+def predict(root: Path, jobs: list[dict], tmp: Path, tag: str, log) -> list[dict]:
+    """Run the worker under ``root``'s tsbatch; per job its status and output path."""
+    spec = [{"family": j["family"], "hw": j["hw"], "input": j["input"],
+             "output": str(tmp / f"out_{tag}_{j['index']}.parquet")} for j in jobs]
+    jp, rp = tmp / f"jobs_{tag}.json", tmp / f"result_{tag}.json"
+    jp.write_text(json.dumps(spec))
+    t0 = time.perf_counter()
+    r = subprocess.run([PY, str(BENCH / "regress_worker.py"), "predict", str(jp), str(rp)],
+                       cwd=root, env=version_env(root), capture_output=True, text=True)
+    if r.returncode != 0 or not rp.exists():
+        log(f"  {tag}: worker failed (status {r.returncode}): {r.stderr.strip()[-2000:]}")
+        return [{**s, "status": "error", "error": "worker failed"} for s in spec]
+    res = json.loads(rp.read_text())
+    log(f"  {tag}: predicted {len(jobs)} file x GPU sets in {time.perf_counter() - t0:.0f} s")
+    return [{**s, **x} for s, x in zip(spec, res)]
+
+
+def scored_frame(inputs: pl.DataFrame, jobs: list[dict], results: list[dict]) -> pl.DataFrame:
+    """The rows a version predicted, labelled as ``tsbatch accuracy`` labels them
+    (``gpu``, ``family``, ``dtype`` with tf32 and collective regimes, ``backend``)."""
+    spec = {s.name: s for s in FAMILIES}
+    parts = []
+    for (key, part), job, res in zip(inputs.group_by(["file", "_family", "_hw"], maintain_order=True),
+                                     jobs, results):
+        assert key == (job["file"], job["family"], job["hw"])
+        if res.get("status") != "ok":
+            continue
+        pred = pl.read_parquet(res["output"])
+        s = spec[job["family"]]
+        backend = pl.col(s.backend).cast(pl.String) if s.backend else pl.lit(s.name)
+        part = part.with_columns(pred["latency_us"].alias("predicted_us"), pred["feasible"].alias("feasible"))
+        part = part.with_columns(pl.col("_hw").alias("gpu"), pl.lit(s.name).alias("family"),
+                                 _dtype_label(s).alias("_dl"), backend.alias("_bl"))
+        part = part.drop([c for c in ("dtype", "backend") if c in part.columns]).rename(
+            {"_dl": "dtype", "_bl": "backend"})
+        parts.append(part)
+    if not parts:
+        return pl.DataFrame()
+    return add_slices(pl.concat(parts, how="diagonal_relaxed"))
+
+
+def cv_figures(scored: pl.DataFrame, held: pl.DataFrame) -> pl.DataFrame:
+    """bench/cross_validate.py's held-out half, whole and m*n*k <= SMALL_MNK."""
+    from cross_validate import SMALL_MNK  # noqa: E402  (bench/ is on sys.path)
+
+    if scored.height == 0:
+        return pl.DataFrame()
+    sc = scored.join(held, on="_problem", how="inner")
+    small = sc.filter(pl.col("m").cast(pl.Float64) * pl.col("n") * pl.col("k") <= SMALL_MNK)
+    parts = []
+    for name, frame in (("held-out", sc), ("held-out mnk<=2e10", small)):
+        if frame.height:
+            f = accuracy_figures(frame, CV_GROUP, kinds=("all",))
+            parts.append(f.with_columns(pl.lit(name).alias("slice"), pl.lit("all").alias("slice_kind")))
+    return pl.concat(parts) if parts else pl.DataFrame()
+
+
+def held_out_problems(inputs: pl.DataFrame) -> pl.DataFrame:
+    """Problems of the held-out half of bench/cross_validate.py (seed 0), GEMM files of gemm/."""
+    from cross_validate import split  # noqa: E402
+
+    g = inputs.filter(pl.col("file").str.starts_with("gemm/") & (pl.col("_family") == "gemm"))
+    if g.height == 0:
+        return pl.DataFrame(schema={"_problem": pl.Int64})
+    from tsbatch.accuracy import GEMM
+
+    g = g.with_columns(pl.col("file").str.split("/").list.last().str.replace(r"\.parquet$", "").alias("set"),
+                       _dtype_label(GEMM).alias("label"))
+    halves = split(g, 0, 100)
+    return halves.filter(pl.col("half") == "held").select(pl.col("_problem").cast(pl.Int64))
+
+
+# ----------------------------------------------------------------------
+# speed
+# ----------------------------------------------------------------------
+def _run_timed(cmd: list[str], root: Path, extra_env: dict | None = None) -> float:
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, cwd=root, env=version_env(root, extra_env), capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:6])}...: status {r.returncode}: {r.stderr.strip()[-500:]}")
+    return dt
+
+
+def alternate(versions: dict[str, Path], make_cmd, repeats: int, warmup: int, log, name: str,
+              extra_env=None) -> dict[str, list[float] | str]:
+    """Whole-process seconds of ``make_cmd(tag)`` per version: ``warmup`` untimed runs each,
+    then ``repeats`` timed, alternating (the order flips every round)."""
+    times: dict[str, list[float]] = {t: [] for t in versions}
+    failed: dict[str, str] = {}
+    last: dict[str, float] = {}
+    tags = list(versions)
+    for i in range(warmup + repeats):
+        order = tags if i % 2 == 0 else tags[::-1]
+        for tag in order:
+            if tag in failed:
+                continue
+            env = extra_env(tag, i) if callable(extra_env) else extra_env
+            try:
+                dt = _run_timed(make_cmd(tag), versions[tag], env)
+            except RuntimeError as exc:
+                failed[tag] = str(exc)
+                log(f"  {name} [{tag}] failed: {exc}")
+                continue
+            if i >= warmup:
+                times[tag].append(dt)
+            if tag not in failed:
+                last[tag] = dt
+        log(f"  {name} round {i + 1}/{warmup + repeats}" + ("" if i >= warmup else " (warm-up, untimed)")
+            + ": " + ", ".join(f"{t} {last[t]:.2f} s" for t in tags if t in last and t not in failed))
+    return {t: (failed[t] if t in failed else times[t]) for t in tags}
+
+
+def speed_phase(versions: dict[str, Path], args, tmp: Path, workdir: Path, log) -> list[dict]:
+    rows = args.rows
+    sweep = workdir / f"sweep_{rows}.parquet"
+    tool = data_root().parent / SWEEP_TOOL_REL
+    if not sweep.exists():
+        if not tool.exists():
+            raise InputError(f"{tool}: the sweep generator is missing")
+        part = sweep.with_suffix(".tmp.parquet")
+        subprocess.run([PY, str(tool), str(part), str(rows)], check=True, capture_output=True)
+        part.rename(sweep)
+    reps, warm = args.repeats, 1
+    figures: list[dict] = []
+
+    def cli(tag: str, *extra: str) -> list[str]:
+        return [PY, "-m", "tsbatch.cli", "evaluate", str(sweep), "--hw", "h100",
+                "-o", str(tmp / f"sweep_out_{tag}.parquet"), "-q", *extra]
+
+    def record(name: str, res: dict, what: str, unit: str = "s", higher_better: bool = False) -> None:
+        ref, new = res["ref"], res["new"]
+        r_med = statistics.median(ref) if isinstance(ref, list) and ref else None
+        n_med = statistics.median(new) if isinstance(new, list) and new else None
+        ratio = None
+        if r_med and n_med:
+            ratio = n_med / r_med if higher_better else r_med / n_med
+        figures.append({"name": name, "what": what, "unit": unit, "ref": r_med, "new": n_med,
+                        "ref_runs": ref, "new_runs": new, "ratio": ratio})
+
+    log(f"speed: sweep {sweep.name} ({rows:,} rows), {reps} timed repeats after 1 warm-up, alternating")
+    record(f"full model, evaluate {rows / 1e6:g}M-row sweep",
+           alternate(versions, lambda t: cli(t), reps, warm, log, "evaluate"),
+           "whole-process seconds of tsbatch evaluate SWEEP --hw h100 -o OUT.parquet")
+    record(f"top-5 %, evaluate --top 5% of the same sweep",
+           alternate(versions, lambda t: cli(t, "--top", "5%"), reps, warm, log, "top 5%"),
+           "whole-process seconds of tsbatch evaluate SWEEP --hw h100 --top 5% -o OUT.parquet")
+
+    from throughput import build_candidates  # noqa: E402  (bench/)
+
+    small = tmp / "start_1000.parquet"
+    build_candidates(1000).write_parquet(small)
+    start_cmd = lambda t: [PY, "-m", "tsbatch.cli", "evaluate", str(small), "--hw", "h100",  # noqa: E731
+                           "-o", str(tmp / f"start_out_{t}.parquet"), "-q"]
+    record("start, new process evaluating 1,000 rows, kernels cached",
+           alternate(versions, start_cmd, max(reps, 3), warm, log, "start"),
+           "whole-process seconds, numba cache warm")
+    if args.cold:
+        def cold_env(tag: str, i: int) -> dict:
+            d = tmp / f"numba_cold_{tag}_{i}"
+            d.mkdir(exist_ok=True)
+            return {"NUMBA_CACHE_DIR": str(d)}
+        record("cold start, empty numba cache, 1,000 rows",
+               alternate(versions, start_cmd, 1, 0, log, "cold start", extra_env=cold_env),
+               "whole-process seconds, every kernel compiled")
+
+    # prune latency and attention rows/s: warm Python API timings, one process per round
+    att = tmp / "attention_rows.parquet"
+    spec = {"hw": "h100", "attention_hw": "a100", "prune_reps": 10 if args.quick else 20,
+            "attention_reps": 2 if args.quick else 3}
+    try:
+        from tsbatch.accuracy import ATTENTION
+
+        d = load_measured(sorted((data_root() / "attention").glob("*.parquet")), families=("attention",),
+                          sample_problems=args.attention_problems)
+        if d.frames.get("attention"):
+            pl.concat(d.frames["attention"]).select(ATTENTION.input_cols).write_parquet(att)
+            spec["attention_input"] = str(att)
+    except InputError as exc:
+        log(f"  attention rows: {exc}")
+    api: dict[str, list[dict]] = {t: [] for t in versions}
+    for i in range(reps):
+        for tag in (list(versions) if i % 2 == 0 else list(versions)[::-1]):
+            sp, rp = tmp / f"api_{tag}_{i}.json", tmp / f"api_res_{tag}_{i}.json"
+            sp.write_text(json.dumps(spec))
+            r = subprocess.run([PY, str(BENCH / "regress_worker.py"), "time-api", str(sp), str(rp)],
+                               cwd=versions[tag], env=version_env(versions[tag]), capture_output=True, text=True)
+            api[tag].append(json.loads(rp.read_text()) if rp.exists() else
+                            {"error": r.stderr.strip()[-500:]})
+        log(f"  prune/attention round {i + 1}/{reps}")
+
+    def api_values(tag: str, key: str):
+        vals = [a[key]["value"] for a in api[tag] if a.get(key, {}).get("status") == "ok"]
+        if vals:
+            return vals
+        errs = [a.get(key, {}).get("error") or a.get("error") for a in api[tag]]
+        return next((e for e in errs if e), "not measured")
+
+    record("prune latency, 4 workloads x 1,000 configs, sum of medians",
+           {t: ([v * 1e3 for v in vals] if isinstance(vals, list) else vals)
+            for t, vals in ((t, api_values(t, "prune_s")) for t in versions)},
+           "bench/prune_latency.py's workloads, warm prune() calls", unit="ms")
+    record("attention, FlexAttention rows through evaluate", {t: api_values(t, "attention_rows_per_s") for t in versions},
+           "warm evaluate(family='attention') on the A100 FlexAttention file (aggregated rows)",
+           unit="rows/s", higher_better=True)
+    return figures
+
+
+# ----------------------------------------------------------------------
+# report
+# ----------------------------------------------------------------------
+def _fmt_s(v) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.3g}" if v < 1e-3 else f"{v:.2f}" if v < 100 else f"{v:.0f}"
+
+
+def format_speed(figures: list[dict], tol: Tolerance) -> str:
+    lines = ["speed: medians of the timed runs (this run, same machine); ratio = ref time / working time "
+             "(rows/s: working / ref); above 1: the working tree is faster"]
+    for f in figures:
+        v = judge_speed(f["ratio"], tol)
+        mark = {"worse": "  !!", "better": "  +"}.get(v, "")
+        u = f["unit"]
+        fmt = (lambda x: f"{x:,.0f} {u}") if u == "rows/s" else (lambda x: f"{_fmt_s(x)} {u}")
+        vals = ", ".join(f"{lab} {'n/a' if f[k] is None else fmt(f[k])}"
+                         for lab, k in (("ref", "ref"), ("working", "new")))
+        note = ""
+        for side in ("ref", "new"):
+            if isinstance(f[f"{side}_runs"], str):
+                note += f"  [{side}: {f[f'{side}_runs'][:120]}]"
+        ratio = "n/a" if f["ratio"] is None else f"{f['ratio']:.2f}"
+        lines.append(f"  {f['name']}: {vals}; ratio {ratio}{mark}{note}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("ref", metavar="REF", help="git ref of the reference (e.g. main, ca279d0)")
+    ap.add_argument("--quick", action="store_true",
+                    help="300k-row sweep, 2 repeats, 300 problems per measured file, no cold start")
+    ap.add_argument("--json", type=Path, metavar="OUT.json", help="write every figure as JSON")
+    ap.add_argument("--no-fail", action="store_true", help="exit 0 even when something regressed")
+    t0d = Tolerance()
+    ap.add_argument("--tol-mape", type=float, default=t0d.mape_pct, help="MAPE points (default %(default)s)")
+    ap.add_argument("--tol-bias", type=float, default=t0d.bias,
+                    help="|median measured/predicted - 1| (default %(default)s)")
+    ap.add_argument("--tol-spearman", type=float, default=t0d.spearman, help="(default %(default)s)")
+    ap.add_argument("--tol-top5", type=float, default=t0d.top5_retention_pct,
+                    help="top-5 %% retention points (default %(default)s)")
+    ap.add_argument("--speed-ratio", type=float, default=t0d.speed_ratio,
+                    help="ref time / working time below this is worse (default %(default)s)")
+    ap.add_argument("--min-problems", type=int, default=t0d.min_problems,
+                    help="slices with fewer problems are shown, not judged (default %(default)s)")
+    skip = ap.add_mutually_exclusive_group()
+    skip.add_argument("--skip-speed", action="store_true", help="accuracy only")
+    skip.add_argument("--skip-accuracy", action="store_true", help="speed only")
+    ap.add_argument("--cold", action=argparse.BooleanOptionalAction, default=None,
+                    help="time a start with an empty numba cache too (compiles every kernel it uses: "
+                         "minutes; default on, off with --quick)")
+    ap.add_argument("--rows", type=int, help="sweep rows (default 2,000,000; --quick 300,000)")
+    ap.add_argument("--repeats", type=int, help="timed repeats of each speed figure after its warm-up (default 2; --quick 1)")
+    ap.add_argument("--sample-problems", type=int,
+                    help="problems per measured file (default all; --quick 300)")
+    ap.add_argument("--files", nargs="+", type=Path, metavar="MEASURED",
+                    help="these measured files instead of the default set")
+    ap.add_argument("--keep-predictions", type=Path, metavar="DIR",
+                    help="write each version's scored rows (scored_ref.parquet, scored_new.parquet)")
+    ap.add_argument("--repo", type=Path, default=ROOT,
+                    help="git repository REF is read from (default: this checkout)")
+    ap.add_argument("--workdir", type=Path,
+                    default=Path(os.environ.get("TSBATCH_REGRESS_DIR", "/tmp/tsbatch-regress")),
+                    help="where the reference tree and the sweep are kept (default %(default)s)")
+    args = ap.parse_args(argv)
+    args.rows = args.rows or (300_000 if args.quick else 2_000_000)
+    args.repeats = args.repeats or (1 if args.quick else 2)
+    if args.cold is None:
+        args.cold = not args.quick
+    if args.sample_problems is None and args.quick:
+        args.sample_problems = 300
+    args.attention_problems = 300 if args.quick else None
+    tol = Tolerance(mape_pct=args.tol_mape, bias=args.tol_bias, spearman=args.tol_spearman,
+                    top5_retention_pct=args.tol_top5, speed_ratio=args.speed_ratio,
+                    min_problems=args.min_problems)
+    try:
+        return _main(args, tol)
+    except InputError as exc:
+        print(f"regress.py: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(args, tol: Tolerance) -> int:
+    t_start = time.perf_counter()
+    sys.path.insert(0, str(BENCH))
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    sha = resolve_ref(args.ref, args.repo)
+    ref_name = f"{args.ref}" if args.ref.startswith(sha[:7]) else f"{args.ref} ({sha[:7]})"
+    new_name = f"working tree ({working_label()})"
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    ref_root = install_ref(sha, args.workdir, args.repo)
+    versions = {"ref": ref_root, "new": ROOT}
+    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    header = (f"bench/regress.py {args.ref}{' --quick' if args.quick else ''}: ref = {ref_name} "
+              f"[{ref_root}], working = {new_name}; {now}; {platform.node()}, {os.cpu_count()} CPUs, "
+              f"load {os.getloadavg()[0]:.1f}")
+    print(header)
+    report: dict = {"ref": args.ref, "ref_sha": sha, "working": new_name, "date": now, "quick": args.quick,
+                    "tolerance": tol.__dict__, "accuracy": [], "cross_validated": [], "speed": []}
+    judged_all: list[dict] = []
+    group_all = list(GROUP)
+    tmp = Path(tempfile.mkdtemp(prefix="regress-", dir=args.workdir))
+    try:
+        if not args.skip_accuracy:
+            files = ([(str(p), p) for p in args.files] if args.files else measured_files(data_root()))
+            log(f"accuracy: {len(files)} measured files"
+                + (f", {args.sample_problems} problems each" if args.sample_problems else ""))
+            inputs = load_inputs(files, args.sample_problems)
+            jobs = write_jobs(inputs, tmp)
+            res = {tag: predict(root, jobs, tmp, tag, log) for tag, root in versions.items()}
+            for tag in versions:
+                for j, r in zip(jobs, res[tag]):
+                    if r.get("status") != "ok":
+                        log(f"  {tag}: {j['file']} on {j['hw']}: n/a ({r.get('status')}: {r.get('error')})")
+            scored = {tag: scored_frame(inputs, jobs, res[tag]) for tag in versions}
+            if args.keep_predictions:
+                args.keep_predictions.mkdir(parents=True, exist_ok=True)
+                for tag, sc in scored.items():
+                    if sc.height:
+                        sc.write_parquet(args.keep_predictions / f"scored_{tag}.parquet")
+            figs = {tag: (accuracy_figures(s, GROUP) if s.height else None) for tag, s in scored.items()}
+            if figs["new"] is None:
+                raise InputError("the working tree predicted none of the measured files")
+            cmp = compare_figures(figs["ref"], figs["new"], GROUP)
+            print("\naccuracy per measured file x GPU x dtype x backend; slices: all, time bucket "
+                  "(problem's best measured time), operand layout; '!!' worse beyond tolerance, "
+                  "'+' better, '~' too few problems to judge")
+            print(format_comparison(cmp, GROUP, tol, "ref", "working"))
+            judged = judged_rows(cmp, GROUP, tol)
+            judged_all += judged
+            report["accuracy"] = judged
+            report["prediction_jobs"] = {tag: [{k: r.get(k) for k in ("family", "hw", "status", "error", "seconds")}
+                                               | {"file": j["file"]} for j, r in zip(jobs, res[tag])]
+                                         for tag in versions}
+            held = held_out_problems(inputs)
+            if held.height:
+                cv = {tag: cv_figures(s, held) if s.height else None for tag, s in scored.items()}
+                if cv["new"] is not None and cv["new"].height:
+                    ccmp = compare_figures(cv["ref"] if cv["ref"] is not None and cv["ref"].height else None,
+                                           cv["new"], CV_GROUP)
+                    print("\ncross-validated (bench/cross_validate.py's held-out half, seed 0, "
+                          "shipped constants of each version)")
+                    print(format_comparison(ccmp, CV_GROUP, tol, "ref", "working"))
+                    cj = [dict(j, slice_kind="cv") for j in judged_rows(ccmp, CV_GROUP, tol)]
+                    judged_all += cj
+                    report["cross_validated"] = cj
+        speed: list[dict] = []
+        if not args.skip_speed:
+            speed = speed_phase(versions, args, tmp, args.workdir, log)
+            for f in speed:
+                f["verdict"] = judge_speed(f["ratio"], tol)
+            print()
+            print(format_speed(speed, tol))
+            report["speed"] = speed
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    wall = time.perf_counter() - t_start
+    lines = summary_lines(judged_all, speed, group_all, ref_name, new_name, tol)
+    lines.append(f"(bench/regress.py {args.ref}{' --quick' if args.quick else ''}, {wall / 60:.1f} min wall)")
+    print("\n---- summary ----")
+    print("\n".join(lines))
+    report["summary"] = lines
+    report["wall_s"] = wall
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1, default=str, allow_nan=False))
+    regressed = any(j["verdict"] == "worse" for j in judged_all) or any(
+        f["verdict"] == "worse" for f in speed)
+    return 1 if regressed and not args.no_fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Worker of bench/regress.py, run in a subprocess with one model version on PYTHONPATH.
+
+    python bench/regress_worker.py predict JOBS.json RESULT.json
+    python bench/regress_worker.py time-api SPEC.json RESULT.json
+
+It imports whatever ``tsbatch`` the ``PYTHONPATH`` names (the working tree or
+a reference installed beside it), so it uses only APIs every version since
+ca279d0 has, and reports what a version lacks instead of failing:
+
+``predict``: JOBS.json is a list of ``{"family", "hw", "input", "output"}``;
+each input Parquet holds a family's input columns (prepared by the working
+tree's ``tsbatch.accuracy.load_measured``). The version's own predictor for
+the family (``tsbatch.accuracy.PREDICTORS``, what its ``tsbatch accuracy``
+calls) writes ``latency_us`` and ``feasible`` to ``output``. RESULT.json:
+one ``{"status": "ok" | "unsupported" | "error", "error", "seconds"}`` per job.
+
+``time-api``: warm timings of the Python API: ``prune`` (bench/prune_latency.py's
+workloads and 1,000 configurations: median of ``prune_reps`` warm calls per
+workload, summed over the workloads) and, when ``attention_input`` is given,
+``evaluate(family="attention")`` rows/s (best of ``attention_reps`` warm calls).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def _predict(jobs_path: str, result_path: str) -> int:
+    import polars as pl
+
+    jobs = json.loads(Path(jobs_path).read_text())
+    try:
+        from tsbatch.accuracy import PREDICTORS
+    except Exception:  # a version without the accuracy module
+        PREDICTORS = {}
+    results = []
+    for job in jobs:
+        fam, hw = job["family"], job["hw"]
+        t0 = time.perf_counter()
+        if fam not in PREDICTORS:
+            results.append({"status": "unsupported", "error": f"no predictor for family '{fam}'",
+                            "seconds": 0.0})
+            continue
+        try:
+            frame = pl.read_parquet(job["input"])
+            pred = PREDICTORS[fam](frame, hw)
+            lat = pred["latency_us"].cast(pl.Float64)
+            feas = (pred["feasible"].cast(pl.Boolean) if "feasible" in pred.columns
+                    else lat.is_finite())
+            if lat.len() != frame.height:
+                raise RuntimeError(f"{lat.len()} predictions for {frame.height} rows")
+            pl.DataFrame({"latency_us": lat, "feasible": feas.fill_null(False)}).write_parquet(job["output"])
+            results.append({"status": "ok", "error": None, "seconds": time.perf_counter() - t0})
+        except Exception as exc:  # the version cannot predict these rows: n/a, not a crash
+            msg = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            results.append({"status": "error", "error": msg, "seconds": time.perf_counter() - t0,
+                            "trace": traceback.format_exc(limit=3)})
+    Path(result_path).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def _median_s(fn, reps: int) -> float:
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _time_api(spec_path: str, result_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    out: dict = {}
+    hw = spec.get("hw", "h100")
+    # prune latency: the workloads and configurations of bench/prune_latency.py
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    try:
+        from prune_latency import WORKLOADS, configs
+        from tsbatch.prune import prune
+
+        cfgs = configs(1000)
+        per = {}
+        for wl in WORKLOADS:
+            prune(wl, cfgs, hw=hw, top=0.05)  # warm-up: compile or load, caches
+            per[f"{wl['m']}x{wl['n']}x{wl['k']} {wl['dtype']}"] = _median_s(
+                lambda: prune(wl, cfgs, hw=hw, top=0.05), int(spec.get("prune_reps", 20)))
+        out["prune_s"] = {"status": "ok", "value": sum(per.values()), "per_workload": per}
+    except Exception as exc:
+        out["prune_s"] = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+    if spec.get("attention_input"):
+        try:
+            import polars as pl
+            from tsbatch.evaluate import evaluate
+
+            frame = pl.read_parquet(spec["attention_input"])
+            ahw = spec.get("attention_hw", hw)
+            evaluate(frame, ahw, family="attention")  # warm-up
+            best = min(_median_s(lambda: evaluate(frame, ahw, family="attention"), 1)
+                       for _ in range(int(spec.get("attention_reps", 3))))
+            out["attention_rows_per_s"] = {"status": "ok", "value": frame.height / best,
+                                           "rows": frame.height, "seconds": best}
+        except Exception as exc:
+            out["attention_rows_per_s"] = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+    Path(result_path).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[0] not in ("predict", "time-api"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    return (_predict if argv[0] == "predict" else _time_api)(argv[1], argv[2])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
