@@ -410,7 +410,18 @@ def cmd_explain(args) -> int:
     from tsbatch.explain import explain_text
 
     hw = resolve_hw(args.hw)
-    fam = get_family(args.family)
+    family = args.family
+    if family is None and args.candidates:
+        # the family whose columns the file has, as evaluate does (a file missing
+        # one of them is named with the family it comes closest to)
+        from tsbatch.evaluate import detect_family
+        from tsbatch.schema import scan_table
+
+        try:
+            family = detect_family(scan_table(args.candidates).collect_schema().names())
+        except InputError as exc:
+            raise _named(args.candidates, exc) from None
+    fam = get_family(family or "gemm")
     if fam.name == "gemm" and not args.assign:
         df = _single_row(args)
     elif args.candidates:
@@ -570,9 +581,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                    "envelope phases, occupancy, cache hit rates and bottleneck.")
     x.add_argument("--hw", required=True)
     x.add_argument("--json", action="store_true", help="print the result row as JSON")
-    x.add_argument("--family", default="gemm",
+    x.add_argument("--family", default=None,
                    help="kernel family (tsbatch families) or a tile program FILE.toml; "
-                        "its columns are given as KEY=VALUE")
+                        "its columns are given as KEY=VALUE (default: gemm, or with "
+                        "--candidates the family whose columns the file has)")
     x.add_argument("assign", nargs="*", metavar="KEY=VALUE",
                    help="candidate columns of a non-GEMM family, e.g. batch=8 heads=32 "
                         "seq_len=4096 head_dim=128 dtype=float16 block_m=128 block_n=64 "

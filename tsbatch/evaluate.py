@@ -131,14 +131,38 @@ def get_family(name: "str | Family") -> Family:
 
 
 def detect_family(columns) -> str:
-    """The family whose required columns a candidate table has (GEMM first)."""
+    """The family whose required columns a candidate table has (GEMM first).
+
+    When none has them all, the error names the family the columns come
+    closest to (fewest required columns absent, then most present) and the
+    columns it lacks, so that a file missing ``k`` says so."""
     names = set(columns)
     for fam in FAMILIES.values():
         if all(c.name in names for c in fam.columns if c.required and c.name not in
                ("block_m", "block_n", "block_k", "num_stages", "num_warps")):
             return fam.name
-    raise InputError(f"no kernel family matches the columns {sorted(names)}; known: "
-                     f"{', '.join(FAMILIES)} (tsbatch families lists their columns)")
+    raise InputError(no_family_message(names))
+
+
+def no_family_message(names) -> str:
+    """Why no family matches the columns ``names``: the closest family and what it lacks."""
+    names = set(names)
+    best = None
+    for i, fam in enumerate(FAMILIES.values()):
+        need = [c.name for c in fam.columns if c.required]
+        missing = [c for c in need if c not in names]
+        present = len(need) - len(missing)
+        if present and (best is None or (len(missing), -present, i) < best[0]):
+            best = ((len(missing), -present, i), fam, need, missing)
+    head = f"no kernel family matches the columns {sorted(names)}"
+    if best is None:
+        return (f"{head}; known: {', '.join(FAMILIES)} (tsbatch families lists their "
+                f"columns)")
+    _, fam, need, missing = best
+    s = "s" if len(missing) > 1 else ""
+    return (f"{head}: closest is {fam.name}, which lacks column{s} "
+            f"{', '.join(repr(m) for m in missing)} ({fam.name} candidates need: "
+            f"{', '.join(need)}; other families: tsbatch families)")
 
 
 def residency(plan: TilePlan, hw: HwSpec) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,92 @@
+"""Issue 37: the rough edges a new user meets (missing columns named, quiet Ray,
+honest wheel tags, tl.dot minimums, per-shard sizes of the fused families)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import tsbatch
+from tsbatch.cli import main
+from tsbatch.errors import InputError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# the columns of the measured H100 GEMM file (../shared/data/gemm/h100_triton_mm.parquet)
+H100_ROW = dict(source="autoheuristic", gpu="h100", m=4096, n=4096, k=4096, dtype="float16",
+                a_row_major=True, b_row_major=True, tf32=False, backend="triton", block_m=128,
+                block_n=128, block_k=64, num_stages=4, num_warps=8, group_m=8, time_ms=0.2)
+
+
+# ----------------------------------------------------------------------------- 1. missing column
+def _no_k(tmp_path) -> Path:
+    src = tmp_path / "no_k.parquet"
+    pl.DataFrame([H100_ROW]).drop("k").write_parquet(src)
+    return src
+
+
+def _says_k_missing(err: str) -> None:
+    assert "closest is gemm" in err and "lacks column 'k'" in err, err
+
+
+def test_evaluate_names_the_missing_column(tmp_path, capsys):
+    out = tmp_path / "o.parquet"
+    assert main(["evaluate", str(_no_k(tmp_path)), "--hw", "h100", "-o", str(out)]) == 2
+    _says_k_missing(capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_evaluate_of_the_measured_file_without_k_names_k(tmp_path, capsys, shared_data):
+    src = tmp_path / "h100_no_k.parquet"
+    pl.read_parquet(shared_data / "gemm" / "h100_triton_mm.parquet").drop("k").head(100) \
+        .write_parquet(src)
+    assert main(["evaluate", str(src), "--hw", "h100", "-o", str(tmp_path / "o.parquet")]) == 2
+    _says_k_missing(capsys.readouterr().err)
+
+
+def test_explain_of_a_file_names_the_missing_column(tmp_path, capsys):
+    assert main(["explain", "--hw", "h100", "--candidates", str(_no_k(tmp_path))]) == 2
+    err = capsys.readouterr().err
+    _says_k_missing(err)
+    assert "no_k.parquet" in err
+
+
+def test_sweep_names_the_missing_column(tmp_path, capsys):
+    sweep = tmp_path / "s.toml"
+    sweep.write_text('[sweep]\nname = "s"\nfamily = "gemm"\n[workload]\nm = [64]\nn = [64]\n'
+                     'dtype = ["float16"]\n[schedule]\nblock_m = [64]\nblock_n = [64]\n'
+                     'block_k = [32]\nnum_stages = [2]\nnum_warps = [4]\n')
+    assert main(["sweep", str(sweep), "--hw", "h100", "-o", str(tmp_path / "o.parquet")]) == 2
+    assert "['k']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("drop, family, missing", [
+    (("k",), "gemm", "'k'"),
+    (("m", "dtype"), "gemm", "'m', 'dtype'"),
+])
+def test_api_names_the_closest_family_and_its_missing_columns(drop, family, missing):
+    df = pl.DataFrame([H100_ROW]).drop(*drop)
+    for call in (tsbatch.evaluate_table, tsbatch.rank_table):
+        with pytest.raises(InputError, match="no kernel family matches") as exc:
+            call(df, hw="h100")
+        assert f"closest is {family}" in str(exc.value)
+        assert missing in str(exc.value)
+
+
+def test_attention_columns_without_head_dim_point_at_attention():
+    from tsbatch.evaluate import detect_family
+
+    with pytest.raises(InputError) as exc:
+        detect_family(["batch", "heads", "seq_len", "dtype", "block_m", "block_n", "num_stages",
+                       "num_warps"])
+    assert "closest is attention" in str(exc.value) and "'head_dim'" in str(exc.value)
+
+
+def test_columns_of_no_family_list_the_families():
+    from tsbatch.evaluate import detect_family
+
+    with pytest.raises(InputError, match="no kernel family matches") as exc:
+        detect_family(["label", "time_ms"])
+    assert "closest" not in str(exc.value) and "gemm" in str(exc.value)
