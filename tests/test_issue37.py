@@ -90,3 +90,34 @@ def test_columns_of_no_family_list_the_families():
     with pytest.raises(InputError, match="no kernel family matches") as exc:
         detect_family(["label", "time_ms"])
     assert "closest" not in str(exc.value) and "gemm" in str(exc.value)
+
+
+# ----------------------------------------------------------------------------- 2. quiet install
+def test_every_importable_folder_of_the_packages_is_declared():
+    """setuptools prints a 40-line "Package would be ignored" box for every folder
+    that Python can import (any folder, with or without ``.py`` files) but that
+    the ``packages`` list of pyproject.toml leaves out: declare them all."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover
+        import tomli as tomllib
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    declared = set(conf["packages"])
+    mapped = {v.rstrip("/") for v in conf.get("package-dir", {}).values()}
+    undeclared = []
+    for top in ("tsbatch", "kernels_catalog"):
+        for d in sorted((ROOT / top).rglob("*")):
+            rel = d.relative_to(ROOT)
+            if not d.is_dir() or any(p in ("__pycache__", "_nbcache") or p.startswith(".")
+                                     or not p.isidentifier() for p in rel.parts):
+                continue
+            if str(rel) in mapped:
+                continue
+            if ".".join(rel.parts) not in declared:
+                undeclared.append(".".join(rel.parts))
+    assert not undeclared, f"importable but not in pyproject's packages: {undeclared}"
+    data = conf["package-data"]
+    for pkg in declared:
+        src = ROOT / Path(*pkg.split(".")) if not pkg.startswith("tsbatch._") else None
+        if src is not None and any(src.glob("*.toml")):
+            assert "*.toml" in data.get(pkg, ()), f"{pkg}'s TOML files are not package data"
