@@ -121,3 +121,28 @@ def test_every_importable_folder_of_the_packages_is_declared():
         src = ROOT / Path(*pkg.split(".")) if not pkg.startswith("tsbatch._") else None
         if src is not None and any(src.glob("*.toml")):
             assert "*.toml" in data.get(pkg, ()), f"{pkg}'s TOML files are not package data"
+
+
+# ----------------------------------------------------------------------------- 3. quiet Ray
+def test_tsbatch_switches_ray_reporting_off_before_ray_starts():
+    """In a process whose environment does not mention them (the tests' own
+    conftest sets them), tsbatch's Ray engine turns Ray's usage statistics and
+    metrics collection off before importing Ray, and leaves a user's setting alone."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("ray", reason="Ray is not installed")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_USAGE_STATS_ENABLED", "RAY_enable_metrics_collection")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    code = ("import os\nfrom tsbatch.distributed import _import_ray\n_import_ray()\n"
+            "from ray._common.usage.usage_lib import usage_stats_enabled\n"
+            "print(usage_stats_enabled(), os.environ['RAY_enable_metrics_collection'])\n")
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert got == ["False", "0"], got
+    env["RAY_USAGE_STATS_ENABLED"] = "1"
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert got == ["True", "0"], got
