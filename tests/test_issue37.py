@@ -146,3 +146,50 @@ def test_tsbatch_switches_ray_reporting_off_before_ray_starts():
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120, check=True).stdout.split()
     assert got == ["True", "0"], got
+
+
+# ----------------------------------------------------------------------------- 5. tl.dot minimums
+GEMM_ROW = dict(m=4096, n=4096, k=4096, dtype="float16", block_m=128, block_n=128, block_k=64,
+                num_stages=3, num_warps=8)
+
+
+def _row(**change) -> dict:
+    from tsbatch.evaluate import evaluate
+
+    return evaluate(pl.DataFrame([{**GEMM_ROW, **change}]), "h100").row(0, named=True)
+
+
+def test_float8_dot_needs_block_k_32_and_16_bit_types_keep_16():
+    bad = _row(dtype="float8", block_k=16)
+    assert bad["feasible"] is False
+    assert bad["infeasible_reason"] == "triton: tl.dot needs block_k >= 32 for 8-bit (float8) operands"
+    assert bad["latency_us"] is None
+    assert _row(dtype="float8", block_k=32)["feasible"] is True
+    for dt in ("float16", "bfloat16"):
+        assert _row(dtype=dt, block_k=16)["feasible"] is True
+        assert "block_k >= 16" in _row(dtype=dt, block_k=8)["infeasible_reason"]
+    # a library row's catalog tiles are not Triton's
+    assert _row(dtype="float8", block_k=16, backend="cublas")["feasible"] is True
+
+
+def test_dot_minimums_agree_with_the_installed_triton():
+    """The model's K minimum per operand width is Triton's NVIDIA ``min_dot_size``
+    (8-bit: 32, 16-bit: 16), and its M/N minimum is never below Triton's."""
+    pytest.importorskip("triton", reason="Triton is not installed (pip install 'tsbatch[triton]')")
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import min_dot_size
+
+    from kernels_catalog import gemm
+
+    need = min_dot_size(GPUTarget("cuda", 90, 32))
+    for dtype, tl_types in (("float16", (tl.float16,)), ("bfloat16", (tl.bfloat16,)),
+                            ("float8", (tl.float8e4nv, tl.float8e5))):
+        model_k = gemm.TRITON_MIN_DOT_K_8BIT if gemm.DTYPES[dtype][0] == 1 else gemm.TRITON_MIN_DOT
+        for t in tl_types:
+            m, n, k = need(t, t)
+            assert model_k == k, (dtype, t, k)
+            assert gemm.TRITON_MIN_DOT >= max(m, n)
+            # and the model applies it: K one step below is infeasible, K itself is not
+            assert _row(dtype=dtype, block_k=k)["feasible"] is True
+            assert _row(dtype=dtype, block_k=k // 2)["feasible"] is False
