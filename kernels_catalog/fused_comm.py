@@ -166,6 +166,12 @@ def infer_moe_accesses(token_shard: str, expert_shard: str) -> list[dict]:
             {"collective": "all_to_all", "tensor": "Y", "when": "after", "elements": ("tokens", "top_k", "hidden")}]
 
 
+def _empty_shard(column: str) -> str:
+    """The reason of a row whose ``column`` is split over more GPUs than it has elements."""
+    return (f"{column} is smaller than num_gpus (the TP degree): sharding {column} over the "
+            f"GPUs leaves {column} = 0 per GPU")
+
+
 def _need(df: pl.DataFrame, cols, family: str) -> pl.DataFrame:
     for c in cols:
         if c.name not in df.columns:
@@ -250,8 +256,13 @@ def evaluate_fused(frame: pl.DataFrame, family: str) -> pl.DataFrame:
         lk = np.where(local["k"], k // tp, k)
         for name, dim, glob in (("m", "m", m), ("n", "n", n), ("k", "k", k)):
             if local[dim]:
+                # a dimension smaller than the TP degree leaves nothing on a GPU: say
+                # so, rather than hand the GEMM a size of 0 ("must be positive")
+                reasons[(glob < tp) & (reasons == None)] = _empty_shard(name)  # noqa: E711
                 bad = glob % tp != 0
                 reasons[bad & (reasons == None)] = f"{name} not divisible by num_gpus"  # noqa: E711
+        # the rows left empty are infeasible; their GEMM is evaluated at size 1
+        lm, ln, lk = (np.maximum(x, 1) for x in (lm, ln, lk))
         cm = -(-lm // c)  # chunk rows
         bad = (lm % c) != 0
         reasons[bad & (reasons == None)] = "the GEMM's rows are not divisible by chunks"  # noqa: E711

@@ -193,3 +193,36 @@ def test_dot_minimums_agree_with_the_installed_triton():
             # and the model applies it: K one step below is infeasible, K itself is not
             assert _row(dtype=dtype, block_k=k)["feasible"] is True
             assert _row(dtype=dtype, block_k=k // 2)["feasible"] is False
+
+
+# ----------------------------------------------------------------------------- 6. per-shard sizes
+FUSED = dict(system="dgx_h100", num_gpus=8, gpus_per_node=8, m=4096, n=4096, k=4096,
+             dtype="bfloat16", block_m=128, block_n=128, block_k=64, num_stages=3, num_warps=8)
+
+
+@pytest.mark.parametrize("family, column", [("ag_gemm", "n"), ("gemm_rs", "k")])
+def test_a_dimension_below_the_tp_degree_is_named_not_called_non_positive(family, column):
+    """ag_gemm shards n over the TP group, gemm_rs k: 4 of them over 8 GPUs leave
+    0 per GPU. Was: InputError "column 'n' must be positive; row 0 has 0" (a value
+    the user never wrote); now an infeasible row naming the column and num_gpus,
+    its neighbours unchanged."""
+    from tsbatch.evaluate import evaluate
+
+    rows = pl.DataFrame([FUSED, {**FUSED, column: 4}, {**FUSED, column: 16}])
+    res = evaluate(rows, "h100", family)
+    r = res.row(1, named=True)
+    assert r["feasible"] is False
+    assert "num_gpus" in r["infeasible_reason"] and f"{column} = 0 per GPU" in r["infeasible_reason"]
+    assert res["feasible"].to_list() == [True, False, True]
+    alone = evaluate(rows.slice(0, 1), "h100", family)
+    assert res.row(0) == alone.row(0)
+
+
+def test_cli_evaluate_of_a_shard_left_empty_writes_the_row(tmp_path, capsys):
+    src = tmp_path / "ag.parquet"
+    pl.DataFrame([{**FUSED, "n": 4}]).write_parquet(src)
+    out = tmp_path / "o.parquet"
+    assert main(["evaluate", str(src), "--hw", "h100", "--family", "ag_gemm", "-o", str(out),
+                 "-q"]) == 0
+    r = pl.read_parquet(out).row(0, named=True)
+    assert r["feasible"] is False and "num_gpus" in r["infeasible_reason"]
