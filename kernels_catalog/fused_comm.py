@@ -195,9 +195,10 @@ def _gpu_of(systems: np.ndarray) -> np.ndarray:
     return np.array([keys[s] for s in systems], dtype=object)
 
 
-def _eval_compute(frame: pl.DataFrame, gpus: np.ndarray, family: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(latency_us, feasible, sm_count) of per-chunk compute rows, one evaluator call per GPU."""
-    from tsbatch.evaluate import evaluate
+def _eval_compute(frame: pl.DataFrame, gpus: np.ndarray, family: str,
+                  evaluate) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(latency_us, feasible, sm_count) of per-chunk compute rows, one call of the
+    engine's ``evaluate`` per GPU."""
     from tsbatch.hw import get_hw
 
     lat = np.full(frame.height, np.nan)
@@ -226,8 +227,12 @@ def _envelope(first: np.ndarray, comp: np.ndarray, comm: np.ndarray, c: np.ndarr
     return comp + (c - 1) * steady + comm
 
 
-def evaluate_fused(frame: pl.DataFrame, family: str) -> pl.DataFrame:
-    """Input columns followed by :data:`RESULT_COLUMNS` for ``ag_gemm``, ``gemm_rs`` or ``ulysses``."""
+def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
+    """Input columns followed by :data:`RESULT_COLUMNS` for ``ag_gemm``, ``gemm_rs``,
+    ``ulysses`` or ``moe_ep``. ``engine(frame, hw, family)`` evaluates the GEMM or
+    attention chunks: the engine's :func:`tsbatch.evaluate.evaluate`, handed in
+    (this module does not import the engine, which finds the family through
+    :mod:`kernels_catalog.registry`)."""
     from tsbatch.collectives.model import evaluate as eval_coll
     from tsbatch.collectives.plan import default_channels
     from tsbatch.collectives.systems import get_system
@@ -268,7 +273,7 @@ def evaluate_fused(frame: pl.DataFrame, family: str) -> pl.DataFrame:
         reasons[bad & (reasons == None)] = "the GEMM's rows are not divisible by chunks"  # noqa: E711
         gemm = df.select("dtype", "block_m", "block_n", "block_k", "num_stages", "num_warps").with_columns(
             pl.Series("m", cm), pl.Series("n", ln), pl.Series("k", lk))
-        comp, ok, sms = _eval_compute(gemm, gpus, "gemm")
+        comp, ok, sms = _eval_compute(gemm, gpus, "gemm", engine)
         elems = {"m": m, "n": n, "k": k}
         e_t = e_in if remote["tensor"] == "A" else np.array([_OUT_BYTES[d] for d in dtype], dtype=np.float64)
         total = e_t * elems[remote["elements"][0]] * elems[remote["elements"][1]]
@@ -289,7 +294,7 @@ def evaluate_fused(frame: pl.DataFrame, family: str) -> pl.DataFrame:
         up = tiles.with_columns(pl.Series("m", rows_e), pl.Series("n", ff), pl.Series("k", hd))
         down = tiles.with_columns(pl.Series("m", rows_e), pl.Series("n", hd), pl.Series("k", ff))
         both = pl.concat([up, down])
-        lat2, ok2, sms2 = _eval_compute(both, np.concatenate([gpus, gpus]), "gemm")
+        lat2, ok2, sms2 = _eval_compute(both, np.concatenate([gpus, gpus]), "gemm", engine)
         # a grouped GEMM runs the rank's experts back to back: their times add
         comp = local_e * (lat2[:n_rows] + lat2[n_rows:])
         ok = ok2[:n_rows] & ok2[n_rows:]
@@ -307,7 +312,7 @@ def evaluate_fused(frame: pl.DataFrame, family: str) -> pl.DataFrame:
         attn = df.select("dtype", "block_m", "block_n", "num_stages", "num_warps", "causal").with_columns(
             pl.Series("batch", b), pl.Series("heads", np.maximum(ch, 1)), pl.Series("seq_len", s),
             pl.Series("head_dim", d))
-        comp, ok, sms = _eval_compute(attn, gpus, "attention")
+        comp, ok, sms = _eval_compute(attn, gpus, "attention", engine)
         # a rank's all-to-all send buffer for one chunk of heads: its sequence shard x chunk heads x tp
         per = (b * (s // np.maximum(tp, 1)) * np.maximum(ch, 1) * tp * d * e_in).astype(np.int64)
         comm_frames = [("all_to_all", per)]
@@ -362,7 +367,7 @@ def evaluate_fused(frame: pl.DataFrame, family: str) -> pl.DataFrame:
 
 def _family(name: str, cols, workload, doc) -> Family:
     return Family(name=name, columns=_COMMON + cols, workload_columns=workload, lower=None, doc=doc,
-                  evaluate=lambda frame, hw=None: evaluate_fused(frame, name))
+                  evaluate=lambda frame, hw=None, engine=None: evaluate_fused(frame, name, engine))
 
 
 AG_GEMM = _family("ag_gemm", _GEMM_COLS, ("system", "m", "n", "k", "dtype"),

@@ -226,3 +226,46 @@ def test_cli_evaluate_of_a_shard_left_empty_writes_the_row(tmp_path, capsys):
                  "-q"]) == 0
     r = pl.read_parquet(out).row(0, named=True)
     assert r["feasible"] is False and "num_gpus" in r["infeasible_reason"]
+
+
+# ----------------------------------------------------------------------------- 7. one registry
+def _imports(path: Path) -> set[str]:
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out
+
+
+def test_no_family_imports_the_engine_and_only_the_registry_knows_every_family():
+    """kernels_catalog/fused_comm.py and tsbatch/evaluate.py imported each other;
+    now the families import no engine module (a composite family is handed the
+    engine's evaluator) and only kernels_catalog/registry.py imports the modules
+    of every family."""
+    engine = ("tsbatch.evaluate", "tsbatch.screen", "tsbatch.pipeline", "tsbatch.api",
+              "tsbatch.cli", "tsbatch.rank")
+    for path in sorted((ROOT / "kernels_catalog").glob("*.py")):
+        bad = {m for m in _imports(path) if m.startswith(engine)}
+        assert not bad, f"{path.name} imports the engine: {sorted(bad)}"
+    family_modules = ("kernels_catalog.fused_comm", "kernels_catalog.collectives")
+    for path in sorted((ROOT / "tsbatch").rglob("*.py")):
+        bad = {m for m in _imports(path) if m.startswith(family_modules)}
+        assert not bad, f"{path.relative_to(ROOT)} imports a family module: {sorted(bad)}"
+
+
+def test_importing_the_registry_does_not_import_the_engine():
+    import subprocess
+    import sys
+
+    code = ("import sys, kernels_catalog.registry as r\n"
+            "assert {'gemm', 'attention', 'collective', 'ag_gemm', 'moe_ep'} <= set(r.FAMILIES)\n"
+            "print(sorted(m for m in sys.modules if m in ('tsbatch.evaluate', 'tsbatch.screen')))")
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.strip()
+    assert out == "[]"
