@@ -172,6 +172,18 @@ def _empty_shard(column: str) -> str:
             f"GPUs leaves {column} = 0 per GPU")
 
 
+#: the reason of a row whose chunk of communication has more bytes than int64 holds
+BYTES_TOO_LARGE = "sizes too large: a chunk's communication bytes exceed int64 (2^63)"
+
+
+def _as_bytes(x: np.ndarray, reasons: np.ndarray) -> np.ndarray:
+    """Byte counts ``x`` (float64) as int64; a row beyond int64 gets the reason
+    :data:`BYTES_TOO_LARGE` (if it has none) and 1 byte, never a wrapped cast."""
+    big = ~(np.asarray(x, dtype=np.float64) < 2.0 ** 63)
+    reasons[big & (reasons == None)] = BYTES_TOO_LARGE  # noqa: E711
+    return np.where(big, 1.0, x).astype(np.int64)
+
+
 def _need(df: pl.DataFrame, cols, family: str) -> pl.DataFrame:
     for c in cols:
         if c.name not in df.columns:
@@ -277,7 +289,7 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
         elems = {"m": m, "n": n, "k": k}
         e_t = e_in if remote["tensor"] == "A" else np.array([_OUT_BYTES[d] for d in dtype], dtype=np.float64)
         total = e_t * elems[remote["elements"][0]] * elems[remote["elements"][1]]
-        chunk_bytes = np.maximum(np.round(total / c), 1).astype(np.int64)
+        chunk_bytes = _as_bytes(np.maximum(np.round(total / c), 1), reasons)
         coll_name = remote["collective"]
         lead = "comm" if remote["when"] == "before" else "compute"
         comm_frames = [(coll_name, chunk_bytes)]
@@ -299,7 +311,7 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
         comp = local_e * (lat2[:n_rows] + lat2[n_rows:])
         ok = ok2[:n_rows] & ok2[n_rows:]
         sms = sms2[:n_rows]
-        per = (t // c * kk * hd * e_in).astype(np.int64)  # a rank's dispatch send buffer per chunk
+        per = _as_bytes(t // c * kk * hd * e_in, reasons)  # a rank's dispatch send buffer per chunk
         comm_frames = [(acc[0]["collective"], per)]
         lead = "comm"
     else:  # ulysses
@@ -314,7 +326,7 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
             pl.Series("head_dim", d))
         comp, ok, sms = _eval_compute(attn, gpus, "attention", engine)
         # a rank's all-to-all send buffer for one chunk of heads: its sequence shard x chunk heads x tp
-        per = (b * (s // np.maximum(tp, 1)) * np.maximum(ch, 1) * tp * d * e_in).astype(np.int64)
+        per = _as_bytes(b * (s // np.maximum(tp, 1)) * np.maximum(ch, 1) * tp * d * e_in, reasons)
         comm_frames = [("all_to_all", per)]
         lead = "comm"
     coll = pl.DataFrame({**coll_base, "collective": [comm_frames[0][0]] * n_rows,
