@@ -269,3 +269,49 @@ def test_importing_the_registry_does_not_import_the_engine():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120, check=True).stdout.strip()
     assert out == "[]"
+
+
+# ----------------------------------------------------------------------------- 7. one pipeline
+def test_the_front_doors_only_call_the_pipeline():
+    """Streaming, screening and bucket ranking live in tsbatch/pipeline.py: neither
+    front door imports them (the CLI parses and prints, the API converts tables)."""
+    engine = ("tsbatch.screen", "tsbatch.bucket_rank", "tsbatch.rank.rank",
+              "tsbatch.io.ParquetSink", "tsbatch.io.read_ahead", "tsbatch.evaluate.CacheMemo")
+    for name in ("cli.py", "api.py"):
+        got = {m for m in _imports(ROOT / "tsbatch" / name) if m.startswith(engine)}
+        assert not got, f"tsbatch/{name} imports {sorted(got)}"
+        assert "tsbatch.pipeline" in _imports(ROOT / "tsbatch" / name)
+
+
+@pytest.mark.parametrize("top", [None, 1.0, 0.05])
+def test_a_file_and_a_table_through_the_pipeline_give_the_same_rows(tmp_path, top):
+    from polars.testing import assert_frame_equal
+
+    from tsbatch.pipeline import evaluate_file, evaluate_frame
+
+    rows = pl.DataFrame([{**GEMM_ROW, "m": m, "block_m": bm, "block_n": bn, "num_stages": s}
+                         for m in (512, 4096) for bm in (32, 64, 128) for bn in (64, 256)
+                         for s in (2, 4, 8)])
+    src = tmp_path / "c.parquet"
+    rows.write_parquet(src)
+    table = evaluate_frame(rows, "h100", top=top)
+    for batch_rows in (1_000, 10):  # one batch; several (streamed, surveyed, bucketed)
+        out = tmp_path / f"o{batch_rows}.parquet"
+        done = evaluate_file(src, out, "h100", rank=top is not None, top=top,
+                             batch_rows=batch_rows)
+        assert_frame_equal(pl.read_parquet(out), table, check_exact=True)
+        assert done.stats.n_rows == rows.height and done.stats.kept == table.height
+
+
+def test_rank_table_of_a_family_without_a_tile_plan():
+    """The API ranks collectives as ``tsbatch evaluate --top`` does (evaluate every
+    row, then rank): the pipeline's path for a family with nothing to bound."""
+    from tsbatch.evaluate import evaluate
+    from tsbatch.rank import rank
+
+    rows = pl.DataFrame({"system": ["dgx_h100"] * 6, "collective": ["all_reduce"] * 6,
+                         "num_gpus": [8] * 6, "bytes": [1 << 20] * 3 + [1 << 26] * 3,
+                         "algorithm": ["ring", "tree", "nvls"] * 2})
+    got = tsbatch.rank_table(rows, hw="h100", top="50%")
+    fam_wl = ["system", "collective", "num_gpus", "bytes"]
+    assert got.equals(rank(evaluate(rows, None, "collective"), fam_wl, 0.5))
