@@ -13,6 +13,14 @@ shipped code is used and when it falls back to compiling).
 which compiles on first use). An editable install skips it too: its kernels
 compile into ``__pycache__`` on first use, as numba does. A failing step never
 fails the build; it is reported and the wheel is built without that code.
+
+A wheel that carries compiled code is tagged for what built it: the
+interpreter and its ABI (the code calls CPython's C API of that version) and
+the platform, e.g. ``tsbatch-0.1.0-cp311-cp311-linux_x86_64.whl``; without
+compiled code it stays ``py3-none-any``. The code is compiled for the build
+machine's CPU, which no wheel tag can name: on another CPU (or numba, or
+source) it is not used and the kernels compile on first use
+(tsbatch/kernels/_fastload.py).
 """
 
 from __future__ import annotations
@@ -48,4 +56,37 @@ class build_py_precompiled(build_py):
                   flush=True)
 
 
-setup(cmdclass={"build_py": build_py_precompiled})
+def ships_code(build_lib) -> bool:
+    """Whether the build tree holds compiled kernels (``_nbcache/`` index files)."""
+    return any(Path(build_lib).glob("tsbatch/**/_nbcache/*.nbi"))
+
+
+CMDCLASS = {"build_py": build_py_precompiled}
+
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1: the wheel package's
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:  # no wheels built here
+        bdist_wheel = None
+
+if bdist_wheel is not None:
+    class bdist_wheel_shipped(bdist_wheel):
+        """A wheel with compiled code is not pure: tag it cpXY-cpXY-PLATFORM."""
+
+        def run(self):
+            if not self.skip_build:
+                self.run_command("build")  # run once: bdist_wheel's own call is then a no-op
+            if ships_code(self.get_finalized_command("build_py").build_lib):
+                # tagged by interpreter and platform, its modules at the wheel's root
+                # (platlib) as a wheel with extension modules has them
+                self.root_is_pure = False
+                self.distribution.has_ext_modules = lambda: True
+            super().run()
+
+    CMDCLASS["bdist_wheel"] = bdist_wheel_shipped
+
+
+if __name__ == "__main__":  # setuptools runs this file as __main__
+    setup(cmdclass=CMDCLASS)

@@ -122,9 +122,12 @@ class Family:
     lower: Callable[..., TilePlan] | None
     doc: str = ""
     #: a family that is not a tile grid on one GPU (collectives) evaluates its
-    #: validated frame itself: ``evaluate(frame: polars.DataFrame, hw) -> frame``
-    #: with the input columns followed by its result columns (``latency_us``,
-    #: ``feasible``, ``infeasible_reason`` at least); ``lower`` is then None
+    #: validated frame itself: ``evaluate(frame: polars.DataFrame, hw, engine) ->
+    #: frame`` with the input columns followed by its result columns
+    #: (``latency_us``, ``feasible``, ``infeasible_reason`` at least); ``lower``
+    #: is then None. ``engine(frame, hw, family)`` is the engine's evaluator
+    #: (:func:`tsbatch.evaluate.evaluate`), for a family that composes tile
+    #: families (the fused ones): handed in, so no family imports the engine
     evaluate: Callable | None = None
     #: the family's tile program (:class:`kernels_catalog.program.TileProgram`),
     #: for the families lowered from one

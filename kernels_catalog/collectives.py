@@ -30,7 +30,7 @@ COLUMNS = (
 )
 
 
-def evaluate(frame, hw=None):
+def evaluate(frame, hw=None, engine=None):
     """Input columns followed by ``latency_us, feasible, infeasible_reason, algorithm_used,
     protocol_used, stages, bottleneck_link, alg_bw_gbps, bus_bw_gbps``."""
     from tsbatch.collectives.model import evaluate as _evaluate

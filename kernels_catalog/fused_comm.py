@@ -166,6 +166,24 @@ def infer_moe_accesses(token_shard: str, expert_shard: str) -> list[dict]:
             {"collective": "all_to_all", "tensor": "Y", "when": "after", "elements": ("tokens", "top_k", "hidden")}]
 
 
+def _empty_shard(column: str) -> str:
+    """The reason of a row whose ``column`` is split over more GPUs than it has elements."""
+    return (f"{column} is smaller than num_gpus (the TP degree): sharding {column} over the "
+            f"GPUs leaves {column} = 0 per GPU")
+
+
+#: the reason of a row whose chunk of communication has more bytes than int64 holds
+BYTES_TOO_LARGE = "sizes too large: a chunk's communication bytes exceed int64 (2^63)"
+
+
+def _as_bytes(x: np.ndarray, reasons: np.ndarray) -> np.ndarray:
+    """Byte counts ``x`` (float64) as int64; a row beyond int64 gets the reason
+    :data:`BYTES_TOO_LARGE` (if it has none) and 1 byte, never a wrapped cast."""
+    big = ~(np.asarray(x, dtype=np.float64) < 2.0 ** 63)
+    reasons[big & (reasons == None)] = BYTES_TOO_LARGE  # noqa: E711
+    return np.where(big, 1.0, x).astype(np.int64)
+
+
 def _need(df: pl.DataFrame, cols, family: str) -> pl.DataFrame:
     for c in cols:
         if c.name not in df.columns:
@@ -189,9 +207,10 @@ def _gpu_of(systems: np.ndarray) -> np.ndarray:
     return np.array([keys[s] for s in systems], dtype=object)
 
 
-def _eval_compute(frame: pl.DataFrame, gpus: np.ndarray, family: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(latency_us, feasible, sm_count) of per-chunk compute rows, one evaluator call per GPU."""
-    from tsbatch.evaluate import evaluate
+def _eval_compute(frame: pl.DataFrame, gpus: np.ndarray, family: str,
+                  evaluate) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(latency_us, feasible, sm_count) of per-chunk compute rows, one call of the
+    engine's ``evaluate`` per GPU."""
     from tsbatch.hw import get_hw
 
     lat = np.full(frame.height, np.nan)
@@ -220,8 +239,12 @@ def _envelope(first: np.ndarray, comp: np.ndarray, comm: np.ndarray, c: np.ndarr
     return comp + (c - 1) * steady + comm
 
 
-def evaluate_fused(frame: pl.DataFrame, family: str) -> pl.DataFrame:
-    """Input columns followed by :data:`RESULT_COLUMNS` for ``ag_gemm``, ``gemm_rs`` or ``ulysses``."""
+def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
+    """Input columns followed by :data:`RESULT_COLUMNS` for ``ag_gemm``, ``gemm_rs``,
+    ``ulysses`` or ``moe_ep``. ``engine(frame, hw, family)`` evaluates the GEMM or
+    attention chunks: the engine's :func:`tsbatch.evaluate.evaluate`, handed in
+    (this module does not import the engine, which finds the family through
+    :mod:`kernels_catalog.registry`)."""
     from tsbatch.collectives.model import evaluate as eval_coll
     from tsbatch.collectives.plan import default_channels
     from tsbatch.collectives.systems import get_system
@@ -250,18 +273,23 @@ def evaluate_fused(frame: pl.DataFrame, family: str) -> pl.DataFrame:
         lk = np.where(local["k"], k // tp, k)
         for name, dim, glob in (("m", "m", m), ("n", "n", n), ("k", "k", k)):
             if local[dim]:
+                # a dimension smaller than the TP degree leaves nothing on a GPU: say
+                # so, rather than hand the GEMM a size of 0 ("must be positive")
+                reasons[(glob < tp) & (reasons == None)] = _empty_shard(name)  # noqa: E711
                 bad = glob % tp != 0
                 reasons[bad & (reasons == None)] = f"{name} not divisible by num_gpus"  # noqa: E711
+        # the rows left empty are infeasible; their GEMM is evaluated at size 1
+        lm, ln, lk = (np.maximum(x, 1) for x in (lm, ln, lk))
         cm = -(-lm // c)  # chunk rows
         bad = (lm % c) != 0
         reasons[bad & (reasons == None)] = "the GEMM's rows are not divisible by chunks"  # noqa: E711
         gemm = df.select("dtype", "block_m", "block_n", "block_k", "num_stages", "num_warps").with_columns(
             pl.Series("m", cm), pl.Series("n", ln), pl.Series("k", lk))
-        comp, ok, sms = _eval_compute(gemm, gpus, "gemm")
+        comp, ok, sms = _eval_compute(gemm, gpus, "gemm", engine)
         elems = {"m": m, "n": n, "k": k}
         e_t = e_in if remote["tensor"] == "A" else np.array([_OUT_BYTES[d] for d in dtype], dtype=np.float64)
         total = e_t * elems[remote["elements"][0]] * elems[remote["elements"][1]]
-        chunk_bytes = np.maximum(np.round(total / c), 1).astype(np.int64)
+        chunk_bytes = _as_bytes(np.maximum(np.round(total / c), 1), reasons)
         coll_name = remote["collective"]
         lead = "comm" if remote["when"] == "before" else "compute"
         comm_frames = [(coll_name, chunk_bytes)]
@@ -278,12 +306,12 @@ def evaluate_fused(frame: pl.DataFrame, family: str) -> pl.DataFrame:
         up = tiles.with_columns(pl.Series("m", rows_e), pl.Series("n", ff), pl.Series("k", hd))
         down = tiles.with_columns(pl.Series("m", rows_e), pl.Series("n", hd), pl.Series("k", ff))
         both = pl.concat([up, down])
-        lat2, ok2, sms2 = _eval_compute(both, np.concatenate([gpus, gpus]), "gemm")
+        lat2, ok2, sms2 = _eval_compute(both, np.concatenate([gpus, gpus]), "gemm", engine)
         # a grouped GEMM runs the rank's experts back to back: their times add
         comp = local_e * (lat2[:n_rows] + lat2[n_rows:])
         ok = ok2[:n_rows] & ok2[n_rows:]
         sms = sms2[:n_rows]
-        per = (t // c * kk * hd * e_in).astype(np.int64)  # a rank's dispatch send buffer per chunk
+        per = _as_bytes(t // c * kk * hd * e_in, reasons)  # a rank's dispatch send buffer per chunk
         comm_frames = [(acc[0]["collective"], per)]
         lead = "comm"
     else:  # ulysses
@@ -296,9 +324,9 @@ def evaluate_fused(frame: pl.DataFrame, family: str) -> pl.DataFrame:
         attn = df.select("dtype", "block_m", "block_n", "num_stages", "num_warps", "causal").with_columns(
             pl.Series("batch", b), pl.Series("heads", np.maximum(ch, 1)), pl.Series("seq_len", s),
             pl.Series("head_dim", d))
-        comp, ok, sms = _eval_compute(attn, gpus, "attention")
+        comp, ok, sms = _eval_compute(attn, gpus, "attention", engine)
         # a rank's all-to-all send buffer for one chunk of heads: its sequence shard x chunk heads x tp
-        per = (b * (s // np.maximum(tp, 1)) * np.maximum(ch, 1) * tp * d * e_in).astype(np.int64)
+        per = _as_bytes(b * (s // np.maximum(tp, 1)) * np.maximum(ch, 1) * tp * d * e_in, reasons)
         comm_frames = [("all_to_all", per)]
         lead = "comm"
     coll = pl.DataFrame({**coll_base, "collective": [comm_frames[0][0]] * n_rows,
@@ -351,7 +379,7 @@ def evaluate_fused(frame: pl.DataFrame, family: str) -> pl.DataFrame:
 
 def _family(name: str, cols, workload, doc) -> Family:
     return Family(name=name, columns=_COMMON + cols, workload_columns=workload, lower=None, doc=doc,
-                  evaluate=lambda frame, hw=None: evaluate_fused(frame, name))
+                  evaluate=lambda frame, hw=None, engine=None: evaluate_fused(frame, name, engine))
 
 
 AG_GEMM = _family("ag_gemm", _GEMM_COLS, ("system", "m", "n", "k", "dtype"),

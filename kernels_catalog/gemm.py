@@ -721,10 +721,16 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
 TRITON_MAX_TENSOR_NUMEL = 1 << 20
 #: tl.dot's smallest block dimension (M, N and K of both operands)
 TRITON_MIN_DOT = 16
+#: tl.dot's smallest K for 8-bit operands (float8; int8 too): Triton's NVIDIA
+#: backend asks K >= 32 of them, 16 of 16-bit ones (``min_dot_size`` in
+#: triton/backends/nvidia/compiler.py, 3.9.0: 32 for an 8-bit ``primitive_bitwidth``),
+#: the K of the tensor cores' 8-bit MMA shapes (mma.sync m16n8k32, wgmma k32).
+#: tests/test_issue37.py checks it against the installed Triton
+TRITON_MIN_DOT_K_8BIT = 32
 #: Why a row is not lowered (:func:`admit`); codes are 1-based indices. Sizes whose
 #: products the model cannot represent, then what Triton cannot build (its own
 #: rules: power-of-two ``tl.arange`` extents and warp counts, ``tl.dot``'s 16-wide
-#: minimum, the tensor-size cap)
+#: minimum (32 along K for 8-bit operands), the tensor-size cap)
 ADMIT_RULES = (
     "sizes too large: 2*m*n*k FLOPs or an operand's bytes exceed int64 (2^63)",
     "grid too large: more than 2^31 - 1 tiles (ceil(m/block_m) x ceil(n/block_n) x split_k; "
@@ -741,6 +747,7 @@ ADMIT_RULES = (
     "triton: tl.dot needs block_m >= 16",
     "triton: tl.dot needs block_n >= 16",
     "triton: tl.dot needs block_k >= 16",
+    "triton: tl.dot needs block_k >= 32 for 8-bit (float8) operands",
     "triton: a block has more than 2^20 elements (TRITON_MAX_TENSOR_NUMEL)",
 )
 
@@ -783,6 +790,7 @@ def admit(cols: dict) -> np.ndarray:
         ~(f(cols["num_warps"]) < 2.0 ** 20),
         tri & ~_pow2(ibm), tri & ~_pow2(ibn), tri & ~_pow2(ibk), tri & ~_pow2(iw),
         tri & (ibm < TRITON_MIN_DOT), tri & (ibn < TRITON_MIN_DOT), tri & (ibk < TRITON_MIN_DOT),
+        tri & (eb == 1.0) & (ibk < TRITON_MIN_DOT_K_8BIT),
         tri & ((bm * bn > TRITON_MAX_TENSOR_NUMEL) | (bm * bk > TRITON_MAX_TENSOR_NUMEL)
                | (bk * bn > TRITON_MAX_TENSOR_NUMEL)),
     )

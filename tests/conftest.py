@@ -18,6 +18,13 @@ settings.register_profile("thorough", max_examples=500, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Ray's usage statistics and metrics reporting off in every test and in the Ray
+# processes the tests start (they inherit this environment): with them on, Ray
+# Data polls a Prometheus server on localhost:9090 from a thread that outlives
+# the session and prints "Logging error" tracebacks after pytest's summary
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+os.environ["RAY_enable_metrics_collection"] = "0"
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("TSBATCH_SHARED_DATA", ROOT.parent / "shared" / "data"))
 

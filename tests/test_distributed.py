@@ -202,3 +202,19 @@ def test_missing_ray_is_an_input_error(monkeypatch, tmp_path):
     with pytest.raises(InputError, match=r"pip install 'tsbatch\[ray\]'"):
         distributed.run_sweep_ray("tiny", "h100", tmp_path / "x.parquet", 0.05)
     assert not (tmp_path / "x.parquet").exists()
+
+
+def test_ray_usage_and_metrics_reporting_are_off(ray_cluster, tmp_path):
+    """Issue 37: with Ray's usage statistics on, Ray Data starts a thread polling a
+    Prometheus server on localhost:9090, whose failures print "Logging error"
+    tracebacks after pytest's summary. tsbatch switches them off before Ray starts."""
+    import threading
+
+    from ray.data._internal.usage.collector import usage_collection_disabled
+
+    from tsbatch.distributed import run_sweep_ray
+
+    run_sweep_ray("tiny", "h100", tmp_path / "r.parquet", 0.05)
+    assert usage_collection_disabled()
+    polling = [t.name for t in threading.enumerate() if "usage" in t.name or "poller" in t.name]
+    assert not polling, polling

@@ -28,7 +28,7 @@ def test_remote_accesses_follow_placement():
 @pytest.mark.parametrize("family", ["ag_gemm", "gemm_rs"])
 def test_one_chunk_is_compute_plus_comm(family):
     tp = 4
-    out = evaluate_fused(pl.DataFrame([{**GEMM, "num_gpus": tp, "chunks": 1}]), family).row(0, named=True)
+    out = evaluate_fused(pl.DataFrame([{**GEMM, "num_gpus": tp, "chunks": 1}]), family, eval_compute).row(0, named=True)
     if family == "ag_gemm":
         shape, coll, nbytes = (4096, 4096 // tp, 4096), "all_gather", 4096 * 4096 * 2
     else:
@@ -47,7 +47,7 @@ def test_one_chunk_is_compute_plus_comm(family):
 @pytest.mark.parametrize("family", ["ag_gemm", "gemm_rs"])
 def test_chunked_envelope_bounds(family):
     df = pl.DataFrame([{**GEMM, "num_gpus": 8, "chunks": c} for c in (2, 4, 8)])
-    out = evaluate_fused(df, family)
+    out = evaluate_fused(df, family, eval_compute)
     assert out["feasible"].all()
     lat, comp, comm = (out[c].to_numpy() for c in ("latency_us", "compute_us", "comm_us"))
     cc, cm = out["chunk_compute_us"].to_numpy(), out["chunk_comm_us"].to_numpy()
@@ -62,7 +62,7 @@ def test_chunked_envelope_bounds(family):
 def test_infeasible_partition_is_a_row_not_an_error():
     out = evaluate_fused(pl.DataFrame([{**GEMM, "num_gpus": 3, "chunks": 1},
                                        {**GEMM, "num_gpus": 4, "chunks": 3},
-                                       {**GEMM, "system": "hgx_b200", "num_gpus": 16, "chunks": 1}]), "gemm_rs")
+                                       {**GEMM, "system": "hgx_b200", "num_gpus": 16, "chunks": 1}]), "gemm_rs", eval_compute)
     assert not out["feasible"].any()
     r = out["infeasible_reason"].to_list()
     assert "divisible by num_gpus" in r[0] and "chunks" in r[1] and "nodes" in r[2]
@@ -71,7 +71,7 @@ def test_infeasible_partition_is_a_row_not_an_error():
 def test_ulysses_runs_four_all_to_alls():
     row = dict(system="hgx_b200", batch=1, heads=32, seq_len=8192, head_dim=128, dtype="bfloat16",
                block_m=128, block_n=64, num_stages=2, num_warps=4, num_gpus=8, chunks=1)
-    out = evaluate_fused(pl.DataFrame([row]), "ulysses").row(0, named=True)
+    out = evaluate_fused(pl.DataFrame([row]), "ulysses", eval_compute).row(0, named=True)
     assert out["feasible"], out["infeasible_reason"]
     per = 1 * (8192 // 8) * (32 // 8) * 8 * 128 * 2  # a rank's send buffer for its heads
     a2a = eval_coll(pl.DataFrame({"system": ["hgx_b200"], "collective": ["all_to_all"], "num_gpus": [8],
@@ -89,7 +89,7 @@ def test_moe_expert_parallel_dispatch_and_combine():
     assert infer_moe_accesses("dp", None) == []
     row = dict(system="dgx_h100", tokens=2048, hidden=4096, ffn=1024, experts=32, top_k=4, dtype="bfloat16",
                block_m=64, block_n=128, block_k=64, num_stages=3, num_warps=4, num_gpus=8, chunks=1)
-    out = evaluate_fused(pl.DataFrame([row]), "moe_ep").row(0, named=True)
+    out = evaluate_fused(pl.DataFrame([row]), "moe_ep", eval_compute).row(0, named=True)
     assert out["feasible"], out["infeasible_reason"]
     per = 2048 * 4 * 4096 * 2  # a rank's routed copies of its tokens
     a2a = eval_coll(pl.DataFrame({"system": ["dgx_h100"], "collective": ["all_to_all"], "num_gpus": [8],
@@ -102,5 +102,5 @@ def test_moe_expert_parallel_dispatch_and_combine():
     assert out["compute_us"] == pytest.approx(comp)
     assert out["comm_us"] == pytest.approx(2 * a2a)
     assert out["latency_us"] == pytest.approx(comp + 2 * a2a)
-    bad = evaluate_fused(pl.DataFrame([{**row, "experts": 30}]), "moe_ep")
+    bad = evaluate_fused(pl.DataFrame([{**row, "experts": 30}]), "moe_ep", eval_compute)
     assert not bad["feasible"][0] and "experts" in bad["infeasible_reason"][0]

@@ -37,6 +37,7 @@ def _check(rows: list[dict], hw) -> None:
     for i, r in enumerate(rows):
         if blocked[i]:
             assert min(r["block_m"], r["block_n"], r["block_k"]) < gemm.TRITON_MIN_DOT \
+                or (gemm.DTYPES[r["dtype"]][0] == 1 and r["block_k"] < gemm.TRITON_MIN_DOT_K_8BIT) \
                 or r["block_m"] * r["block_n"] > gemm.TRITON_MAX_TENSOR_NUMEL, r
             assert plan.unlowered[i]
             continue

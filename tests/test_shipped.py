@@ -130,3 +130,29 @@ def test_installed_first_calls_compile_nothing(name, tmp_path):
     loaded = [ln for ln in log if "[cache] data loaded" in ln and "_nbcache" in ln]
     assert saved == [], "compiled despite the shipped code:\n" + "\n".join(saved)
     assert loaded  # and its kernels did come from the shipped code
+
+
+def test_a_wheel_with_shipped_code_is_tagged_for_its_interpreter_and_platform():
+    """The shipped code is machine code for one interpreter, platform and CPU, so
+    the wheel that carries it is not ``py3-none-any`` (issue 37): setup.py tags it
+    ``cpXY-cpXY-PLATFORM`` and installs it as platform code."""
+    import sysconfig
+    from importlib import metadata
+
+    if not _installed_shipped():
+        if os.environ.get("TSBATCH_REQUIRE_SHIPPED") == "1":
+            pytest.fail("TSBATCH_REQUIRE_SHIPPED=1 but the installed tsbatch has no _nbcache/ code")
+        pytest.skip("this tsbatch was not installed from a wheel with compiled kernels")
+    dist = metadata.distribution("tsbatch")
+    here = Path(tsbatch.__file__).resolve()
+    assert Path(dist.locate_file("tsbatch/__init__.py")).resolve() == here, \
+        "the tsbatch imported is not the installed distribution's"
+    wheel = dist.read_text("WHEEL") or ""
+    tags = [ln.split(":", 1)[1].strip() for ln in wheel.splitlines() if ln.startswith("Tag:")]
+    assert tags, wheel
+    py = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    plat = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    for tag in tags:
+        interp, abi, platform = tag.split("-")
+        assert interp == py and abi == py and platform == plat, tag
+    assert "Root-Is-Purelib: false" in wheel

@@ -226,9 +226,9 @@ def _attention_predictor(frame: pl.DataFrame, hw: str) -> pl.DataFrame:
 
 def _collective_predictor(frame: pl.DataFrame, hw: str) -> pl.DataFrame:
     # collectives name their system per row (column 'system'); hw is the group label only
-    from kernels_catalog.collectives import evaluate
+    from kernels_catalog.registry import get_family
 
-    return evaluate(frame)
+    return get_family("collective").evaluate(frame)
 
 
 #: Default predictor per family. Families absent here are reported as skipped.

@@ -16,10 +16,10 @@ Everything here is also at the top of the package, so one import is enough::
                                  cands.drop("m", "n", "k", "dtype").to_dicts(), hw="h100")
     tsbatch.list_gpus()                                        # what `tsbatch hw` lists
 
-Each function wraps what a CLI command runs (:func:`tsbatch.evaluate.evaluate`,
-:func:`tsbatch.screen.screened_rank`, :func:`tsbatch.prune.prune`,
-:func:`tsbatch.explain.explain_text`, :mod:`tsbatch.hw`), so the results are
-those of the command on the same rows. Bad input raises one
+Each function converts the caller's table and calls what the CLI command
+runs (:func:`tsbatch.pipeline.evaluate_frame`, the pipeline behind ``tsbatch
+evaluate``; :func:`tsbatch.prune.prune`, :func:`tsbatch.explain.explain_text`,
+:mod:`tsbatch.hw`), so the results are those of the command on the same rows. Bad input raises one
 :class:`~tsbatch.errors.InputError` naming the problem (the message the
 command prints), before anything is predicted.
 
@@ -103,12 +103,6 @@ def _sampling(wave_samples, k_samples) -> dict:
     return check_sampling({"wave_samples": wave_samples, "k_samples": k_samples})
 
 
-def _family(family, columns):
-    from tsbatch.evaluate import detect_family, get_family
-
-    return get_family(detect_family(columns) if family is None else family)
-
-
 # --------------------------------------------------------------------------- evaluate, rank
 def evaluate_table(candidates, hw, *, family=None, wave_samples: int = 8, k_samples: int = 4):
     """Predict every candidate row; the rows ``tsbatch evaluate`` writes.
@@ -144,13 +138,13 @@ def evaluate_table(candidates, hw, *, family=None, wave_samples: int = 8, k_samp
     >>> out = tsbatch.evaluate_table(t, hw="h100")     # a pyarrow.Table
     >>> out.column("latency_us")                        # doctest: +SKIP
     """
-    from tsbatch.evaluate import evaluate, resolve_hw
+    from tsbatch.evaluate import resolve_hw
+    from tsbatch.pipeline import evaluate_frame
 
     spec = resolve_hw(hw)
     sampling = _sampling(wave_samples, k_samples)
     kind, df = _as_polars(candidates)
-    fam = _family(family, df.columns)
-    return _back(evaluate(df, spec, fam, **sampling), kind, candidates)
+    return _back(evaluate_frame(df, spec, family, sampling=sampling), kind, candidates)
 
 
 def rank_table(candidates, hw, *, top: float | str = 1.0, family=None, wave_samples: int = 8,
@@ -182,16 +176,15 @@ def rank_table(candidates, hw, *, top: float | str = 1.0, family=None, wave_samp
     >>> best.filter(pl.col("rank") == 1)                        # doctest: +SKIP
     """
     from tsbatch.evaluate import resolve_hw
+    from tsbatch.pipeline import evaluate_frame
     from tsbatch.rank import parse_top
-    from tsbatch.screen import screened_rank
 
     spec = resolve_hw(hw)
     frac = parse_top(top)
     sampling = _sampling(wave_samples, k_samples)
     kind, df = _as_polars(candidates)
-    fam = _family(family, df.columns)
-    wl = [c for c in fam.workload_columns if c in df.columns]
-    return _back(screened_rank(df, spec, wl, frac, fam, sampling=sampling), kind, candidates)
+    return _back(evaluate_frame(df, spec, family, top=frac, sampling=sampling), kind,
+                 candidates)
 
 
 # --------------------------------------------------------------------------- prune

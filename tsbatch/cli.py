@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from tsbatch.errors import InputError
@@ -19,25 +18,12 @@ from tsbatch.errors import InputError
 __all__ = ["main", "build_parser"]
 
 EXIT_INPUT = 2
-#: cache problems remembered across the batches of a ranked evaluate (about 200
-#: bytes each): bounds the memo, which otherwise grows with the rows predicted
-RANKED_MEMO_PROBLEMS = 250_000
 
 
 def _out_path(p: str) -> Path:
-    path = Path(p)
-    if path.exists() and path.is_dir():
-        raise InputError(f"{path}: output path is a directory")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise InputError(f"{path}: output directory {parent} does not exist")
-    return path
+    from tsbatch.pipeline import output_path
 
-
-def _named(src, exc: InputError) -> InputError:
-    """``exc`` with the file ``src`` named first (validation errors name only the column)."""
-    text = str(exc)
-    return exc if text.startswith(str(src)) else InputError(f"{src}: {text}")
+    return output_path(p)
 
 
 def _add_sampling_args(p) -> None:
@@ -54,222 +40,53 @@ def _add_sampling_args(p) -> None:
                         "(at least 1; default 4)")
 
 
-class _NoBar:
-    """The bar not shown: the calls of a tqdm bar, doing nothing."""
-
-    def update(self, n: int) -> None:
-        pass
-
-    def set_description(self, desc: str, refresh: bool = True) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _bar(args, total: int, desc: str, show: bool = True):
     """A tqdm bar over ``total`` rows when ``show`` and asked for or on a
     terminal, else one that shows nothing (tqdm not imported)."""
     if not show or not (getattr(args, "progress", False)
                         or (not args.quiet and sys.stderr.isatty())):
-        return _NoBar()
+        from tsbatch.pipeline import NoBar
+
+        return NoBar()
     from tqdm import tqdm
 
     return tqdm(total=total, unit="row", unit_scale=True, leave=False, desc=desc,
                 dynamic_ncols=True)
 
 
+def _sampling_args(args) -> dict:
+    return {"k_samples": args.k_samples, "wave_samples": args.wave_samples}
+
+
 def _sampling(args) -> dict:
     from tsbatch.evaluate import check_sampling
 
-    return check_sampling({"k_samples": args.k_samples, "wave_samples": args.wave_samples})
+    return check_sampling(_sampling_args(args))
 
 
 # ----------------------------------------------------------------------------- evaluate
 def cmd_evaluate(args) -> int:
-    import tempfile
-
-    from tsbatch.schema import table_format
-
-    src = args.candidates
-    with tempfile.TemporaryDirectory(prefix="tsbatch-in-") as tmp:
-        if table_format(src) != "parquet":
-            # Arrow IPC, CSV and NDJSON are streamed into a Parquet file once, which
-            # every path below (batched reads, workload counts) then scans
-            args.candidates = _to_parquet(src, Path(tmp) / "candidates.parquet")
-        try:
-            return _evaluate(args, src)
-        except InputError as exc:
-            raise _named(src, exc) from None
-
-
-def _to_parquet(src, dst: Path) -> str:
-    from tsbatch.schema import READ_ERRORS, scan_table, table_error
-
-    lf = scan_table(src)
-    try:
-        lf.sink_parquet(dst)
-    except READ_ERRORS as exc:  # several types, unreadable files
-        raise table_error(src, exc) from exc
-    return str(dst)
-
-
-def _evaluate(args, src) -> int:
     import polars as pl
 
-    from tsbatch.evaluate import CacheMemo, evaluate, get_family, resolve_hw, sampling_metadata
-    from tsbatch.io import (
-        ParquetSink, provenance, read_ahead, read_output, sha256_file, write_parquet,
-    )
-    from tsbatch.rank import parse_top
-    from tsbatch.schema import (
-        READ_ERRORS, check_int_range, read_candidates, scan_table, table_error,
-    )
+    from tsbatch.io import read_output
+    from tsbatch.pipeline import evaluate_file
 
-    for flag, v in (("--batch-rows", args.batch_rows), ("--rank-bucket-rows", args.rank_bucket_rows)):
-        if v < 1:
-            raise InputError(f"{flag} must be a positive number of rows, got {v}")
-    hw = resolve_hw(args.hw)
-    out = _out_path(args.output)
-    top = parse_top(args.top)
-    sampling = _sampling(args)
-    scan = scan_table(args.candidates)  # a one-line InputError when unreadable
-    try:
-        total = scan.select(pl.len()).collect().item()
-        names = scan.collect_schema().names()
-        check_int_range(scan, src)
-    except InputError:
-        raise
-    except READ_ERRORS as exc:  # several types, corrupt files
-        raise table_error(src, exc) from exc
-    if args.family is None:
-        from tsbatch.evaluate import detect_family
-
-        args.family = detect_family(names)
-    fam = get_family(args.family)
-    args.family = fam  # a program file is read once
-    # stream batches: memory stays bounded by --batch-rows, not the file; a
-    # file of one batch is read at once. Each batch is read when it is needed
-    # (a slice of the scan): collect_batches reads ahead of a slow consumer and
-    # would end up holding the whole file
-    one = total <= args.batch_rows
-
-    def read_batch(a: int):
-        try:
-            return pl.scan_parquet(args.candidates).slice(a, args.batch_rows).collect()
-        except READ_ERRORS as exc:  # a file corrupt past its footer
-            raise table_error(src, exc) from exc
-
-    def stream():
-        # the next batch is read on a thread while this one is worked on
-        return read_ahead([(lambda a=a: read_batch(a))
-                           for a in range(0, total, args.batch_rows)])
-
-    batches = [read_candidates(args.candidates)] if one else stream()
-    meta = provenance(hw, fam.name, {"candidates": sha256_file(src)},
-                      extra={"top_fraction": str(top), **sampling_metadata(sampling)})
-    ranked = bool(args.rank or args.top)
-    t0 = time.perf_counter()
-    if ranked and fam.lower is None:
-        # a family that evaluates its frames itself (collectives) has no tile plan
-        # to screen or bound: every row is predicted, then ranked
-        from tsbatch.rank import rank
-
-        wl = [c for c in fam.workload_columns if c in names]
-        parts = [evaluate(df, hw, args.family, **sampling) for df in batches]
-        full_res = pl.concat(parts, how="vertical") if parts else None
-        n_rows = sum(p.height for p in parts)
-        n_inf = sum(int((~p.get_column("feasible")).sum()) for p in parts)
-        res = rank(full_res, wl, top if top else 1.0)
-        write_parquet(res, out, meta)
-        kept = res.height
-        full = ""
-        dt = time.perf_counter() - t0
-        print(f"evaluated {n_rows:,} candidates on {hw.name} in {dt:.2f} s; {n_inf:,} "
-              f"infeasible; wrote {kept:,} rows to {out}")
+    done = evaluate_file(args.candidates, args.output, args.hw, args.family, rank=args.rank,
+                         top=args.top, sampling=_sampling_args(args),
+                         batch_rows=args.batch_rows, rank_bucket_rows=args.rank_bucket_rows,
+                         progress=lambda total, desc, show=True: _bar(args, total, desc, show))
+    st, out, dt = done.stats, done.out, done.seconds
+    if st.how == "ranked_all":
+        print(f"evaluated {st.n_rows:,} candidates on {done.hw.name} in {dt:.2f} s; "
+              f"{st.n_infeasible:,} infeasible; wrote {st.kept:,} rows to {out}")
         return 0
-    # cache problems solved in one batch are reused by the next (none to share
-    # when the file is one batch)
-    memo = None if one else CacheMemo(max_problems=RANKED_MEMO_PROBLEMS)
-    if ranked and top >= 1.0 and not one:
-        # every feasible row is kept, so there is nothing to screen out: the
-        # predictions go to workload buckets on disk and are ranked one
-        # bucket at a time (tsbatch.bucket_rank), never the whole sweep in memory
-        from tsbatch.bucket_rank import BucketRanker
-        from tsbatch.rank import rank
-        from tsbatch.screen import workload_counts
-
-        wl = [c for c in fam.workload_columns if c in names]
-        n_rows = 0
-        n_inf = 0
-        kept = 0
-        spill = out.parent if str(out.parent) else Path(".")
-        with BucketRanker(wl, workload_counts(args.candidates, wl), args.rank_bucket_rows,
-                          spill_dir=spill) as br, ParquetSink(out, meta) as sink:
-            bar = _bar(args, total, "evaluate", show=not one)
-            for df in batches:
-                res = evaluate(df, hw, args.family, cache_memo=memo, **sampling)
-                n_rows += df.height
-                n_inf += int((~res.get_column("feasible")).sum())
-                br.add(res)
-                bar.update(df.height)
-            bar.close()
-            for part in br.ranked(top):
-                sink.write(part)
-                kept += part.height
-            sink.commit(empty_schema=rank(br.template, wl) if br.template is not None else None)
-        full = f" (ranked in buckets of at most {args.rank_bucket_rows:,} rows)"
-    elif ranked:
-        # screened ranking (tsbatch.screen): only the rows that can still be among
-        # their workload's top K (K from the workload's count over the whole file,
-        # one streamed scan of the workload columns) are predicted in full, and only
-        # the running top K per workload is held. A file of several batches is read
-        # three times: bounds first, so the most promising rows of every workload
-        # are predicted first, wherever they are in the file
-        from tsbatch.screen import TopKScreen, workload_counts
-
-        wl = [c for c in fam.workload_columns if c in names]
-        counts = workload_counts(batches[0] if one else args.candidates, wl)
-        # a bounded cache memo: the running set is the only state growing with the input
-        screen = TopKScreen(hw, args.family, wl, top, counts,
-                            memo=CacheMemo(max_problems=RANKED_MEMO_PROBLEMS), sampling=sampling)
-        if one:
-            screen.add(batches[0])
-            res = screen.result()
-        else:
-            bar = _bar(args, 3 * total, "evaluate (3 passes)")
-
-            def tick(name: str, rows: int) -> None:
-                bar.set_description(f"evaluate: {name}", refresh=False)
-                bar.update(rows)
-
-            try:
-                res = screen.rank_stream(stream, progress=tick)
-            finally:
-                bar.close()
-        write_parquet(res, out, meta)
-        n_rows, n_inf, kept = screen.n_rows, screen.n_infeasible, res.height
-        full = f" ({screen.n_predicted:,} predicted in full, the rest bounded out)"
-    else:
-        n_rows = 0
-        n_inf = 0
-        with ParquetSink(out, meta) as sink:
-            bar = _bar(args, total, "evaluate", show=not one)
-            for df in batches:
-                res = evaluate(df, hw, args.family, cache_memo=memo, **sampling)
-                n_rows += df.height
-                n_inf += int((~res.get_column("feasible")).sum())
-                sink.write(res)
-                bar.update(df.height)
-            bar.close()
-            sink.commit()
-        kept = n_rows
-        full = ""
-    dt = time.perf_counter() - t0
-    print(f"evaluated {n_rows:,} candidates{full} on {hw.name} in {dt:.2f} s "
-          f"({n_rows / max(dt, 1e-9):,.0f} rows/s); {n_inf:,} infeasible; "
-          f"wrote {kept:,} rows to {out}")
-    if not args.quiet and kept:
+    full = {"buckets": f" (ranked in buckets of at most {st.bucket_rows:,} rows)",
+            "screened": f" ({st.n_predicted or 0:,} predicted in full, the rest bounded out)"
+            }.get(st.how, "")
+    print(f"evaluated {st.n_rows:,} candidates{full} on {done.hw.name} in {dt:.2f} s "
+          f"({st.n_rows / max(dt, 1e-9):,.0f} rows/s); {st.n_infeasible:,} infeasible; "
+          f"wrote {st.kept:,} rows to {out}")
+    if not args.quiet and st.kept:
         show = read_output(out, n_rows=200_000).filter(pl.col("feasible")) \
             .sort("latency_us").head(5)
         _print_top(show)
@@ -410,7 +227,14 @@ def cmd_explain(args) -> int:
     from tsbatch.explain import explain_text
 
     hw = resolve_hw(args.hw)
-    fam = get_family(args.family)
+    family = args.family
+    if family is None and args.candidates:
+        # the family whose columns the file has, as evaluate does (a file missing
+        # one of them is named with the family it comes closest to)
+        from tsbatch.pipeline import file_family
+
+        family = file_family(args.candidates)
+    fam = get_family(family or "gemm")
     if fam.name == "gemm" and not args.assign:
         df = _single_row(args)
     elif args.candidates:
@@ -570,9 +394,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                    "envelope phases, occupancy, cache hit rates and bottleneck.")
     x.add_argument("--hw", required=True)
     x.add_argument("--json", action="store_true", help="print the result row as JSON")
-    x.add_argument("--family", default="gemm",
+    x.add_argument("--family", default=None,
                    help="kernel family (tsbatch families) or a tile program FILE.toml; "
-                        "its columns are given as KEY=VALUE")
+                        "its columns are given as KEY=VALUE (default: gemm, or with "
+                        "--candidates the family whose columns the file has)")
     x.add_argument("assign", nargs="*", metavar="KEY=VALUE",
                    help="candidate columns of a non-GEMM family, e.g. batch=8 heads=32 "
                         "seq_len=4096 head_dim=128 dtype=float16 block_m=128 block_n=64 "

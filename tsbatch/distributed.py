@@ -63,7 +63,25 @@ _HELPERS = (_CID, _WLN, _PINF, "_key", "_r")
 _INSTALL_HINT = "pip install 'tsbatch[ray]'"
 
 
+#: Ray's telemetry, off wherever tsbatch starts Ray: its usage statistics (with them,
+#: Ray Data polls a Prometheus server on localhost:9090 from a background thread,
+#: whose failures end a run, or a test session, in "Logging error" tracebacks)
+#: and its metrics collection. Set only where the user has not set them.
+RAY_QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_enable_metrics_collection": "0"}
+
+
+def quiet_ray_env(environ=None) -> dict:
+    """Switch Ray's usage and metrics reporting off in ``environ`` (default:
+    ``os.environ``, before Ray starts: the processes ``ray.init`` starts inherit
+    it) unless the user set them; returns what was set."""
+    env = os.environ if environ is None else environ
+    done = {k: v for k, v in RAY_QUIET_ENV.items() if k not in env}
+    env.update(done)
+    return done
+
+
 def _import_ray():
+    quiet_ray_env()
     try:
         import ray  # noqa: F401
         import ray.data  # noqa: F401

@@ -21,7 +21,7 @@ import polars as pl
 
 from kernels_catalog import gemm as gemm_family
 from kernels_catalog.base import Family, TilePlan
-from kernels_catalog.catalog import family_from_file, program_families
+from kernels_catalog.registry import FAMILIES, detect_family, get_family, no_family_message
 from tsbatch.errors import InputError
 from tsbatch.hw import HwSpec, UnknownHardwareError, get_hw
 from tsbatch.kernels.envelope import (
@@ -33,24 +33,7 @@ from tsbatch.kernels.rowhash import RowIndex, dedup_rows, grown
 from tsbatch.schema import to_polars, validate
 
 __all__ = ["FAMILIES", "RESULT_COLUMNS", "CacheMemo", "evaluate", "evaluate_plan", "resolve_hw",
-           "get_family", "detect_family", "residency"]
-
-FAMILIES: dict[str, Family] = {"gemm": gemm_family.FAMILY, **program_families()}
-
-
-def _register_optional() -> None:
-    """Families whose modules may be absent from a partial checkout."""
-    try:
-        from kernels_catalog.collectives import FAMILY as collective  # noqa: PLC0415
-        from kernels_catalog.fused_comm import FAMILIES as fused  # noqa: PLC0415
-    except ImportError:
-        return
-    FAMILIES.setdefault(collective.name, collective)
-    for fam in (fused.values() if isinstance(fused, dict) else fused):
-        FAMILIES.setdefault(fam.name, fam)
-
-
-_register_optional()
+           "get_family", "detect_family", "no_family_message", "residency"]
 
 #: result columns and their meaning (units in the names)
 RESULT_COLUMNS = {
@@ -114,31 +97,6 @@ def resolve_hw(hw: str | HwSpec) -> HwSpec:
         return get_hw(hw)
     except UnknownHardwareError as exc:
         raise InputError(str(exc)) from None
-
-
-def get_family(name: "str | Family") -> Family:
-    """A family by name, a :class:`Family` as it is, or the family of a tile
-    program in a TOML file (a name ending in ``.toml``)."""
-    if isinstance(name, Family):
-        return name
-    if str(name).endswith(".toml"):
-        return family_from_file(name)
-    try:
-        return FAMILIES[name]
-    except KeyError:
-        raise InputError(f"unknown kernel family '{name}'; known: {', '.join(FAMILIES)} "
-                         f"(or a tile program FILE.toml)") from None
-
-
-def detect_family(columns) -> str:
-    """The family whose required columns a candidate table has (GEMM first)."""
-    names = set(columns)
-    for fam in FAMILIES.values():
-        if all(c.name in names for c in fam.columns if c.required and c.name not in
-               ("block_m", "block_n", "block_k", "num_stages", "num_warps")):
-            return fam.name
-    raise InputError(f"no kernel family matches the columns {sorted(names)}; known: "
-                     f"{', '.join(FAMILIES)} (tsbatch families lists their columns)")
 
 
 def residency(plan: TilePlan, hw: HwSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -414,7 +372,8 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
         fill = [(pl.lit(c.default) if not c.required and c.default is not None
                  else pl.col(c.name).cast(kinds[c.kind])).alias(c.name)
                 for c in fam.columns if c.name in df.columns and df.schema[c.name] == pl.Null]
-        return fam.evaluate(df.with_columns(fill) if fill else df, hw)
+        # a family composing others (fused GEMM + collective) runs them through this engine
+        return fam.evaluate(df.with_columns(fill) if fill else df, hw, evaluate)
     spec = resolve_hw(hw)
     if lower_hook is None and chunk_rows > 0 and df.height > chunk_rows:
         memo = cache_memo if cache_memo is not None else CacheMemo()

@@ -43,7 +43,7 @@ def _catalog_hash(family: str) -> str:
     lowering), or its catalog module."""
     import importlib
 
-    from tsbatch.evaluate import get_family  # noqa: PLC0415 (evaluate imports io lazily)
+    from kernels_catalog.registry import get_family  # noqa: PLC0415 (not needed at import)
 
     fam = get_family(family)
     prog = getattr(fam, "program", None)

@@ -12,8 +12,9 @@ A sweep file (TOML) has four tables::
 
 Candidates are generated and evaluated a chunk of whole workloads at a
 time, so a workload's top-k % is exact and memory stays bounded however
-large the sweep is. Within a chunk the ranking is screened
-(:mod:`tsbatch.screen`): only candidates whose perfect-caching latency
+large the sweep is. Each chunk is a table through the evaluation pipeline
+(:mod:`tsbatch.pipeline`), ranked by screening (:mod:`tsbatch.screen`):
+only candidates whose perfect-caching latency
 bound can still place them in their workload's top k % are predicted in
 full; the result is the same as ranking every prediction.
 """
@@ -33,7 +34,7 @@ import polars as pl
 from tsbatch.errors import InputError
 from tsbatch.evaluate import check_sampling, get_family, resolve_hw, sampling_metadata
 from tsbatch.io import ParquetSink, provenance, sha256_file
-from tsbatch.screen import TopKScreen, workload_counts
+from tsbatch.pipeline import Stats, collect, results, table_source
 
 try:
     import tomllib
@@ -206,13 +207,12 @@ def run_sweep(spec: str | Path | SweepSpec, hw: str, out: str | Path, top: float
                 continue
             # whole workloads per chunk: the chunk's counts are the workloads' counts,
             # and the screen predicts in full only rows that can still be kept
-            wl = [c for c in workload_cols if c in chunk.columns]
-            screen = TopKScreen(hwspec, sp.family, wl, top, workload_counts(chunk, wl),
-                                timings=tm, sampling=sampling)
-            screen.add(chunk)
-            ranked = screen.result()
-            n_infeasible += screen.n_infeasible
-            tm["rows_predicted"] = tm.get("rows_predicted", 0) + screen.n_predicted
+            stats = Stats()
+            ranked = collect(results(table_source(chunk), hwspec, fam, ranked=True, top=top,
+                                     sampling=sampling, workload=workload_cols, stats=stats,
+                                     timings=tm))
+            n_infeasible += stats.n_infeasible
+            tm["rows_predicted"] = tm.get("rows_predicted", 0) + (stats.n_predicted or 0)
             t_w = time.perf_counter()
             sink.write(ranked)
             tm["write_s"] = tm.get("write_s", 0.0) + (time.perf_counter() - t_w)

@@ -43,17 +43,19 @@ def parse_bytes(text: str) -> int:
 
 
 def _families():
-    import kernels_catalog.collectives as coll
-    import kernels_catalog.fused_comm as fused
+    """The families of several GPUs (those evaluating their frames themselves)."""
+    from kernels_catalog.registry import FAMILIES
 
-    return {"collective": coll.FAMILY, **fused.FAMILIES}
+    return {name: fam for name, fam in FAMILIES.items() if fam.evaluate is not None}
 
 
 def _evaluate(frame: pl.DataFrame, family: str) -> pl.DataFrame:
+    from tsbatch.evaluate import evaluate
+
     fams = _families()
     if family not in fams:
         raise InputError(f"unknown family '{family}'; known: {', '.join(fams)}")
-    return fams[family].evaluate(frame, None)
+    return fams[family].evaluate(frame, None, evaluate)
 
 
 def _fmt_bytes(b: float) -> str:
