@@ -31,7 +31,7 @@ from pathlib import Path
 
 from kernels_catalog.base import (
     MAX_CACHE_BLOCKS, MAX_GRID_TILES, SIZE_LIMIT, Column, Family, TilePlan, clamp_group,
-    first_rule, map_codes,
+    map_codes,
 )
 from kernels_catalog.program import load_program
 from tsbatch.kernels._config import jit_exact
@@ -756,45 +756,88 @@ def _pow2(a: np.ndarray) -> np.ndarray:
     return (a > 0) & ((a & (a - 1)) == 0)
 
 
-def admit(cols: dict) -> np.ndarray:
+@jit_exact
+def _admit_rows(m, n, k, bm, bn, bk, stages, warps, split, eb, tri, code, lo, hi):
+    """Rows ``lo:hi`` of :func:`admit` (``code`` receives the rule codes). Sizes
+    in float64 (a product that would wrap in int64 overflows to inf and is
+    caught); ``tri`` marks the rows Triton's rules apply to."""
+    big = 2.0 ** 63
+    for i in range(lo, hi):
+        mf = float(m[i])
+        nf = float(n[i])
+        kf = float(k[i])
+        bmf = float(bm[i])
+        bnf = float(bn[i])
+        bkf = float(bk[i])
+        sp = max(float(split[i]), 1.0)
+        ebf = eb[i]
+        flops = 2.0 * mf * nf * kf
+        elems = max(max(mf * kf, kf * nf), mf * nf) * 4.0
+        ga = math.ceil(mf / max(bmf, 1.0))
+        gb = math.ceil(nf / max(bnf, 1.0))
+        tiles = ga * gb * sp
+        blocks = (ga + gb) * sp
+        steps = math.ceil(math.ceil(kf / sp) / max(bkf, 1.0))
+        smem = max(float(stages[i]) - 1.0, 1.0) * (bmf * bkf + bkf * bnf) * ebf
+        c = 0
+        if not (flops < big) or not (elems < big):
+            c = 1
+        elif not (tiles <= MAX_GRID_TILES):
+            c = 2
+        elif not (blocks <= MAX_CACHE_BLOCKS):
+            c = 3
+        elif not (tiles * max(steps, 1.0) < SIZE_LIMIT):
+            c = 4
+        elif not (smem < SIZE_LIMIT):
+            c = 5
+        elif not (float(warps[i]) < 2.0 ** 20):
+            c = 6
+        elif tri[i]:
+            a, b, d, w = bm[i], bn[i], bk[i], warps[i]
+            if not (a > 0 and (a & (a - 1)) == 0):
+                c = 7
+            elif not (b > 0 and (b & (b - 1)) == 0):
+                c = 8
+            elif not (d > 0 and (d & (d - 1)) == 0):
+                c = 9
+            elif not (w > 0 and (w & (w - 1)) == 0):
+                c = 10
+            elif a < TRITON_MIN_DOT:
+                c = 11
+            elif b < TRITON_MIN_DOT:
+                c = 12
+            elif d < TRITON_MIN_DOT:
+                c = 13
+            elif ebf == 1.0 and d < TRITON_MIN_DOT_K_8BIT:
+                c = 14
+            elif (bmf * bnf > TRITON_MAX_TENSOR_NUMEL or bmf * bkf > TRITON_MAX_TENSOR_NUMEL
+                  or bkf * bnf > TRITON_MAX_TENSOR_NUMEL):
+                c = 15
+        code[i] = c
+
+
+def admit(cols: dict, dcode: np.ndarray | None = None) -> np.ndarray:
     """Per row, the 1-based code of the first :data:`ADMIT_RULES` entry it
     breaks (0: none). Sizes are checked in float64, so a product that would
     wrap in int64 is caught; the Triton rules apply to ``backend = 'triton'``
-    rows (library rows carry catalog tiles)."""
-    f = lambda a: np.asarray(a, dtype=np.float64)  # noqa: E731
-    i64 = lambda a: np.asarray(a, dtype=np.int64)  # noqa: E731
-    m, n, k = f(cols["m"]), f(cols["n"]), f(cols["k"])
-    bm, bn, bk = f(cols["block_m"]), f(cols["block_n"]), f(cols["block_k"])
+    rows (library rows carry catalog tiles). ``dcode``: the rows' dtype codes,
+    where the caller has them. One pass of :func:`_admit_rows` (plain-Python
+    twin: ``tests/naive.py: gemm_admit``)."""
+    i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
+    m = i64(cols["m"])
     rows = m.shape[0]
-    eb = np.array([v[0] for v in DTYPES.values()], dtype=np.float64)[
-        map_codes(np.asarray(cols["dtype"], dtype=object), _DTYPE_CODE)] if rows else m
-    split = f(cols["split_k"]) if "split_k" in cols else np.ones(rows)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        flops = 2.0 * m * n * k
-        elems = np.maximum(np.maximum(m * k, k * n), m * n) * 4.0
-        tiles = (np.ceil(m / np.maximum(bm, 1.0)) * np.ceil(n / np.maximum(bn, 1.0))
-                 * np.maximum(split, 1.0))
-        blocks = (np.ceil(m / np.maximum(bm, 1.0)) + np.ceil(n / np.maximum(bn, 1.0))) \
-            * np.maximum(split, 1.0)
-        steps = np.ceil(np.ceil(k / np.maximum(split, 1.0)) / np.maximum(bk, 1.0))
-        smem = np.maximum(f(cols["num_stages"]) - 1.0, 1.0) * (bm * bk + bk * bn) * eb
+    if dcode is None:
+        dcode = map_codes(np.asarray(cols["dtype"], dtype=object), _DTYPE_CODE) if rows \
+            else np.zeros(0, dtype=np.int64)
+    eb = np.array([v[0] for v in DTYPES.values()], dtype=np.float64)[dcode]
+    split = i64(cols["split_k"]) if "split_k" in cols else np.ones(rows, dtype=np.int64)
     tri = (np.asarray(cols["backend"], dtype=object) != "cublas") if "backend" in cols \
-        else np.ones(rows, dtype=bool)
-    ibm, ibn, ibk, iw = (i64(cols[c]) for c in ("block_m", "block_n", "block_k", "num_warps"))
-    checks = (
-        ~(flops < 2.0 ** 63) | ~(elems < 2.0 ** 63),
-        ~(tiles <= MAX_GRID_TILES),
-        ~(blocks <= MAX_CACHE_BLOCKS),
-        ~(tiles * np.maximum(steps, 1.0) < SIZE_LIMIT),
-        ~(smem < SIZE_LIMIT),
-        ~(f(cols["num_warps"]) < 2.0 ** 20),
-        tri & ~_pow2(ibm), tri & ~_pow2(ibn), tri & ~_pow2(ibk), tri & ~_pow2(iw),
-        tri & (ibm < TRITON_MIN_DOT), tri & (ibn < TRITON_MIN_DOT), tri & (ibk < TRITON_MIN_DOT),
-        tri & (eb == 1.0) & (ibk < TRITON_MIN_DOT_K_8BIT),
-        tri & ((bm * bn > TRITON_MAX_TENSOR_NUMEL) | (bm * bk > TRITON_MAX_TENSOR_NUMEL)
-               | (bk * bn > TRITON_MAX_TENSOR_NUMEL)),
-    )
-    return first_rule(checks, rows)
+        else np.ones(rows, dtype=np.bool_)
+    code = np.zeros(rows, dtype=np.int64)
+    _admit_rows(m, i64(cols["n"]), i64(cols["k"]), i64(cols["block_m"]), i64(cols["block_n"]),
+                i64(cols["block_k"]), i64(cols["num_stages"]), i64(cols["num_warps"]), split, eb,
+                np.ascontiguousarray(tri, dtype=np.bool_), code, 0, rows)
+    return code
 
 
 #: the values a row not admitted is lowered with (its results are dropped)
@@ -823,7 +866,8 @@ def lower(cols: dict, hw) -> TilePlan:
     """
     i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
     b8 = lambda a: np.ascontiguousarray(a, dtype=np.bool_)  # noqa: E731
-    blocked = admit(cols)
+    dcode = map_codes(np.asarray(cols["dtype"], dtype=object), _DTYPE_CODE)
+    blocked = admit(cols, dcode)
     if blocked.any():  # lowered with harmless values; residency marks them infeasible
         bad = blocked > 0
         cols = dict(cols)
@@ -837,7 +881,6 @@ def lower(cols: dict, hw) -> TilePlan:
     lib = (np.asarray(cols["backend"], dtype=object) == "cublas") if "backend" in cols \
         else np.zeros(rows, dtype=np.bool_)
     order = map_codes(np.asarray(cols["raster"], dtype=object), ORDER_NAMES)
-    dcode = map_codes(np.asarray(cols["dtype"], dtype=object), _DTYPE_CODE)
     # float8 options; absent when a caller lowers columns validated elsewhere
     scode = (map_codes(np.asarray(cols["scale_mode"], dtype=object), _SCALE_CODE)
              if "scale_mode" in cols else np.zeros(rows, dtype=np.int64))

@@ -854,3 +854,45 @@ def gemm_lower_one(row: dict, hw) -> dict:
         "share_eff": hw.cal("wgmma_share_efficiency") if wgmma else 1.0,
         "useful_flops": 2.0 * row["m"] * row["n"] * row["k"],
     }
+
+
+def gemm_admit(row: dict) -> int:
+    """The first rule of ``kernels_catalog.gemm.ADMIT_RULES`` a GEMM row breaks
+    (1-based; 0: none), one row at a time in plain Python floats, as
+    ``kernels_catalog.gemm.admit`` documents it."""
+    f = float
+    m, n, k = f(row["m"]), f(row["n"]), f(row["k"])
+    bm, bn, bk = f(row["block_m"]), f(row["block_n"]), f(row["block_k"])
+    eb = float(GEMM_DTYPES[row["dtype"]][0])
+    split = max(f(row.get("split_k", 1)), 1.0)
+    tri = row.get("backend", "triton") != "cublas"
+    big = 2.0 ** 63
+    flops = 2.0 * m * n * k
+    elems = max(m * k, k * n, m * n) * 4.0
+    ga, gb = math.ceil(m / max(bm, 1.0)), math.ceil(n / max(bn, 1.0))
+    tiles = ga * gb * split
+    blocks = (ga + gb) * split
+    steps = math.ceil(math.ceil(k / split) / max(bk, 1.0))
+    smem = max(f(row["num_stages"]) - 1.0, 1.0) * (bm * bk + bk * bn) * eb
+    numel = 1 << 20
+
+    def pow2(v: int) -> bool:
+        return v > 0 and v & (v - 1) == 0
+
+    ib = [int(row[c]) for c in ("block_m", "block_n", "block_k", "num_warps")]
+    rules = [
+        not flops < big or not elems < big,
+        not tiles <= 2 ** 31 - 1,
+        not blocks <= 1 << 24,
+        not tiles * max(steps, 1.0) < 2.0 ** 62,
+        not smem < 2.0 ** 62,
+        not f(row["num_warps"]) < 2.0 ** 20,
+        *(tri and not pow2(v) for v in ib),
+        tri and ib[0] < 16, tri and ib[1] < 16, tri and ib[2] < 16,
+        tri and eb == 1.0 and ib[2] < 32,
+        tri and (bm * bn > numel or bm * bk > numel or bk * bn > numel),
+    ]
+    for j, hit in enumerate(rules):
+        if hit:
+            return j + 1
+    return 0

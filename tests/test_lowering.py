@@ -319,3 +319,24 @@ def test_operand_vector_bytes_by_hand():
     assert gemm.sram_passes(16) == 1.0
     assert gemm.sram_passes(2) == 1.0 + 2.0 * 2.0
     assert gemm.sram_passes(4) == 3.0
+
+
+_size = st.one_of(st.integers(1, 1 << 16), st.integers(1, 1 << 62))
+_blk = st.one_of(st.sampled_from([1, 8, 16, 24, 32, 64, 128, 256, 1 << 20, 3 << 20]),
+                 st.integers(1, 1 << 40))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.fixed_dictionaries({
+    "m": _size, "n": _size, "k": _size, "block_m": _blk, "block_n": _blk, "block_k": _blk,
+    "num_stages": st.integers(1, 1 << 40), "num_warps": st.sampled_from([1, 2, 4, 3, 8, 1 << 21]),
+    "split_k": st.one_of(st.just(1), st.integers(1, 1 << 40)),
+    "dtype": st.sampled_from(["float16", "bfloat16", "float32", "float8"]),
+    "backend": st.sampled_from(["triton", "cublas"])}), min_size=1, max_size=20))
+def test_admit_kernel_matches_twin(rows):
+    """admit's numba kernel against the plain-Python twin, sizes up to where
+    products overflow int64 and float64 ranges alike."""
+    cols = {c: np.array([r[c] for r in rows], dtype=object if c in ("dtype", "backend")
+                        else np.int64) for c in rows[0]}
+    got = gemm.admit(cols)
+    assert got.tolist() == [naive.gemm_admit(r) for r in rows]
