@@ -1,0 +1,242 @@
+"""Deployments in, prefill / decode / total times and tokens per second out.
+
+    deployments -> resolve (model, machine, engine)            deploy.py
+      -> points and op rows, one frame per family              ops.py
+      -> distinct op rows per family x tile candidates
+      -> each family evaluated once per GPU, vectorized        tsbatch.evaluate.evaluate
+      -> best candidate per op row, joined back
+      -> compose: op times + per-op gap + per-step overhead    (this module)
+
+The kernel families are the same entry the Python API uses
+(:func:`tsbatch.evaluate.evaluate`); they know nothing of models. An op's time is the
+family's ``latency_us`` less the kernel's own launch overhead (``t_launch_us``: the
+measured harness's empty-kernel time, or the collective system's
+``launch_overhead_us``), plus the engine's gap for the phase (eager prefill, graph
+decode). A step adds the engine's per-step overhead.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import polars as pl
+
+from tsbatch.serving.deploy import resolve
+from tsbatch.serving.ops import FAMILY_KEYS, lower_ops, points
+
+__all__ = ["predict", "predict_ops", "RESULT_COLUMNS", "TILE_CANDIDATES"]
+
+c = pl.col
+
+
+def _grid(**axes) -> pl.DataFrame:
+    names = list(axes)
+    rows = list(itertools.product(*axes.values()))
+    return pl.DataFrame({n: [r[i] for r in rows] for i, n in enumerate(names)})
+
+
+#: the schedules each family is tried with (the engine's kernel picks the best of them)
+TILE_CANDIDATES = {
+    # FA-2 forward tiles (flash-attention csrc/flash_fwd_launch_template.h: 128x64 and
+    # 128x128 / 4-8 warps for head_dim 64-256 on sm80) plus two smaller ones
+    "attention": _grid(block_m=[128, 64], block_n=[64, 128, 32], num_stages=[2],
+                       num_warps=[4, 8]),
+    # FA-3 forward: 128-row CTAs of two consumer warpgroups, 64-176 key rows per step
+    "attention_fa3": _grid(block_m=[128], block_n=[64, 128, 176], num_stages=[2]),
+    # split-KV decode: the split count the heuristic picks from (1-32), 64/128-row KV blocks
+    "flash_decoding": _grid(num_splits=[1, 2, 4, 8, 16, 32], block_n=[64, 128],
+                            num_stages=[2], num_warps=[4]),
+    "mla_decode": _grid(num_splits=[1, 2, 4, 8, 16, 32], block_n=[64], num_stages=[2]),
+    # vLLM's fused-MoE Triton kernel is tuned per shape: the best of a small space
+    "moe_grouped_gemm": _grid(block_m=[16, 32, 64, 128], block_n=[64, 128], block_k=[64],
+                              num_stages=[3, 4], num_warps=[4, 8]),
+    # rowwise: block width and vector loads (16 bytes: 8 of a 16-bit type, 4 of fp32)
+    "rowwise": _grid(threads=[128, 256, 1024], vec=[4, 8]),
+    # the "tuned" profile's Triton GEMM catalog
+    "gemm_triton": _grid(block_m=[16, 32, 64, 128], block_n=[64, 128, 256], block_k=[64],
+                         num_stages=[3, 4], num_warps=[4, 8]),
+}
+
+#: what :func:`predict` adds to each deployment row
+RESULT_COLUMNS = {
+    "feasible": "the deployment can run (else infeasible_reason)",
+    "infeasible_reason": "why not",
+    "gpus": "GPUs used (tp x pp x dp)",
+    "mem_gib_per_gpu": "weights + KV cache per GPU, GiB",
+    "prefill_ms": "time to prefill the whole batch (all chunks)",
+    "decode_step_ms": "one decode step at the median context (prompt + output / 2)",
+    "decode_mean_step_ms": "mean decode step over the output",
+    "total_ms": "static batch: prefill + (output_len - 1) decode steps",
+    "tokens_per_s": "generated tokens per second of the whole deployment (all DP replicas)",
+    "tokens_per_s_per_gpu": "tokens_per_s / gpus",
+    "decode_tokens_per_s": "batch / decode_step_ms, per replica",
+}
+
+
+def _config_text(fam: str) -> pl.Expr:
+    if fam == "gemm":
+        return (pl.when(c("library_tile") != "").then(pl.concat_str(pl.lit("cublas "),
+                                                                    c("library_tile")))
+                .otherwise(pl.format("triton {}x{}x{}/s{}/w{}", "block_m", "block_n", "block_k",
+                                     "num_stages", "num_warps")))
+    if fam == "attention":
+        return pl.format("fa2 {}x{}/s{}/w{}", "block_m", "block_n", "num_stages", "num_warps")
+    if fam == "attention_fa3":
+        return pl.format("fa3 {}x{}/s{}", "block_m", "block_n", "num_stages")
+    if fam == "flash_decoding":
+        return pl.format("splits {} bn {}", "num_splits", "block_n")
+    if fam == "mla_decode":
+        return pl.format("mla splits {}", "num_splits")
+    if fam == "moe_grouped_gemm":
+        return pl.format("fused_moe {}x{}x{}/s{}/w{}", "block_m", "block_n", "block_k",
+                         "num_stages", "num_warps")
+    if fam == "rowwise":
+        return c("op")
+    if fam == "collective":
+        return pl.format("nccl {}/{}", "algorithm_used", "protocol_used")
+    return pl.lit("")
+
+
+def _evaluate_family(fam: str, keys: pl.DataFrame, timings: dict | None) -> pl.DataFrame:
+    """Best candidate per distinct key row: key columns + ``t_kernel_us, t_launch_us,
+    bound, config`` (t_kernel_us null when nothing is feasible)."""
+    from tsbatch.evaluate import evaluate
+
+    kcols = list(FAMILY_KEYS[fam])
+    keys = keys.with_row_index("_key")
+    if fam == "collective":
+        frame = keys.rename({"comm_system": "system"})
+        res = evaluate(frame.drop("_key"), None, "collective")
+        res = res.with_columns(keys["_key"], keys["comm_system"])
+        res = res.with_columns(pl.lit(0.0).alias("t_launch_us"),
+                               c("bottleneck_link").alias("bottleneck"))
+        parts = [res]
+    else:
+        parts = []
+        for gpu, sub in keys.partition_by("gpu", as_dict=True).items():
+            gpu = gpu[0] if isinstance(gpu, tuple) else gpu
+            if fam == "gemm":
+                lib = sub.filter(c("impl") == "cublas").with_columns(
+                    pl.lit("cublas").alias("backend"), pl.lit(True).alias("a_row_major"),
+                    pl.lit(False).alias("b_row_major"))
+                tri = sub.filter(c("impl") == "triton").join(
+                    TILE_CANDIDATES["gemm_triton"], how="cross").with_columns(
+                    pl.lit("triton").alias("backend"), pl.lit(True).alias("a_row_major"),
+                    pl.lit(False).alias("b_row_major"))
+                cand = pl.concat([lib, tri], how="diagonal_relaxed")
+            else:
+                cand = sub.join(TILE_CANDIDATES[fam], how="cross") \
+                    if fam in TILE_CANDIDATES else sub
+            r = evaluate(cand.drop("gpu", "impl", strict=False), gpu, fam)
+            parts.append(r.with_columns(cand["_key"], cand["gpu"]))
+        res = pl.concat(parts, how="diagonal_relaxed")
+    res = res.with_columns(_config_text(fam).alias("config"))
+    if "t_launch_us" not in res.columns:
+        res = res.with_columns(pl.lit(0.0).alias("t_launch_us"))
+    res = res.filter(c("feasible") & c("latency_us").is_finite())
+    best = (res.sort("latency_us").group_by("_key", maintain_order=True).first()
+            .select("_key", c("latency_us").alias("t_kernel_us"),
+                    c("t_launch_us").fill_null(0.0), c("bottleneck").alias("bound"), "config"))
+    return keys.join(best, on="_key", how="left").drop("_key")
+
+
+def predict_ops(dep: pl.DataFrame, timings: dict | None = None) -> pl.DataFrame:
+    """Every op row of every feasible deployment with its time (``t_us``: one run,
+    launch gap included), bound and kernel configuration; ``dep`` is resolved."""
+    import time
+
+    t0 = time.perf_counter()
+    by_fam = lower_ops(dep)
+    t1 = time.perf_counter()
+    rows = []
+    for fam, ops in by_fam.items():
+        kcols = [k for k in FAMILY_KEYS[fam] if k in ops.columns]
+        keys = ops.select(kcols).unique()
+        best = _evaluate_family(fam, keys, timings)
+        j = ops.join(best, on=kcols, how="left", nulls_equal=True)
+        if fam == "collective":  # the system's harness launch overhead is not the engine's
+            j = j.join(dep.select("dep", "comm_launch_us"), on="dep", how="left").with_columns(
+                c("comm_launch_us").alias("t_launch_us")).drop("comm_launch_us")
+        rows.append(j.select("dep", "phase", "point", "op_name", "part", "order", "mult",
+                             pl.lit(fam).alias("family"), "op_flops", "op_bytes", "t_kernel_us",
+                             "t_launch_us", "bound", "config",
+                             pl.concat_str([pl.format("{}={}", pl.lit(k), c(k)) for k in kcols
+                                            if k not in ("gpu", "comm_system", "impl")],
+                                           separator=" ").alias("shape")))
+    out = pl.concat(rows, how="vertical_relaxed")
+    t2 = time.perf_counter()
+    gap = pl.when(c("phase") == "prefill").then(c("gap_prefill_us")).otherwise(c("gap_decode_us"))
+    out = out.join(dep.select("dep", "gap_prefill_us", "gap_decode_us"), on="dep", how="left")
+    out = out.with_columns(
+        (pl.max_horizontal(c("t_kernel_us") - c("t_launch_us"), pl.lit(0.0)) + gap)
+        .alias("t_us")).drop("gap_prefill_us", "gap_decode_us")
+    if timings is not None:
+        timings["lower_s"] = timings.get("lower_s", 0.0) + t1 - t0
+        timings["families_s"] = timings.get("families_s", 0.0) + t2 - t1
+    return out.sort("dep", "phase", "point", "order")
+
+
+def compose(dep: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """Per deployment: prefill, decode and total times, throughput (vectorized)."""
+    pts = points(dep)
+    per_point = ops.group_by("dep", "phase", "point").agg(
+        (c("mult") * c("t_us")).sum().alias("t_ops_us"),
+        c("t_kernel_us").is_null().any().alias("missing"),
+        pl.col("op_name").filter(c("t_kernel_us").is_null()).first().alias("missing_op"))
+    p = pts.join(per_point, on=["dep", "phase", "point"], how="left").join(
+        dep.select("dep", "step_prefill_us", "step_decode_us", "decode_points"), on="dep")
+    pre = p.filter(c("phase") == "prefill").group_by("dep").agg(
+        ((c("t_ops_us") * c("count")).sum()
+         + (c("count") * c("step_prefill_us")).filter(c("kind") == "tokens").sum())
+        .alias("prefill_us"),
+        c("missing").any().alias("m1"), c("missing_op").drop_nulls().first().alias("o1"))
+    d = p.filter(c("phase") == "decode").with_columns(
+        (c("t_ops_us") + c("step_decode_us")).alias("step_us"))
+    dec = d.group_by("dep").agg(
+        (c("step_us") * c("weight")).sum().alias("decode_mean_us"),
+        c("step_us").sort_by("point").get((c("decode_points").first() - 1) // 2)
+        .alias("decode_mid_us"),
+        c("missing").any().alias("m2"), c("missing_op").drop_nulls().first().alias("o2"))
+    r = dep.join(pre, on="dep", how="left").join(dec, on="dep", how="left")
+    miss = c("m1").fill_null(False) | c("m2").fill_null(False)
+    r = r.with_columns(
+        pl.when(c("feasible") & miss).then(pl.format(
+            "no feasible kernel configuration for op {}", pl.coalesce("o1", "o2")))
+        .otherwise(c("infeasible_reason")).alias("infeasible_reason"),
+        (c("feasible") & ~miss).alias("feasible"))
+    ok = c("feasible")
+    total = c("prefill_us") + (c("output_len") - 1) * c("decode_mean_us")
+    tokens = (c("batch") * c("output_len") * c("dp")).cast(pl.Float64)
+    r = r.with_columns(
+        pl.when(ok).then(c("prefill_us") / 1e3).alias("prefill_ms"),
+        pl.when(ok).then(c("decode_mid_us") / 1e3).alias("decode_step_ms"),
+        pl.when(ok).then(c("decode_mean_us") / 1e3).alias("decode_mean_step_ms"),
+        pl.when(ok).then(total / 1e3).alias("total_ms"),
+    ).with_columns(
+        pl.when(ok).then(tokens / (c("total_ms") / 1e3)).alias("tokens_per_s"),
+        pl.when(ok).then(c("batch") / (c("decode_step_ms") / 1e3)).alias("decode_tokens_per_s"),
+    ).with_columns((c("tokens_per_s") / c("gpus")).alias("tokens_per_s_per_gpu"))
+    return r
+
+
+def predict(deployments, *, timings: dict | None = None, return_ops: bool = False):
+    """Predict every deployment row (a polars DataFrame, Arrow table or dict of columns).
+
+    Returns the input columns followed by :data:`RESULT_COLUMNS` in input order (and the
+    op table when ``return_ops``). Bad input raises one :class:`InputError`.
+    """
+    dep = resolve(deployments)
+    ops = predict_ops(dep, timings)
+    res = compose(dep, ops)
+    inputs = [k for k in res.columns if k in _input_columns(deployments)]
+    out = res.select(*inputs, *RESULT_COLUMNS)
+    return (out, ops) if return_ops else out
+
+
+def _input_columns(deployments) -> list[str]:
+    from tsbatch.serving.deploy import DEPLOYMENT_COLUMNS
+
+    cols = list(getattr(deployments, "columns", None) or getattr(deployments, "column_names", None)
+                or list(deployments))
+    return list(dict.fromkeys(cols + list(DEPLOYMENT_COLUMNS)))
