@@ -506,6 +506,7 @@ PLUGINS = {
     "measure": "tsbatch.measure",
     "calibrate": "tsbatch.measure",
     "comm": "tsbatch.collectives.cli",
+    "serve": "tsbatch.serving.cli",
 }
 
 

@@ -51,8 +51,9 @@ TILE_CANDIDATES = {
     # vLLM's fused-MoE Triton kernel is tuned per shape: the best of a small space
     "moe_grouped_gemm": _grid(block_m=[16, 32, 64, 128], block_n=[64, 128], block_k=[64],
                               num_stages=[3, 4], num_warps=[4, 8]),
-    # rowwise: block width and vector loads (16 bytes: 8 of a 16-bit type, 4 of fp32)
-    "rowwise": _grid(threads=[128, 256, 1024], vec=[4, 8]),
+    # rowwise: block width, vector loads (16 bytes: 8 of a 16-bit type, 4 of fp32) and rows
+    # per block (short rows: QK-norm over one head)
+    "rowwise": _grid(threads=[128, 256, 1024], vec=[4, 8], rows_per_block=[1, 4, 16]),
     # the "tuned" profile's Triton GEMM catalog
     "gemm_triton": _grid(block_m=[16, 32, 64, 128], block_n=[64, 128, 256], block_k=[64],
                          num_stages=[3, 4], num_warps=[4, 8]),
