@@ -620,3 +620,90 @@ def test_host_staging_only_without_gpudirect():
     # n = 2: 2 steps, each S/2 out and S/2 in through GPU 0's NIC port
     hand = v2.base_us + sum(s.reps * s.alpha_us for s in line.stages) + 2 * nbytes / (nic_port * 1e3)
     assert naive.predict(p2, nbytes)[0] == pytest.approx(hand)
+
+
+# ------------------------------------------------------------------ full-mesh node (issue 36)
+def test_full_mesh_node_routes_every_pair_directly_and_spreads_the_ring():
+    sy = get_system("hgx_h100_4gpu")
+    assert get_system("h100_4gpu").key == "hgx_h100_4gpu"
+    assert sy.nvlink.topology == "mesh" and not sy.nvls
+    assert sy.nvlink.counts["bridge_group"] == 4  # the whole node is one group
+    t = Topology(sy, 4, 4)
+    # 18 NVLink-4 links x 25 GB/s = 450 GB/s per direction, 6 links (150 GB/s) per pair
+    pair_bw = 6 * 25.0 * sy.cal("nvlink_efficiency")
+    for a in range(4):
+        for b in range(4):
+            if a != b:
+                r = t.route(a, b)
+                assert _classes(t, r) == ["nvlink_bridge"]
+                assert t.bw[r[0]] == pytest.approx(pair_bw)
+    # ring all-reduce on 4 GPUs: each rank sends S/4 per step, spread over its 3 direct
+    # links (the three 4-cycles run both ways): S/12 on every ordered pair
+    p, v = _costed("hgx_h100_4gpu", "all_reduce", 4, 4, "ring")
+    assert [s.reps for s in v.stages] == [3, 3]
+    for s in v.stages:
+        loads = _loads_by_name(p.topology, s)
+        assert loads == {f"bridge/{a}/{b}": pytest.approx(1 / 12)
+                         for a in range(4) for b in range(4) if a != b}
+    # 2 GPUs of the node: one pair link, the ordinary 2-rank ring
+    p2, v2 = _costed("hgx_h100_4gpu", "all_reduce", 2, 2, "ring")
+    assert _loads_by_name(p2.topology, v2.stages[0]) == {"bridge/0/1": pytest.approx(0.5),
+                                                        "bridge/1/0": pytest.approx(0.5)}
+
+
+def test_full_mesh_node_collectives_are_sensible_and_monotone():
+    sizes = [1 << k for k in range(10, 31, 2)]
+    rows = ([("all_reduce", 2, 4, b) for b in sizes] + [("all_reduce", 4, 4, b) for b in sizes]
+            + [("send_recv", 2, 4, b) for b in sizes] + [("send_recv", 2, 2, b) for b in sizes]
+            + [("all_gather", 4, 4, b) for b in sizes])
+    df = pl.DataFrame({"system": ["hgx_h100_4gpu"] * len(rows), "collective": [r[0] for r in rows],
+                       "num_gpus": [r[1] for r in rows], "gpus_per_node": [r[2] for r in rows],
+                       "bytes": [r[3] for r in rows]})
+    out = evaluate(df)
+    lat = out["latency_us"].to_numpy()
+    assert np.isfinite(lat).all()
+    for i in range(0, len(rows), len(sizes)):
+        assert np.all(np.diff(lat[i:i + len(sizes)]) > 0)  # more bytes never faster
+    ar2, ar4 = lat[len(sizes) - 1], lat[2 * len(sizes) - 1]
+    gib = float(1 << 30)
+    sy = get_system("hgx_h100_4gpu")
+    eff = sy.cal("nvlink_efficiency")
+    # 4-GPU ring bus bandwidth, 2(n-1)/n x S / t, can at most use all 3 links of a GPU
+    # (450 GB/s x efficiency) and, using all of them, must beat one pair link (150 GB/s)
+    busbw4 = 1.5 * gib / (ar4 * 1e3)
+    assert 150.0 * eff < busbw4 <= 450.0 * eff
+    # 2 GPUs share one 150 GB/s pair link: a 1 GiB all-reduce is slower than on 4 GPUs
+    assert 1.0 * gib / (ar2 * 1e3) <= 150.0 * eff and ar2 > ar4
+    # send/recv between two GPUs of the node: one direct pair link at most
+    sr = lat[3 * len(sizes) - 1]
+    assert gib / (sr * 1e3) <= 150.0 * eff
+    assert lat[4 * len(sizes) - 1] == pytest.approx(sr)  # same pair, 2- or 4-GPU job shape
+
+
+@pytest.mark.parametrize("collective,n", [("all_reduce", 4), ("all_reduce", 2), ("send_recv", 2),
+                                          ("all_gather", 4), ("reduce_scatter", 4)])
+def test_full_mesh_node_never_faster_with_slower_links(collective, n):
+    sy = get_system("hgx_h100_4gpu")
+    df = pl.DataFrame({"system": ["hgx_h100_4gpu"] * 4, "collective": [collective] * 4,
+                       "num_gpus": [n] * 4, "gpus_per_node": [4] * 4,
+                       "bytes": [1 << 12, 1 << 20, 1 << 26, 1 << 30]})
+    orig = plan_mod.get_system
+
+    def run(bw):
+        s = dataclasses.replace(sy, nvlink=dataclasses.replace(sy.nvlink, bw_gbps=bw))
+        plan_mod.build_plan.cache_clear()
+        plan_mod.get_system = lambda name: s if name == "hgx_h100_4gpu" else orig(name)
+        try:
+            return evaluate(df)["latency_us"].to_numpy()
+        finally:
+            plan_mod.get_system = orig
+            plan_mod.build_plan.cache_clear()
+
+    prev = None
+    for bw in (900.0, 450.0, 225.0, 100.0):
+        cur = run(bw)
+        assert np.isfinite(cur).all()
+        if prev is not None:
+            assert np.all(cur >= prev * (1 - 1e-12))
+            assert cur[-1] > prev[-1]  # the 1 GiB row is bandwidth-bound
+        prev = cur

@@ -21,7 +21,8 @@ Links (one direction each, achieved bandwidth = spec x calibrated efficiency):
 - switched NVLink: ``nvl_out[g]``, ``nvl_in[g]``: a GPU's port into the
   NVSwitch fabric; in-switch reduction (NVLS) exchanges end or start at the
   switch (:data:`SWITCH`);
-- bridged NVLink: ``bridge[s, d]`` per ordered pair of a bridge group, the
+- bridged NVLink (and a full-mesh node, ``topology = "mesh"``: one bridge group of
+  the whole node): ``bridge[s, d]`` per ordered pair of a bridge group, the
   GPU's NVLink bandwidth split over its ``group - 1`` peers;
 - PCIe: ``pcie_out[g]``, ``pcie_in[g]`` (the GPU's x16 link to its switch)
   and, between switches, ``uplink_up[switch]``, ``uplink_down[switch]``;
@@ -245,11 +246,19 @@ class Topology:
         return local // int(pc.counts.get("gpus_per_switch", 1)) if pc is not None else local
 
     def same_bridge_group(self, s: int, d: int) -> bool:
+        """Whether ranks ``s`` and ``d`` are joined by their own direct link (an NVLink
+        bridge group, or the node of a full-mesh system: ``topology = "mesh"``)."""
         nv = self.system.nvlink
-        if nv is None or nv.topology != "bridged" or self.node(s) != self.node(d):
+        if nv is None or nv.topology not in ("bridged", "mesh") or self.node(s) != self.node(d):
             return False
         k = int(nv.counts.get("bridge_group", 2))
         return self.local(s) // k == self.local(d) // k
+
+    def full_mesh(self) -> bool:
+        """A one-node job of more than 2 ranks whose every pair has its own direct link
+        (all of it within one bridge group or a full-mesh node)."""
+        return (self.nodes == 1 and self.n > 2
+                and all(self.same_bridge_group(0, r) for r in range(1, self.n)))
 
     def intra_is_nvlink(self, s: int, d: int) -> bool:
         nv = self.system.nvlink
@@ -370,6 +379,15 @@ def _ring_stages(topo: Topology, collective: str, steps_per_phase: list[tuple[st
     n = topo.n
     frac = 1.0 / (n * len(rings))
     ex = [Exchange(r[i], r[(i + 1) % n], frac) for r in rings for i in range(n)]
+    if topo.full_mesh():
+        # every pair has its own link: NCCL's (RCCL's) ring search lays its channels on
+        # rings of different orders so that every link carries traffic (on a fully
+        # connected node the channels' rings cover the pairs evenly). The even mixture
+        # of all directed Hamiltonian cycles of n ranks puts 1/(n-1) of a ring step's
+        # bytes on every ordered pair; for n = 4 it is exactly the three 4-cycles run
+        # both ways. Each rank still sends 1/n of the message per step.
+        ex = [Exchange(a, b, 1.0 / (n * (n - 1))) for a in range(n) for b in range(n) if a != b]
+        frac = 1.0 / (n * (n - 1))
     r0 = rings[0]
     stages = []
     for phase, steps in steps_per_phase:

@@ -94,7 +94,9 @@ class System:
         parts = []
         if self.nvlink is not None:
             t = (f"bridged x{self.nvlink.counts.get('bridge_group', 2)}"
-                 if self.nvlink.topology == "bridged" else "NVSwitch" + (" +NVLS" if self.nvls else ""))
+                 if self.nvlink.topology == "bridged" else
+                 f"full mesh of {self.gpus_per_node}" if self.nvlink.topology == "mesh" else
+                 "NVSwitch" + (" +NVLS" if self.nvls else ""))
             parts.append(f"{self.nvlink.kind} {self.nvlink.bw_gbps:g} GB/s ({t})")
         if self.pcie is not None:
             parts.append(f"{self.pcie.kind} {self.pcie.bw_gbps:g} GB/s")
@@ -120,6 +122,10 @@ def _num(path, where, entry) -> tuple[float, str]:
 
 
 _HW_CLASS = {"nvlink": "nvlink", "pcie": "pci"}
+
+#: kinds of the direct GPU-to-GPU link class (the ``nvlink`` slot): NVIDIA NVLink, AMD
+#: Infinity Fabric (xGMI) between Instinct GPUs, which RCCL treats as NCCL treats NVLink
+GPU_LINK_KINDS = ("nvlink", "xgmi")
 
 
 def load_system_file(path: str | Path) -> System:
@@ -155,20 +161,24 @@ def load_system_file(path: str | Path) -> System:
         kind = str(ld.get("kind", ""))
         if scope == "inter_node":
             slot = "net"
-        elif kind.startswith("nvlink"):
+        elif kind.startswith(GPU_LINK_KINDS):
             slot = "nvlink"
         elif kind.startswith("pcie"):
             slot = "pcie"
         else:
-            raise InputError(f"{path}: links.{name}.kind '{kind}' is neither nvlink* nor pcie*")
+            raise InputError(f"{path}: links.{name}.kind '{kind}' is neither a GPU-to-GPU link "
+                             f"({', '.join(k + '*' for k in GPU_LINK_KINDS)}) nor pcie*")
         counts = {}
         for key in ("links_per_gpu", "switches_per_node", "nics_per_node", "gpus_per_switch",
                     "uplink_bw_unidir_gbps", "bridge_group"):
             if key in ld:
                 counts[key] = num(ld, key, f"links.{name}")
         topology = str(ld.get("topology", "switched"))
-        if topology not in ("switched", "bridged"):
-            raise InputError(f"{path}: links.{name}.topology must be 'switched' or 'bridged'")
+        if topology not in ("switched", "bridged", "mesh"):
+            raise InputError(f"{path}: links.{name}.topology must be 'switched', 'bridged' or 'mesh'")
+        if topology == "mesh":
+            # every GPU of a node linked directly to every other: one bridge group of the node
+            counts["bridge_group"] = num(sysd, "gpus_per_node", "system")
         classes[slot] = LinkClass(
             name=name, kind=kind, scope=scope, topology=topology,
             bw_gbps=num(ld, "bw_unidir_gbps", f"links.{name}"),
