@@ -171,7 +171,8 @@ def resolve(df) -> pl.DataFrame:
     """
     df = check_table(df).with_row_index("dep").with_columns(pl.col("dep").cast(pl.Int64))
     models = {m: load_model(m) for m in df["model"].unique().to_list()}
-    mt = pl.DataFrame([{"model": m, **{f: getattr(c, f) for f in MODEL_FIELDS},
+    mt = pl.DataFrame([{"model": m, **{("model_kind" if f == "kind" else f): getattr(c, f)
+                                       for f in MODEL_FIELDS},
                         "model_params": c.params()} for m, c in models.items()])
     st = pl.DataFrame([{"system": s, **_target(s)} for s in df["system"].unique().to_list()])
     from tsbatch.hw import get_hw
@@ -200,7 +201,7 @@ def resolve(df) -> pl.DataFrame:
 def _feasibility(df: pl.DataFrame) -> list[pl.Expr]:
     c = pl.col
     kv_local = pl.max_horizontal(pl.lit(1), c("kv_heads") // c("tp"))
-    kv_token_layer = (pl.when(c("kind") == "mla").then(c("kv_lora_rank") + c("qk_rope_dim"))
+    kv_token_layer = (pl.when(c("model_kind") == "mla").then(c("kv_lora_rank") + c("qk_rope_dim"))
                       .otherwise(2 * kv_local * c("head_dim")) * 2)
     wbytes = pl.when(c("weights") == "fp8").then(1.0).otherwise(2.0)
     weights_gpu = c("model_params").cast(pl.Float64) * wbytes / (c("tp") * c("pp"))

@@ -136,7 +136,7 @@ def _comm(name, coll, nbytes, ngpus, *, when, mult=n_all, kinds=tok_kinds, gpn=N
 def op_defs() -> list[dict]:
     """Every op kind of a step, in the order one layer runs them."""
     tp = c("tp")
-    mla = c("kind") == "mla"
+    mla = c("model_kind") == "mla"
     std = ~mla
     qdim = (hq + 2 * hkv) * hd
     inter_l = _cdiv(c("intermediate"), tp)
@@ -240,8 +240,10 @@ def op_defs() -> list[dict]:
               when=(n_moe > 0) & (c("shared_intermediate") > 0)),
         _comm("moe_combine_all_to_all", "all_to_all", m * c("top_k") * h * 2, ep, mult=n_moe,
               when=(n_moe > 0) & (ep > 1)),
+        # TP-sharded experts (ep 1) or TP-sharded shared experts reduce over TP; routed
+        # experts under EP are combined by the all-to-all
         _comm("moe_all_reduce", "all_reduce", act, tp, mult=n_moe,
-              when=(n_moe > 0) & (tp > 1)),
+              when=(n_moe > 0) & (tp > 1) & ((ep == 1) | (c("shared_intermediate") > 0))),
         # ---- pipeline stages
         _comm("pp_send_recv", "send_recv", act, pl.lit(2), mult=c("pp") - 1, when=c("pp") > 1,
               gpn=pl.when(c("tp") * c("pp") > c("gpus_per_node")).then(1).otherwise(2),

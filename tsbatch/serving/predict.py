@@ -99,7 +99,8 @@ def _config_text(fam: str) -> pl.Expr:
     return pl.lit("")
 
 
-def _evaluate_family(fam: str, keys: pl.DataFrame, timings: dict | None) -> pl.DataFrame:
+def _evaluate_family(fam: str, keys: pl.DataFrame, timings: dict | None,
+                     hw_specs: dict | None = None) -> pl.DataFrame:
     """Best candidate per distinct key row: key columns + ``t_kernel_us, t_launch_us,
     bound, config`` (t_kernel_us null when nothing is feasible)."""
     from tsbatch.evaluate import evaluate
@@ -129,7 +130,8 @@ def _evaluate_family(fam: str, keys: pl.DataFrame, timings: dict | None) -> pl.D
             else:
                 cand = sub.join(TILE_CANDIDATES[fam], how="cross") \
                     if fam in TILE_CANDIDATES else sub
-            r = evaluate(cand.drop("gpu", "impl", strict=False), gpu, fam)
+            spec = (hw_specs or {}).get(gpu, gpu)
+            r = evaluate(cand.drop("gpu", "impl", strict=False), spec, fam)
             parts.append(r.with_columns(cand["_key"], cand["gpu"]))
         res = pl.concat(parts, how="diagonal_relaxed")
     res = res.with_columns(_config_text(fam).alias("config"))
@@ -142,9 +144,20 @@ def _evaluate_family(fam: str, keys: pl.DataFrame, timings: dict | None) -> pl.D
     return keys.join(best, on="_key", how="left").drop("_key")
 
 
-def predict_ops(dep: pl.DataFrame, timings: dict | None = None) -> pl.DataFrame:
+#: the op table's columns when no deployment is feasible
+_OPS_SCHEMA = {"dep": pl.Int64, "phase": pl.String, "point": pl.Int32, "op_name": pl.String,
+               "part": pl.String, "order": pl.Int32, "mult": pl.Int64, "family": pl.String,
+               "op_flops": pl.Float64, "op_bytes": pl.Float64, "t_kernel_us": pl.Float64,
+               "t_launch_us": pl.Float64, "bound": pl.String, "config": pl.String,
+               "shape": pl.String}
+
+
+def predict_ops(dep: pl.DataFrame, timings: dict | None = None,
+                hw_specs: dict | None = None) -> pl.DataFrame:
     """Every op row of every feasible deployment with its time (``t_us``: one run,
-    launch gap included), bound and kernel configuration; ``dep`` is resolved."""
+    launch gap included), bound and kernel configuration; ``dep`` is resolved.
+    ``hw_specs``: GPU key -> :class:`~tsbatch.hw.HwSpec` used instead of the registry's
+    (a what-if GPU: slower memory, another peak)."""
     import time
 
     t0 = time.perf_counter()
@@ -154,7 +167,7 @@ def predict_ops(dep: pl.DataFrame, timings: dict | None = None) -> pl.DataFrame:
     for fam, ops in by_fam.items():
         kcols = [k for k in FAMILY_KEYS[fam] if k in ops.columns]
         keys = ops.select(kcols).unique()
-        best = _evaluate_family(fam, keys, timings)
+        best = _evaluate_family(fam, keys, timings, hw_specs)
         j = ops.join(best, on=kcols, how="left", nulls_equal=True)
         if fam == "collective":  # the system's harness launch overhead is not the engine's
             j = j.join(dep.select("dep", "comm_launch_us"), on="dep", how="left").with_columns(
@@ -165,7 +178,7 @@ def predict_ops(dep: pl.DataFrame, timings: dict | None = None) -> pl.DataFrame:
                              pl.concat_str([pl.format("{}={}", pl.lit(k), c(k)) for k in kcols
                                             if k not in ("gpu", "comm_system", "impl")],
                                            separator=" ").alias("shape")))
-    out = pl.concat(rows, how="vertical_relaxed")
+    out = pl.concat(rows, how="vertical_relaxed") if rows else pl.DataFrame(schema=_OPS_SCHEMA)
     t2 = time.perf_counter()
     gap = pl.when(c("phase") == "prefill").then(c("gap_prefill_us")).otherwise(c("gap_decode_us"))
     out = out.join(dep.select("dep", "gap_prefill_us", "gap_decode_us"), on="dep", how="left")
@@ -221,14 +234,15 @@ def compose(dep: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     return r
 
 
-def predict(deployments, *, timings: dict | None = None, return_ops: bool = False):
+def predict(deployments, *, timings: dict | None = None, return_ops: bool = False,
+            hw_specs: dict | None = None):
     """Predict every deployment row (a polars DataFrame, Arrow table or dict of columns).
 
     Returns the input columns followed by :data:`RESULT_COLUMNS` in input order (and the
     op table when ``return_ops``). Bad input raises one :class:`InputError`.
     """
     dep = resolve(deployments)
-    ops = predict_ops(dep, timings)
+    ops = predict_ops(dep, timings, hw_specs)
     res = compose(dep, ops)
     inputs = [k for k in res.columns if k in _input_columns(deployments)]
     out = res.select(*inputs, *RESULT_COLUMNS)
