@@ -18,7 +18,9 @@ decode). A step adds the engine's per-step overhead.
 from __future__ import annotations
 
 import itertools
+import time
 
+from tsbatch.errors import InputError
 import numpy as np
 import polars as pl
 
@@ -50,10 +52,7 @@ TILE_CANDIDATES = {
     "mla_decode": _grid(num_splits=[1, 2, 4, 8, 16, 32], block_n=[64], num_stages=[2]),
     # vLLM's fused-MoE Triton kernel is tuned per shape: the best of a small space
     "moe_grouped_gemm": _grid(block_m=[16, 32, 64, 128], block_n=[64, 128], block_k=[64],
-                              num_stages=[3, 4], num_warps=[4, 8]),
-    # rowwise: block width, vector loads (16 bytes: 8 of a 16-bit type, 4 of fp32) and rows
-    # per block (short rows: QK-norm over one head)
-    "rowwise": _grid(threads=[128, 256, 1024], vec=[4, 8], rows_per_block=[1, 4, 16]),
+                              num_stages=[3], num_warps=[4]),
     # the "tuned" profile's Triton GEMM catalog
     "gemm_triton": _grid(block_m=[16, 32, 64, 128], block_n=[64, 128, 256], block_k=[64],
                          num_stages=[3, 4], num_warps=[4, 8]),
@@ -93,7 +92,7 @@ def _config_text(fam: str) -> pl.Expr:
         return pl.format("fused_moe {}x{}x{}/s{}/w{}", "block_m", "block_n", "block_k",
                          "num_stages", "num_warps")
     if fam == "rowwise":
-        return c("op")
+        return pl.format("{} t{} v{}", "op", "threads", "vec")
     if fam == "collective":
         return pl.format("nccl {}/{}", "algorithm_used", "protocol_used")
     return pl.lit("")
@@ -127,6 +126,17 @@ def _evaluate_family(fam: str, keys: pl.DataFrame, timings: dict | None,
                     pl.lit("triton").alias("backend"), pl.lit(True).alias("a_row_major"),
                     pl.lit(False).alias("b_row_major"))
                 cand = pl.concat([lib, tri], how="diagonal_relaxed")
+            elif fam == "rowwise":
+                # one launch configuration per row, as vLLM's kernels size their blocks: 16-byte
+                # vector loads, threads to cover the row (a power of two), at least a warp per
+                # block (short rows share a block), at most 1024 threads
+                vec = pl.when(c("dtype") == "float32").then(4).otherwise(8)
+                need = (c("hidden") + vec - 1) // vec
+                per_row = (2 ** need.cast(pl.Float64).log(2).ceil()).cast(pl.Int64)
+                threads = per_row.clip(32, 1024)
+                cand = sub.with_columns(vec.alias("vec"), threads.alias("threads"),
+                                        pl.max_horizontal(threads // per_row, pl.lit(1))
+                                        .alias("rows_per_block"))
             else:
                 cand = sub.join(TILE_CANDIDATES[fam], how="cross") \
                     if fam in TILE_CANDIDATES else sub
@@ -137,48 +147,98 @@ def _evaluate_family(fam: str, keys: pl.DataFrame, timings: dict | None,
     res = res.with_columns(_config_text(fam).alias("config"))
     if "t_launch_us" not in res.columns:
         res = res.with_columns(pl.lit(0.0).alias("t_launch_us"))
+    why = res.group_by("_key").agg(c("infeasible_reason").first().alias("why"))
     res = res.filter(c("feasible") & c("latency_us").is_finite())
     best = (res.sort("latency_us").group_by("_key", maintain_order=True).first()
             .select("_key", c("latency_us").alias("t_kernel_us"),
                     c("t_launch_us").fill_null(0.0), c("bottleneck").alias("bound"), "config"))
-    return keys.join(best, on="_key", how="left").drop("_key")
+    out = keys.join(best, on="_key", how="left").join(why, on="_key", how="left")
+    return out.with_columns(pl.when(c("t_kernel_us").is_null()).then(c("why"))
+                            .alias("why")).drop("_key")
 
 
 #: the op table's columns when no deployment is feasible
 _OPS_SCHEMA = {"dep": pl.Int64, "phase": pl.String, "point": pl.Int32, "op_name": pl.String,
                "part": pl.String, "order": pl.Int32, "mult": pl.Int64, "family": pl.String,
                "op_flops": pl.Float64, "op_bytes": pl.Float64, "t_kernel_us": pl.Float64,
-               "t_launch_us": pl.Float64, "bound": pl.String, "config": pl.String,
+               "t_launch_us": pl.Float64, "why": pl.String, "bound": pl.String, "config": pl.String,
                "shape": pl.String}
 
 
+def _roofline_family(fam: str, keys: pl.DataFrame, hw_specs: dict | None) -> pl.DataFrame:
+    """A roofline's time per distinct key row (the speed benchmark's baseline): the op's
+    FLOPs at the GPU's peak tensor rate against its bytes at the DRAM rate; a
+    collective's bytes over the system's fastest GPU link."""
+    from tsbatch.collectives.systems import get_system
+    from tsbatch.hw import get_hw
+
+    if fam == "collective":
+        names = keys["comm_system"].unique().to_list()
+        bw = pl.DataFrame({"comm_system": names, "_bw": [
+            get_system(n).link_bw_gbps("nvlink" if get_system(n).nvlink is not None else "pcie")
+            * 1e3 for n in names]})
+        k = keys.join(bw, on="comm_system", how="left")
+        t = c("op_bytes") / c("_bw")
+    else:
+        gpus = keys["gpu"].unique().to_list()
+        specs = [(hw_specs or {}).get(g) or get_hw(g) for g in gpus]
+        rates = pl.DataFrame({"gpu": gpus, "_tc": [s.rate("tc_bf16_tflops") * 1e6 for s in specs],
+                              "_tc8": [(s.rate("tc_fp8_tflops") or s.rate("tc_bf16_tflops")) * 1e6
+                                       for s in specs],
+                              "_bw": [s.rate("dram_bw_tbps") * 1e6 for s in specs]})
+        k = keys.join(rates, on="gpu", how="left")
+        peak = (pl.when(c("dtype") == "float8").then(c("_tc8")).otherwise(c("_tc"))
+                if "dtype" in keys.columns else c("_tc"))
+        t = pl.max_horizontal(c("op_flops") / peak, c("op_bytes") / c("_bw"))
+    return k.with_columns(t.alias("t_kernel_us"), pl.lit(0.0).alias("t_launch_us"),
+                          pl.lit("roofline").alias("bound"), pl.lit("").alias("config")
+                          ).drop("_bw", "_tc", "_tc8", strict=False)
+
+
 def predict_ops(dep: pl.DataFrame, timings: dict | None = None,
-                hw_specs: dict | None = None) -> pl.DataFrame:
+                hw_specs: dict | None = None, *, detail: bool = True,
+                method: str = "model") -> pl.DataFrame:
     """Every op row of every feasible deployment with its time (``t_us``: one run,
     launch gap included), bound and kernel configuration; ``dep`` is resolved.
     ``hw_specs``: GPU key -> :class:`~tsbatch.hw.HwSpec` used instead of the registry's
-    (a what-if GPU: slower memory, another peak)."""
-    import time
-
+    (a what-if GPU: slower memory, another peak). ``detail=False`` leaves out the
+    text columns (``shape``, ``config``, ``bound``) and the sort, for large sweeps.
+    ``method="roofline"``: a roofline instead of the families (a baseline)."""
     t0 = time.perf_counter()
     by_fam = lower_ops(dep)
     t1 = time.perf_counter()
     rows = []
     for fam, ops in by_fam.items():
         kcols = [k for k in FAMILY_KEYS[fam] if k in ops.columns]
-        keys = ops.select(kcols).unique()
-        best = _evaluate_family(fam, keys, timings, hw_specs)
-        j = ops.join(best, on=kcols, how="left", nulls_equal=True)
-        if fam == "collective":  # the system's harness launch overhead is not the engine's
+        if method == "roofline":
+            keys = ops.select(*kcols, "op_flops", "op_bytes").unique()
+            best = _roofline_family(fam, keys, hw_specs)
+            j = ops.join(best, on=[*kcols, "op_flops", "op_bytes"], how="left", nulls_equal=True)
+        else:
+            keys = ops.select(kcols).unique()
+            tf = time.perf_counter()
+            best = _evaluate_family(fam, keys, timings, hw_specs)
+            if timings is not None:
+                timings[f"{fam}_keys"] = timings.get(f"{fam}_keys", 0) + keys.height
+                timings[f"{fam}_s"] = timings.get(f"{fam}_s", 0.0) + time.perf_counter() - tf
+            j = ops.join(best, on=kcols, how="left", nulls_equal=True)
+        if fam == "collective" and method != "roofline":
+            # the system's harness launch overhead is not the engine's
             j = j.join(dep.select("dep", "comm_launch_us"), on="dep", how="left").with_columns(
                 c("comm_launch_us").alias("t_launch_us")).drop("comm_launch_us")
-        rows.append(j.select("dep", "phase", "point", "op_name", "part", "order", "mult",
-                             pl.lit(fam).alias("family"), "op_flops", "op_bytes", "t_kernel_us",
-                             "t_launch_us", "bound", "config",
-                             pl.concat_str([pl.format("{}={}", pl.lit(k), c(k)) for k in kcols
-                                            if k not in ("gpu", "comm_system", "impl")],
-                                           separator=" ").alias("shape")))
-    out = pl.concat(rows, how="vertical_relaxed") if rows else pl.DataFrame(schema=_OPS_SCHEMA)
+        cols = ["dep", "phase", "point", "op_name", "part", "order", "mult",
+                pl.lit(fam).alias("family"), "op_flops", "op_bytes", "t_kernel_us",
+                "t_launch_us", c("why") if "why" in j.columns else pl.lit(None, pl.String)
+                .alias("why")]
+        if detail:
+            cols += ["bound", "config",
+                     pl.concat_str([pl.format("{}={}", pl.lit(k), c(k)) for k in kcols
+                                    if k not in ("gpu", "comm_system", "impl")],
+                                   separator=" ").alias("shape")]
+        rows.append(j.select(cols))
+    schema = _OPS_SCHEMA if detail else {k: v for k, v in _OPS_SCHEMA.items()
+                                         if k not in ("bound", "config", "shape")}
+    out = pl.concat(rows, how="vertical_relaxed") if rows else pl.DataFrame(schema=schema)
     t2 = time.perf_counter()
     gap = pl.when(c("phase") == "prefill").then(c("gap_prefill_us")).otherwise(c("gap_decode_us"))
     out = out.join(dep.select("dep", "gap_prefill_us", "gap_decode_us"), on="dep", how="left")
@@ -188,7 +248,7 @@ def predict_ops(dep: pl.DataFrame, timings: dict | None = None,
     if timings is not None:
         timings["lower_s"] = timings.get("lower_s", 0.0) + t1 - t0
         timings["families_s"] = timings.get("families_s", 0.0) + t2 - t1
-    return out.sort("dep", "phase", "point", "order")
+    return out.sort("dep", "phase", "point", "order") if detail else out
 
 
 def compose(dep: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
@@ -197,7 +257,8 @@ def compose(dep: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     per_point = ops.group_by("dep", "phase", "point").agg(
         (c("mult") * c("t_us")).sum().alias("t_ops_us"),
         c("t_kernel_us").is_null().any().alias("missing"),
-        pl.col("op_name").filter(c("t_kernel_us").is_null()).first().alias("missing_op"))
+        pl.format("{}: {}", "op_name", "why").filter(c("t_kernel_us").is_null()).first()
+        .alias("missing_op"))
     p = pts.join(per_point, on=["dep", "phase", "point"], how="left").join(
         dep.select("dep", "step_prefill_us", "step_decode_us", "decode_points"), on="dep")
     pre = p.filter(c("phase") == "prefill").group_by("dep").agg(
@@ -235,15 +296,21 @@ def compose(dep: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
 
 
 def predict(deployments, *, timings: dict | None = None, return_ops: bool = False,
-            hw_specs: dict | None = None):
+            hw_specs: dict | None = None, method: str = "model"):
     """Predict every deployment row (a polars DataFrame, Arrow table or dict of columns).
 
     Returns the input columns followed by :data:`RESULT_COLUMNS` in input order (and the
     op table when ``return_ops``). Bad input raises one :class:`InputError`.
     """
     dep = resolve(deployments)
-    ops = predict_ops(dep, timings, hw_specs)
+    if method not in ("model", "roofline"):
+        raise InputError(f"method {method!r}: model or roofline")
+    t0 = time.perf_counter()
+    ops = predict_ops(dep, timings, hw_specs, detail=return_ops, method=method)
+    t1 = time.perf_counter()
     res = compose(dep, ops)
+    if timings is not None:
+        timings["compose_s"] = timings.get("compose_s", 0.0) + time.perf_counter() - t1
     inputs = [k for k in res.columns if k in _input_columns(deployments)]
     out = res.select(*inputs, *RESULT_COLUMNS)
     return (out, ops) if return_ops else out
