@@ -124,7 +124,6 @@ def fit_engine(rows: pl.DataFrame) -> dict:
     Returns ``gap_prefill_us, step_prefill_us, gap_decode_us, step_decode_us``.
     """
     from tsbatch.serving.deploy import resolve
-    from tsbatch.serving.ops import points
     from tsbatch.serving.predict import predict_ops
 
     dep = resolve(rows.select("model", "system", "tp", "pp", "batch", "prompt_len",
@@ -133,15 +132,16 @@ def fit_engine(rows: pl.DataFrame) -> dict:
                            ("gap_prefill_us", "gap_decode_us", "step_prefill_us",
                             "step_decode_us"))
     ops = predict_ops(dep)
-    pts = points(dep)
+    from tsbatch.serving.predict import step_points
+
     per = ops.group_by("dep", "phase", "point").agg((pl.col("mult") * pl.col("t_us")).sum()
                                                    .alias("body"), pl.col("mult").sum().alias("n"))
-    p = pts.join(per, on=["dep", "phase", "point"], how="left").fill_null(0)
+    p = step_points(dep).join(per, on=["dep", "phase", "point"], how="left").fill_null(0)
     mid = (dep["decode_points"][0] - 1) // 2
     pre = p.filter(pl.col("phase") == "prefill").group_by("dep").agg(
         (pl.col("body") * pl.col("count")).sum().alias("body"),
         (pl.col("n") * pl.col("count")).sum().alias("n"),
-        pl.col("count").filter(pl.col("kind") == "tokens").sum().alias("steps")).sort("dep")
+        (pl.col("count") * pl.col("steps")).sum().alias("steps")).sort("dep")
     dec = p.filter((pl.col("phase") == "decode") & (pl.col("point") == mid)).sort("dep")
     y1 = rows["prefill_ms"].to_numpy() * 1e3
     y2 = rows["decode_step_ms"].to_numpy() * 1e3
@@ -149,7 +149,7 @@ def fit_engine(rows: pl.DataFrame) -> dict:
     for (gap, step), y, t in ((("gap_prefill_us", "step_prefill_us"), y1, pre),
                               (("gap_decode_us", "step_decode_us"), y2, dec)):
         n = t["n"].to_numpy().astype(float)
-        k = t["steps"].to_numpy().astype(float) if "steps" in t.columns else np.ones(len(n))
+        k = t["steps"].to_numpy().astype(float) if gap == "gap_prefill_us" else np.ones(len(n))
         r = y - t["body"].to_numpy()
         g, s = _nnls2(n / y, k / y, r / y)
         out[gap], out[step] = g, s
@@ -165,7 +165,7 @@ def predict_rows(rows: pl.DataFrame, constants: dict | None = None) -> pl.DataFr
                               "output_len", "engine", "weights"))
     if constants:
         dep = dep.with_columns(pl.lit(float(v)).alias(k) for k, v in constants.items())
-    return compose(dep, predict_ops(dep)).sort("dep")
+    return compose(dep, predict_ops(dep, detail=False)).sort("dep")
 
 
 def run_e2e(paths, json_path: str | None = None) -> int:

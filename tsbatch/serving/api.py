@@ -111,11 +111,11 @@ def explain_deployment(model, system, *, tp=1, pp=1, ep=1, dp=1, weights="bf16",
                weights=[weights], engine=[engine], batch=[batch], prompt_len=[prompt_len],
                output_len=[output_len], chunk_tokens=[chunk_tokens])
     res, ops = predict(pl.DataFrame(row), return_ops=True)
-    from tsbatch.serving.ops import points
     from tsbatch.serving.deploy import resolve
+    from tsbatch.serving.predict import step_points
 
     dep = resolve(pl.DataFrame(row))
-    pts = points(dep)
+    pts = step_points(dep)
     r = res.row(0, named=True)
     if r["feasible"] and ops.height:
         mid = (int(dep["decode_points"][0]) - 1) // 2

@@ -76,11 +76,11 @@ def points(dep: pl.DataFrame) -> pl.DataFrame:
     kk = d.select(*base, K.alias("K"), "prompt_len", "output_len", "batch").with_columns(
         pl.int_ranges(0, c("K")).alias("point")).explode("point")
     dec = kk.select(*base, pl.lit("decode").alias("phase"), c("point").cast(pl.Int32),
-                    pl.lit("decode").alias("kind"), c("batch").alias("m"),
+                    pl.lit(["decode", "decode_attn"]).alias("kind"), c("batch").alias("m"),
                     c("batch").alias("reqs"), c("prompt_len").alias("seq"),
                     (c("prompt_len") + (c("output_len") * (c("point") + 0.5) / c("K")).round(0)
                      .cast(pl.Int64)).alias("ctx"),
-                    pl.lit(1).alias("count"), (1.0 / c("K")).alias("weight"))
+                    pl.lit(1).alias("count"), (1.0 / c("K")).alias("weight")).explode("kind")
     parts = [p.with_columns(c("point").cast(pl.Int32), c("m").cast(pl.Int64),
                             c("reqs").cast(pl.Int64), c("seq").cast(pl.Int64),
                             c("ctx").cast(pl.Int64), c("count").cast(pl.Int64))
@@ -190,13 +190,15 @@ def op_defs() -> list[dict]:
             bytes=2.0 * c("reqs") * c("seq") * (hq * hd * 2 + hkv * 2 * hd)))
     ctx_eff = pl.when(win > 0).then(pl.min_horizontal(c("ctx"), win)).otherwise(c("ctx"))
     ops += [
-        dict(name="attention", family="flash_decoding", kinds=("decode",), when=std, mult=n_all,
+        dict(name="attention", family="flash_decoding", kinds=("decode_attn",), when=std,
+             mult=n_all,
              part="layer",
              cols={"batch": c("reqs"), "heads": hq, "kv_heads": hkv, "seq_len_kv": ctx_eff,
                    "head_dim": hd, "dtype": pl.lit("bfloat16")},
              flops=4.0 * c("reqs") * hq * ctx_eff * hd,
              bytes=2.0 * c("reqs") * (ctx_eff * 2 * hkv * hd + 2 * hq * hd)),
-        dict(name="attention", family="mla_decode", kinds=("decode",), when=mla, mult=n_all,
+        dict(name="attention", family="mla_decode", kinds=("decode_attn",), when=mla,
+             mult=n_all,
              part="layer",
              cols={"batch": c("reqs"), "heads": hq, "seq_len_kv": c("ctx"),
                    "dtype": pl.lit("bfloat16"), "kv_lora_rank": c("kv_lora_rank"),
@@ -261,17 +263,60 @@ def op_defs() -> list[dict]:
     return ops
 
 
-def lower_ops(dep: pl.DataFrame, pts: pl.DataFrame | None = None) -> dict[str, pl.DataFrame]:
-    """Op rows of every point, one frame per family.
+#: deployment columns the ops read (with the phase): a point's op rows depend on these and
+#: on its kind's own columns (:data:`KIND_SIG`) only
+BASE_SIG = ("phase", "model_kind", "hidden", "layers", "heads", "kv_heads", "head_dim",
+            "v_head_dim", "intermediate", "vocab", "qk_norm", "sliding_window", "experts", "top_k",
+            "moe_intermediate", "shared_intermediate", "dense_layers", "q_lora_rank",
+            "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "tp", "pp", "ep", "weights", "gemm",
+            "gpu", "comm_system", "gpus_per_node", "hopper", "gap_prefill_us", "gap_decode_us",
+            "comm_launch_us")
+KIND_SIG = {"tokens": ("m",), "tail": ("m", "reqs"), "decode": ("m", "reqs"),
+            "attn": ("reqs", "seq"), "decode_attn": ("reqs", "ctx")}
 
-    Every frame has ``dep, phase, point, op_name, part, order, mult, op_flops, op_bytes`` and the
-    family's columns (:data:`FAMILY_KEYS`). ``mult``: runs per step of the point.
+
+def signatures(dep: pl.DataFrame, pts: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Distinct op-relevant point signatures and the map from points to them.
+
+    Returns ``(sigs, pmap)``: ``sigs`` has a ``sig`` id, ``kind`` and the signature
+    columns; ``pmap`` has ``dep, phase, point, kind, count, weight, sig``. Points of
+    different deployments that run the same ops (the same model, machine, layout and
+    tokens; a decode step's non-attention ops at any context) share one signature, so
+    the op rows are made and summed once per signature, not per deployment.
     """
-    pts = points(dep) if pts is None else pts
-    j = pts.join(dep, on="dep", how="left")
+    j = pts.join(dep.select("dep", *[k for k in BASE_SIG if k != "phase"]), on="dep",
+                 how="left")
+    sigs, maps, base = [], [], 0
+    for kind, extra in KIND_SIG.items():
+        sub = j.filter(c("kind") == kind)
+        if sub.height == 0:
+            continue
+        cols = ["kind", *BASE_SIG, *extra]
+        u = sub.select(cols).unique(maintain_order=True)
+        u = u.with_columns((pl.int_range(0, u.height, dtype=pl.Int64) + base).alias("sig"))
+        base += u.height
+        maps.append(sub.join(u, on=cols, how="left", nulls_equal=True)
+                    .select("dep", "phase", "point", "kind", "count", "weight", "sig"))
+        sigs.append(u)
+    if not sigs:
+        return (pl.DataFrame(schema={"sig": pl.Int64, "kind": pl.String, "phase": pl.String}),
+                pl.DataFrame(schema={"dep": pl.Int64, "phase": pl.String, "point": pl.Int32,
+                                     "kind": pl.String, "count": pl.Int64,
+                                     "weight": pl.Float64, "sig": pl.Int64}))
+    return pl.concat(sigs, how="diagonal_relaxed"), pl.concat(maps, how="vertical")
+
+
+def lower_sigs(sigs: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    """Op rows of every signature, one frame per family: ``sig, phase, op_name, part,
+    order, mult, gap_us, comm_launch_us``, the family's columns (:data:`FAMILY_KEYS`),
+    ``op_flops, op_bytes``. ``mult``: runs per step."""
     out: dict[str, list] = {}
+    if sigs.height == 0:
+        return {}
+    gap = pl.when(c("phase") == "prefill").then(c("gap_prefill_us")) \
+        .otherwise(c("gap_decode_us")).alias("gap_us")
     for order, od in enumerate(op_defs()):
-        sel = j.filter(c("kind").is_in(list(od["kinds"])))
+        sel = sigs.filter(c("kind").is_in(list(od["kinds"])))
         if od["when"] is not None:
             sel = sel.filter(od["when"])
         if sel.height == 0:
@@ -282,11 +327,25 @@ def lower_ops(dep: pl.DataFrame, pts: pl.DataFrame | None = None) -> dict[str, p
         extra = [c(k) for k in keys if k in ("gpu", "comm_system")]
         if "impl" in keys:
             extra.append(od["cols"]["impl"].alias("impl"))
-        f = sel.select("dep", "phase", "point", pl.lit(od["name"]).alias("op_name"),
+        f = sel.select("sig", "phase", pl.lit(od["name"]).alias("op_name"),
                        pl.lit(od["part"]).alias("part"), pl.lit(order).alias("order"),
-                       od["mult"].cast(pl.Int64).alias("mult"), *extra, *fam_cols,
+                       od["mult"].cast(pl.Int64).alias("mult"), gap, "comm_launch_us",
+                       *extra, *fam_cols,
                        od["flops"].cast(pl.Float64).alias("op_flops"),
                        od["bytes"].cast(pl.Float64).alias("op_bytes"))
         f = f.filter(c("mult") > 0)
         out.setdefault(od["family"], []).append(f)
     return {fam: pl.concat(fs, how="vertical_relaxed") for fam, fs in out.items()}
+
+
+def lower_ops(dep: pl.DataFrame, pts: pl.DataFrame | None = None) -> dict[str, pl.DataFrame]:
+    """Op rows of every point of every deployment, one frame per family (for
+    explanations and tests; predictions go through :func:`signatures`).
+
+    Every frame has ``dep, phase, point`` and :func:`lower_sigs`' columns.
+    """
+    pts = points(dep) if pts is None else pts
+    sigs, pmap = signatures(dep, pts)
+    return {fam: pmap.select("dep", "phase", "point", "sig").join(
+        f.drop("phase"), on="sig", how="inner").drop("sig")
+        for fam, f in lower_sigs(sigs).items()}

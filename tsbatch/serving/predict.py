@@ -198,14 +198,23 @@ def _roofline_family(fam: str, keys: pl.DataFrame, hw_specs: dict | None) -> pl.
 def predict_ops(dep: pl.DataFrame, timings: dict | None = None,
                 hw_specs: dict | None = None, *, detail: bool = True,
                 method: str = "model") -> pl.DataFrame:
-    """Every op row of every feasible deployment with its time (``t_us``: one run,
-    launch gap included), bound and kernel configuration; ``dep`` is resolved.
-    ``hw_specs``: GPU key -> :class:`~tsbatch.hw.HwSpec` used instead of the registry's
-    (a what-if GPU: slower memory, another peak). ``detail=False`` leaves out the
-    text columns (``shape``, ``config``, ``bound``) and the sort, for large sweeps.
-    ``method="roofline"``: a roofline instead of the families (a baseline)."""
+    """Op times of every feasible deployment; ``dep`` is resolved.
+
+    The ops are made and evaluated once per point signature (:func:`ops.signatures`):
+    every family once, over the distinct rows of all signatures. With ``detail`` (the
+    default) the result is every op row of every point of every deployment: ``dep,
+    phase, point``, the op, its family, FLOPs, bytes, ``t_kernel_us`` (the family's
+    latency), ``t_launch_us``, ``t_us`` (one run: launch gap included), ``bound``,
+    ``config`` and ``shape``. With ``detail=False`` (sweeps) it is one row per point:
+    ``dep, phase, point, t_ops_us`` (its ops' time, summed), ``missing`` and
+    ``missing_op``. ``hw_specs``: GPU key -> :class:`~tsbatch.hw.HwSpec` used instead of
+    the registry's (a what-if GPU). ``method="roofline"``: a roofline instead of the
+    families (the speed benchmark's baseline)."""
+    from tsbatch.serving.ops import lower_sigs, signatures
+
     t0 = time.perf_counter()
-    by_fam = lower_ops(dep)
+    sigs, pmap = signatures(dep, points(dep))
+    by_fam = lower_sigs(sigs)
     t1 = time.perf_counter()
     rows = []
     for fam, ops in by_fam.items():
@@ -222,49 +231,70 @@ def predict_ops(dep: pl.DataFrame, timings: dict | None = None,
                 timings[f"{fam}_keys"] = timings.get(f"{fam}_keys", 0) + keys.height
                 timings[f"{fam}_s"] = timings.get(f"{fam}_s", 0.0) + time.perf_counter() - tf
             j = ops.join(best, on=kcols, how="left", nulls_equal=True)
-        if fam == "collective" and method != "roofline":
-            # the system's harness launch overhead is not the engine's
-            j = j.join(dep.select("dep", "comm_launch_us"), on="dep", how="left").with_columns(
-                c("comm_launch_us").alias("t_launch_us")).drop("comm_launch_us")
-        cols = ["dep", "phase", "point", "op_name", "part", "order", "mult",
-                pl.lit(fam).alias("family"), "op_flops", "op_bytes", "t_kernel_us",
-                "t_launch_us", c("why") if "why" in j.columns else pl.lit(None, pl.String)
-                .alias("why")]
+            if fam == "collective":  # the system's harness launch overhead is not the engine's
+                j = j.with_columns(c("comm_launch_us").alias("t_launch_us"))
+        cols = ["sig", "phase", "op_name", "part", "order", "mult", pl.lit(fam).alias("family"),
+                "op_flops", "op_bytes", "t_kernel_us", "t_launch_us",
+                (c("why") if "why" in j.columns else pl.lit(None, pl.String)).alias("why"),
+                (pl.max_horizontal(c("t_kernel_us") - c("t_launch_us"), pl.lit(0.0))
+                 + c("gap_us")).alias("t_us")]
         if detail:
             cols += ["bound", "config",
                      pl.concat_str([pl.format("{}={}", pl.lit(k), c(k)) for k in kcols
                                     if k not in ("gpu", "comm_system", "impl")],
                                    separator=" ").alias("shape")]
         rows.append(j.select(cols))
-    schema = _OPS_SCHEMA if detail else {k: v for k, v in _OPS_SCHEMA.items()
-                                         if k not in ("bound", "config", "shape")}
-    out = pl.concat(rows, how="vertical_relaxed") if rows else pl.DataFrame(schema=schema)
     t2 = time.perf_counter()
-    gap = pl.when(c("phase") == "prefill").then(c("gap_prefill_us")).otherwise(c("gap_decode_us"))
-    out = out.join(dep.select("dep", "gap_prefill_us", "gap_decode_us"), on="dep", how="left")
-    out = out.with_columns(
-        (pl.max_horizontal(c("t_kernel_us") - c("t_launch_us"), pl.lit(0.0)) + gap)
-        .alias("t_us")).drop("gap_prefill_us", "gap_decode_us")
     if timings is not None:
         timings["lower_s"] = timings.get("lower_s", 0.0) + t1 - t0
         timings["families_s"] = timings.get("families_s", 0.0) + t2 - t1
-    return out.sort("dep", "phase", "point", "order") if detail else out
-
-
-def compose(dep: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
-    """Per deployment: prefill, decode and total times, throughput (vectorized)."""
-    pts = points(dep)
-    per_point = ops.group_by("dep", "phase", "point").agg(
+    if detail:
+        out = (pl.concat(rows, how="vertical_relaxed") if rows else
+               pl.DataFrame(schema={"sig": pl.Int64, **{k: v for k, v in _OPS_SCHEMA.items()
+                                                         if k not in ("dep", "point")},
+                                    "t_us": pl.Float64}))
+        out = pmap.select("dep", "phase", "point", "sig").join(
+            out.drop("phase", strict=False), on="sig", how="inner").drop("sig")
+        return out.sort("dep", "phase", "point", "order")
+    if not rows:
+        return pl.DataFrame(schema={"dep": pl.Int64, "phase": pl.String, "point": pl.Int32,
+                                    "t_ops_us": pl.Float64, "missing": pl.Boolean,
+                                    "missing_op": pl.String})
+    per_sig = pl.concat(rows, how="vertical_relaxed").group_by("sig").agg(
         (c("mult") * c("t_us")).sum().alias("t_ops_us"),
         c("t_kernel_us").is_null().any().alias("missing"),
         pl.format("{}: {}", "op_name", "why").filter(c("t_kernel_us").is_null()).first()
         .alias("missing_op"))
-    p = pts.join(per_point, on=["dep", "phase", "point"], how="left").join(
+    return pmap.join(per_sig, on="sig", how="left").group_by("dep", "phase", "point").agg(
+        c("t_ops_us").sum(), c("missing").any(), c("missing_op").drop_nulls().first())
+
+
+def point_sums(ops: pl.DataFrame) -> pl.DataFrame:
+    """``dep, phase, point, t_ops_us, missing, missing_op`` from op rows (or as given)."""
+    if "t_ops_us" in ops.columns:
+        return ops
+    return ops.group_by("dep", "phase", "point").agg(
+        (c("mult") * c("t_us")).sum().alias("t_ops_us"),
+        c("t_kernel_us").is_null().any().alias("missing"),
+        pl.format("{}: {}", "op_name", "why").filter(c("t_kernel_us").is_null()).first()
+        .alias("missing_op"))
+
+
+def step_points(dep: pl.DataFrame) -> pl.DataFrame:
+    """One row per (dep, phase, point): ``count``, ``weight`` and ``steps`` (1 where the
+    point is a prefill chunk step, whose engine overhead counts)."""
+    return points(dep).group_by("dep", "phase", "point").agg(
+        c("count").first(), c("weight").first(),
+        (c("kind") == "tokens").any().cast(pl.Int64).alias("steps"))
+
+
+def compose(dep: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """Per deployment: prefill, decode and total times, throughput (vectorized)."""
+    p = step_points(dep).join(point_sums(ops), on=["dep", "phase", "point"], how="left").join(
         dep.select("dep", "step_prefill_us", "step_decode_us", "decode_points"), on="dep")
     pre = p.filter(c("phase") == "prefill").group_by("dep").agg(
         ((c("t_ops_us") * c("count")).sum()
-         + (c("count") * c("step_prefill_us")).filter(c("kind") == "tokens").sum())
-        .alias("prefill_us"),
+         + (c("count") * c("steps") * c("step_prefill_us")).sum()).alias("prefill_us"),
         c("missing").any().alias("m1"), c("missing_op").drop_nulls().first().alias("o1"))
     d = p.filter(c("phase") == "decode").with_columns(
         (c("t_ops_us") + c("step_decode_us")).alias("step_us"))
@@ -292,7 +322,7 @@ def compose(dep: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
         pl.when(ok).then(tokens / (c("total_ms") / 1e3)).alias("tokens_per_s"),
         pl.when(ok).then(c("batch") / (c("decode_step_ms") / 1e3)).alias("decode_tokens_per_s"),
     ).with_columns((c("tokens_per_s") / c("gpus")).alias("tokens_per_s_per_gpu"))
-    return r
+    return r.sort("dep")
 
 
 def predict(deployments, *, timings: dict | None = None, return_ops: bool = False,
