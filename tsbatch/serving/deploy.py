@@ -217,7 +217,9 @@ def _feasibility(df: pl.DataFrame) -> list[pl.Expr]:
         ((c("experts") == 0) & (c("ep") > 1), pl.lit("ep > 1 on a model without experts")),
         ((c("experts") > 0) & (c("experts") % c("ep") != 0),
          pl.format("{} experts are not divisible by ep {}", c("experts"), c("ep"))),
-        (c("ep") > c("tp") * c("dp"), pl.lit("ep larger than tp x dp")),
+        ((c("ep") > 1) & (c("ep") != c("tp") * c("dp")),
+         pl.format("ep {} is neither 1 nor tp x dp = {} (vLLM's expert parallelism spans the "
+                   "tensor- and data-parallel ranks)", c("ep"), c("tp") * c("dp"))),
         (c("pp") > c("layers"), pl.lit("more pipeline stages than layers")),
         (need > MEMORY_FRACTION * c("gpu_mem"),
          pl.format("weights + KV cache need {} GiB per GPU, over {} of {} GiB",
