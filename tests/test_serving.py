@@ -264,3 +264,31 @@ def test_issue34_bad_sweep_writes_nothing(tmp_path):
     df, opts = load_sweep("serve_llm")
     assert df.height == 5 * 2 * 4 * 1 * 2 * 4 * 2 * 1 and opts["max_decode_step_ms"] == 60
     assert not math.isnan(opts["max_decode_step_ms"])
+
+
+def test_issue34_tuned_profile_uses_triton_tiles_and_package_api():
+    import tsbatch.serving as serving
+
+    e = serving.explain_deployment("meta-llama/Llama-3.1-8B", "a100", engine="tuned", batch=4,
+                                   prompt_len=256, output_len=8)
+    cfg = e.ops.filter(pl.col("family") == "gemm")["config"].to_list()
+    assert cfg and all(c.startswith("triton ") for c in cfg)
+    v = serving.explain_deployment("meta-llama/Llama-3.1-8B", "a100", batch=4, prompt_len=256,
+                                   output_len=8)
+    assert all(c.startswith("cublas ") for c in
+               v.ops.filter(pl.col("family") == "gemm")["config"].to_list())
+    assert e.result["decode_step_ms"] > 0 and e.result["prefill_ms"] != v.result["prefill_ms"]
+
+
+def test_issue34_accuracy_on_the_dev_file(shared_data, capsys):
+    from tsbatch.cli import main
+    from tsbatch.serving.accuracy import load_e2e, predict_rows, score
+
+    path = shared_data / "e2e" / "pipeweave_vllm_dev.parquet"
+    assert main(["accuracy", str(path)]) == 0
+    assert "per configuration" in capsys.readouterr().out
+    rows = load_e2e(path)
+    tab = score(rows, predict_rows(rows))
+    assert tab["rows"].to_list() == [8, 8, 16]  # every configuration predicted
+    for col in ("prefill_mape", "decode_step_mape", "total_mape"):
+        assert tab[col].is_finite().all()
