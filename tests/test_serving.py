@@ -292,3 +292,27 @@ def test_issue34_accuracy_on_the_dev_file(shared_data, capsys):
     assert tab["rows"].to_list() == [8, 8, 16]  # every configuration predicted
     for col in ("prefill_mape", "decode_step_mape", "total_mape"):
         assert tab[col].is_finite().all()
+
+
+def test_issue34_cli_explain_and_sweep(tmp_path, capsys):
+    from tsbatch.cli import main
+
+    png = tmp_path / "b.png"
+    assert main(["serve", "explain", "--model", "Qwen/Qwen3-30B-A3B", "--system", "dgx_h100",
+                 "--tp", "2", "--ep", "2", "--batch", "8", "--prompt-len", "512",
+                 "--output-len", "16", "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "moe_gate_up" in out and "moe_dispatch_all_to_all" in out and png.exists()
+    assert main(["serve", "explain", "--model", "Qwen/Qwen3-30B-A3B", "--system", "h100",
+                 "--png", str(tmp_path / "x.jpg")]) == 2
+    assert not (tmp_path / "x.jpg").exists()
+    out = tmp_path / "r.parquet"
+    assert main(["serve", "sweep", "serve_moe_mla", "-o", str(out), "-q"]) == 0
+    r = pl.read_parquet(out)
+    assert r.height == 3 * 2 * 3 * 2 * 2 and r["rank"].drop_nulls().to_list()[:3] == [1, 2, 3]
+    ranked = r.filter(pl.col("rank").is_not_null())
+    assert ranked["tokens_per_s_per_gpu"].is_sorted(descending=True)
+    # DeepSeek-V3 in FP8 fits 16 H100s (tp 8, pp 2), not 8
+    ds = r.filter(pl.col("model") == "deepseek-ai/DeepSeek-V3")
+    assert ds.filter((pl.col("tp") == 8) & (pl.col("pp") == 2) & (pl.col("ep") != 2))["feasible"].all()
+    assert not ds.filter(pl.col("pp") == 1)["feasible"].any()
