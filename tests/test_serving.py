@@ -316,3 +316,11 @@ def test_issue34_cli_explain_and_sweep(tmp_path, capsys):
     ds = r.filter(pl.col("model") == "deepseek-ai/DeepSeek-V3")
     assert ds.filter((pl.col("tp") == 8) & (pl.col("pp") == 2) & (pl.col("ep") != 2))["feasible"].all()
     assert not ds.filter(pl.col("pp") == 1)["feasible"].any()
+
+
+def test_issue34_context_over_the_model_limit_is_infeasible():
+    r = predict(pl.DataFrame({"model": ["meta-llama/Llama-2-7b-hf"] * 2, "system": ["h100"] * 2,
+                              "batch": [1, 1], "prompt_len": [4000, 8192],
+                              "output_len": [96, 64]})).to_dicts()
+    assert r[0]["feasible"] and not r[1]["feasible"]
+    assert "max_position_embeddings 4096" in r[1]["infeasible_reason"]

@@ -115,7 +115,7 @@ def _target(name: str) -> dict:
 MODEL_FIELDS = ("kind", "hidden", "layers", "heads", "kv_heads", "head_dim", "v_head_dim",
                 "intermediate", "vocab", "qk_norm", "sliding_window", "experts", "top_k",
                 "moe_intermediate", "shared_intermediate", "dense_layers", "q_lora_rank",
-                "kv_lora_rank", "qk_nope_dim", "qk_rope_dim")
+                "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "max_positions")
 
 
 def check_table(df) -> pl.DataFrame:
@@ -221,6 +221,9 @@ def _feasibility(df: pl.DataFrame) -> list[pl.Expr]:
          pl.format("ep {} is neither 1 nor tp x dp = {} (vLLM's expert parallelism spans the "
                    "tensor- and data-parallel ranks)", c("ep"), c("tp") * c("dp"))),
         (c("pp") > c("layers"), pl.lit("more pipeline stages than layers")),
+        ((c("max_positions") > 0) & (c("prompt_len") + c("output_len") > c("max_positions")),
+         pl.format("prompt + output = {} tokens, over the model's max_position_embeddings {}",
+                   c("prompt_len") + c("output_len"), c("max_positions"))),
         (need > MEMORY_FRACTION * c("gpu_mem"),
          pl.format("weights + KV cache need {} GiB per GPU, over {} of {} GiB",
                    (need / 2**30).round(1), pl.lit(MEMORY_FRACTION),

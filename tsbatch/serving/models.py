@@ -74,6 +74,7 @@ class ModelConfig:
     qk_nope_dim: int = 0
     qk_rope_dim: int = 0
     tie_embeddings: bool = False
+    max_positions: int = 0    #: max_position_embeddings (0: not given)
 
     @property
     def moe_layers(self) -> int:
@@ -163,7 +164,8 @@ def parse_config(cfg: dict, path: str, name: str | None = None) -> ModelConfig:
         else 0
     common = dict(name=name or Path(path).parent.name, source=str(path), architecture=arch,
                   kind=kind, hidden=hidden, layers=layers, heads=heads, vocab=vocab,
-                  tie_embeddings=tie, sliding_window=window)
+                  tie_embeddings=tie, sliding_window=window,
+                  max_positions=f("max_position_embeddings", default=0, positive=False))
     if kind == "mla":
         nope = f("qk_nope_head_dim")
         rope = f("qk_rope_head_dim")
