@@ -107,12 +107,16 @@ n_all = c("layers")
 tok_kinds = ("tokens", "decode")
 
 
-def _gemm(name, n, k, *, when=None, mult=n_all, kinds=tok_kinds, mm=None, part="layer"):
+def _gemm(name, n, k, *, when=None, mult=n_all, kinds=tok_kinds, mm=None, part="layer",
+          bf16=False):
+    """A projection; ``bf16``: kept in bf16 whatever the weights' dtype (vLLM leaves the
+    LM head and the MoE router unquantized)."""
     mm = m if mm is None else mm
+    dt, b = (pl.lit("bfloat16"), 2.0) if bf16 else (wdt, wb)
     return dict(name=name, family="gemm", kinds=kinds, when=when, mult=mult, part=part,
-                cols={"m": mm, "n": n, "k": k, "dtype": wdt, "impl": c("gemm")},
+                cols={"m": mm, "n": n, "k": k, "dtype": dt, "impl": c("gemm")},
                 flops=2.0 * mm * n * k,
-                bytes=(mm * k * 2.0 + k * n * wb + mm * n * 2.0))
+                bytes=(mm * k * 2.0 + k * n * b + mm * n * 2.0))
 
 
 def _row(name, op, rows, hidden, *, residual=False, when=None, mult=n_all, kinds=tok_kinds,
@@ -216,7 +220,7 @@ def op_defs() -> list[dict]:
         _gemm("down_proj", h, inter_l, mult=n_dense, when=n_dense > 0),
         _comm("mlp_all_reduce", "all_reduce", act, tp, mult=n_dense, when=(tp > 1) & (n_dense > 0)),
         # ---- MoE: router, experts (grouped GEMM), shared experts, communication
-        _gemm("router", c("experts"), h, mult=n_moe, when=n_moe > 0),
+        _gemm("router", c("experts"), h, mult=n_moe, when=n_moe > 0, bf16=True),
         _row("topk_softmax", "softmax", m, c("experts"), mult=n_moe, when=n_moe > 0,
              dtype="float32"),
         _comm("moe_dispatch_all_to_all", "all_to_all", m * c("top_k") * h * 2, ep, mult=n_moe,
@@ -254,7 +258,7 @@ def op_defs() -> list[dict]:
         _row("final_norm", "rmsnorm", c("reqs"), h, residual=True, mult=pl.lit(1),
              kinds=("tail", "decode"), part="tail"),
         _gemm("lm_head", _cdiv(c("vocab"), tp), h, mult=pl.lit(1), kinds=("tail", "decode"),
-              mm=c("reqs"), part="tail"),
+              mm=c("reqs"), part="tail", bf16=True),
         _comm("logits_gather", "all_gather", c("reqs") * c("vocab") * 2, tp, when=tp > 1,
               mult=pl.lit(1), kinds=("tail", "decode"), part="tail"),
         _row("sampler", "softmax", c("reqs"), c("vocab"), mult=pl.lit(1),
