@@ -324,3 +324,25 @@ def test_issue34_context_over_the_model_limit_is_infeasible():
                               "output_len": [96, 64]})).to_dicts()
     assert r[0]["feasible"] and not r[1]["feasible"]
     assert "max_position_embeddings 4096" in r[1]["infeasible_reason"]
+
+
+def test_issue34_prefill_chunks_and_decode_points():
+    from tsbatch.serving.ops import points
+
+    dep = resolve(pl.DataFrame({"model": ["meta-llama/Llama-3.1-8B"] * 2, "system": ["h100"] * 2,
+                                "batch": [10, 10], "prompt_len": [4000, 4000],
+                                "output_len": [90, 90], "chunk_tokens": [0, 40000]}))
+    p = points(dep)
+    tok = {d: sorted((r["m"], r["count"]) for r in p.filter(
+        (pl.col("dep") == d) & (pl.col("kind") == "tokens")).iter_rows(named=True))
+        for d in (0, 1)}
+    assert tok[0] == [(7232, 1), (16384, 2)]       # 40,000 tokens in 16,384-token steps
+    assert tok[1] == [(40000, 1)]                  # one pass
+    attn = p.filter((pl.col("dep") == 0) & (pl.col("kind") == "attn")).row(0, named=True)
+    assert (attn["reqs"], attn["seq"]) == (10, 4000)
+    dec = p.filter((pl.col("dep") == 0) & (pl.col("kind") == "decode_attn")).sort("point")
+    assert dec["ctx"].to_list() == [4015, 4045, 4075] and dec["weight"].sum() == pytest.approx(1)
+    r = predict(dep.select("model", "system", "batch", "prompt_len", "output_len",
+                           "chunk_tokens")).to_dicts()
+    assert r[0]["decode_step_ms"] == pytest.approx(r[1]["decode_step_ms"])
+    assert r[0]["prefill_ms"] != r[1]["prefill_ms"]
