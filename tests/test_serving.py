@@ -346,3 +346,14 @@ def test_issue34_prefill_chunks_and_decode_points():
                            "chunk_tokens")).to_dicts()
     assert r[0]["decode_step_ms"] == pytest.approx(r[1]["decode_step_ms"])
     assert r[0]["prefill_ms"] != r[1]["prefill_ms"]
+
+
+def test_issue34_sweep_file_carries_engine_provenance(tmp_path):
+    from tsbatch.cli import main
+    from tsbatch.io import read_metadata
+
+    out = tmp_path / "r.parquet"
+    assert main(["serve", "sweep", "serve_moe_mla", "-o", str(out), "-q"]) == 0
+    meta = read_metadata(out)
+    assert json.loads(meta["tsbatch.engines"])["vllm"]["step_decode_us"] > 0
+    assert meta["tsbatch.family"] == "serving"

@@ -81,9 +81,18 @@ def _sweep(args) -> int:
         raise InputError(f"-o {args.output!r}: directory {str(out.parent)!r} does not exist")
     res = sweep_deployments(args.sweep, rank_by=args.rank_by,
                             max_decode_step_ms=args.max_decode_step_ms)
-    tmp = out.with_name(out.name + ".tmp")
-    res.write_parquet(tmp)
-    tmp.replace(out)
+    import json
+
+    import tsbatch
+    from tsbatch.io import sha256_file, write_parquet
+    from tsbatch.serving.deploy import _engines_file, engine_profiles
+
+    meta = {"tsbatch.version": tsbatch.__version__,
+            "tsbatch.family": "serving",
+            "tsbatch.sweep": str(args.sweep),
+            "tsbatch.engines": json.dumps(engine_profiles(), sort_keys=True, default=str),
+            "tsbatch.engines_file_sha256": sha256_file(_engines_file())}
+    write_parquet(res, out, meta)  # written whole or not at all
     if not args.quiet:
         ranked = res.filter(pl.col("rank").is_not_null())
         print(f"{res.height} deployments, {ranked.height} ranked; wrote {out}")
