@@ -287,6 +287,10 @@ def test_issue34_accuracy_on_the_dev_file(shared_data, capsys):
     path = shared_data / "e2e" / "pipeweave_vllm_dev.parquet"
     assert main(["accuracy", str(path)]) == 0
     assert "per configuration" in capsys.readouterr().out
+    # thresholds on the per-GPU table: one nobody can meet fails, one everybody meets passes
+    assert main(["accuracy", str(path), "--fail-above", "total_wmape=0"]) == 1
+    assert main(["accuracy", str(path), "--fail-above", "total_wmape=1000"]) == 0
+    assert main(["accuracy", str(path), "--fail-above", "spearman=1"]) == 2
     rows = load_e2e(path)
     tab = score(rows, predict_rows(rows))
     assert tab["rows"].to_list() == [8, 8, 16]  # every configuration predicted

@@ -1043,7 +1043,8 @@ def _run_e2e_files(args: argparse.Namespace) -> bool:
     if kinds == {True, False}:
         raise InputError("end-to-end files (prefill_ms, decode_step_ms, total_ms) and kernel "
                          "files cannot be scored in one run; give them separately")
-    run_e2e(args.measured, json_path=args.json)
+    args.e2e_rc = run_e2e(args.measured, json_path=args.json,
+                          fail_above=list(getattr(args, "fail_above", []) or []))
     return True
 
 
@@ -1053,7 +1054,7 @@ def run(args: argparse.Namespace, *, predictors: Mapping[str, Predictor] | None 
     Bad input raises :class:`~tsbatch.errors.InputError` (exit status 2 in the CLI).
     """
     if _run_e2e_files(args):
-        return 0
+        return args.e2e_rc
     thresholds = [parse_threshold(t, above=True) for t in args.fail_above]
     thresholds += [parse_threshold(t, above=False) for t in args.fail_below]
     result = run_accuracy(

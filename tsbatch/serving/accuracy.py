@@ -168,10 +168,25 @@ def predict_rows(rows: pl.DataFrame, constants: dict | None = None) -> pl.DataFr
     return compose(dep, predict_ops(dep, detail=False)).sort("dep")
 
 
-def run_e2e(paths, json_path: str | None = None) -> int:
-    """``tsbatch accuracy`` on e2e files: print the per-GPU and per-configuration tables."""
-    import json
+def run_e2e(paths, json_path: str | None = None, fail_above: list[str] | None = None) -> int:
+    """``tsbatch accuracy`` on e2e files: print the per-GPU and per-configuration tables.
 
+    ``fail_above``: ``METRIC=VALUE`` (a column of the per-GPU table, e.g.
+    ``prefill_mape=10``), checked on every GPU's row; 1 when any is broken."""
+    import json
+    import sys
+
+    limits = []
+    for t in fail_above or []:
+        name, _, val = t.partition("=")
+        known = [f"{w}_{m}" for w in ("prefill", "decode_step", "total") for m in ("mape", "wmape")]
+        try:
+            limits.append((name.strip(), float(val)))
+        except ValueError:
+            raise InputError(f"--fail-above {t!r}: give METRIC=VALUE, e.g. prefill_mape=10") \
+                from None
+        if name.strip() not in known:
+            raise InputError(f"--fail-above {t!r}: end-to-end metrics are {', '.join(known)}")
     rows = pl.concat([load_e2e(p) for p in paths], how="diagonal_relaxed")
     pred = predict_rows(rows)
     tab = score(rows, pred)
@@ -194,4 +209,9 @@ def run_e2e(paths, json_path: str | None = None) -> int:
     if json_path:
         Path(json_path).write_text(json.dumps({"per_gpu": tab.to_dicts(),
                                                "per_configuration": per.to_dicts()}, indent=2))
-    return 0
+    broken = [f"{name}[gpu={r['gpu']}] = {r[name]:.2f} > {lim:g}"
+              for name, lim in limits for r in tab.filter(pl.col("gpu") != "all").iter_rows(named=True)
+              if not r[name] <= lim]
+    for b in broken:
+        print(f"tsbatch accuracy: threshold broken: {b}", file=sys.stderr)
+    return 1 if broken else 0
