@@ -96,7 +96,8 @@ def _target(name: str) -> dict:
         s = get_system(name)
         hw = get_hw(s.gpu)
         return {"gpu": hw.key, "comm_system": s.key, "gpus_per_node": s.gpus_per_node,
-                "max_gpus": s.max_gpus, "comm_launch_us": s.cal("launch_overhead_us")}
+                "max_gpus": s.max_gpus,
+                "comm_launch_us": float(s.calibration.get("launch_overhead_us", 0.0))}
     except InputError:
         pass
     try:
