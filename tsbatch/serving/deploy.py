@@ -18,7 +18,6 @@ import tomllib
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 
 from tsbatch.errors import InputError

@@ -1,7 +1,7 @@
 """Deployments in, prefill / decode / total times and tokens per second out.
 
     deployments -> resolve (model, machine, engine)            deploy.py
-      -> points and op rows, one frame per family              ops.py
+      -> points, signatures and op rows, one frame per family  ops.py
       -> distinct op rows per family x tile candidates
       -> each family evaluated once per GPU, vectorized        tsbatch.evaluate.evaluate
       -> best candidate per op row, joined back
@@ -20,12 +20,11 @@ from __future__ import annotations
 import itertools
 import time
 
-from tsbatch.errors import InputError
-import numpy as np
 import polars as pl
 
+from tsbatch.errors import InputError
 from tsbatch.serving.deploy import resolve
-from tsbatch.serving.ops import FAMILY_KEYS, lower_ops, points
+from tsbatch.serving.ops import FAMILY_KEYS, points
 
 __all__ = ["predict", "predict_ops", "RESULT_COLUMNS", "TILE_CANDIDATES"]
 
@@ -104,7 +103,6 @@ def _evaluate_family(fam: str, keys: pl.DataFrame, timings: dict | None,
     bound, config`` (t_kernel_us null when nothing is feasible)."""
     from tsbatch.evaluate import evaluate
 
-    kcols = list(FAMILY_KEYS[fam])
     keys = keys.with_row_index("_key")
     if fam == "collective":
         frame = keys.rename({"comm_system": "system"})
