@@ -15,6 +15,8 @@ Holds the model to the measured ground truth in ``../shared/data`` (or
   per dtype, MAPE <= 20, Spearman >= 0.8, top-5 retention >= 97;
 - **collectives** (issue 20): WMAPE <= 12 on each file of
   ``<data>/collectives/`` and over all of them, MAPE <= 20 over all;
+- **e2e** (issue 34): ``<data>/e2e/pipeweave_vllm_dev.parquet`` per GPU, prefill and
+  decode-step MAPE <= 10 (total time reported);
 - **held out** (reported, no target): the H200 GEMMs (fp16/bf16, and float32 as TF32 and IEEE) measured with
   ``tsbatch measure`` (``bench/measured/h200-*``), whose times nothing was
   fitted to.
@@ -135,7 +137,26 @@ def check_held_out() -> list[dict]:
     return rows
 
 
-CHECKS = {"gemm": check_gemm, "attention": check_attention, "collectives": check_collectives}
+#: issue 34's targets: per GPU, MAPE of prefill and decode step time
+E2E_MAPE = {"prefill_mape": 10.0, "decode_step_mape": 10.0, "total_mape": None}
+
+
+def check_e2e(root: Path) -> list[dict]:
+    from tsbatch.serving.accuracy import load_e2e, predict_rows, score
+
+    rows = []
+    for f in sorted((root / "e2e").glob("*.parquet")):
+        e2e = load_e2e(f)
+        tab = score(e2e, predict_rows(e2e))
+        for r in tab.filter(pl.col("gpu") != "all").iter_rows(named=True):
+            for metric, bound in E2E_MAPE.items():
+                rows.append(_row("e2e", f"{f.stem} {r['gpu']} {metric.replace('_mape', '')}",
+                                 "mape_pct", r[metric], bound))
+    return rows
+
+
+CHECKS = {"gemm": check_gemm, "attention": check_attention, "collectives": check_collectives,
+          "e2e": check_e2e}
 
 
 def main(argv=None) -> int:

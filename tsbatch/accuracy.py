@@ -1030,11 +1030,31 @@ def print_summary(result) -> None:
               "predictions cannot match)")
 
 
+def _run_e2e_files(args: argparse.Namespace) -> bool:
+    """End-to-end serving files (``shared/data/e2e``): scored by :mod:`tsbatch.serving.accuracy`.
+
+    True when every file given is one (and they were scored), False when none is.
+    """
+    from tsbatch.serving.accuracy import is_e2e_file, run_e2e
+
+    kinds = {is_e2e_file(p) for p in args.measured}
+    if kinds == {False}:
+        return False
+    if kinds == {True, False}:
+        raise InputError("end-to-end files (prefill_ms, decode_step_ms, total_ms) and kernel "
+                         "files cannot be scored in one run; give them separately")
+    args.e2e_rc = run_e2e(args.measured, json_path=args.json,
+                          fail_above=list(getattr(args, "fail_above", []) or []))
+    return True
+
+
 def run(args: argparse.Namespace, *, predictors: Mapping[str, Predictor] | None = None) -> int:
     """Run the ``accuracy`` subcommand; 0 when every threshold holds, 1 otherwise.
 
     Bad input raises :class:`~tsbatch.errors.InputError` (exit status 2 in the CLI).
     """
+    if _run_e2e_files(args):
+        return args.e2e_rc
     thresholds = [parse_threshold(t, above=True) for t in args.fail_above]
     thresholds += [parse_threshold(t, above=False) for t in args.fail_below]
     result = run_accuracy(

@@ -330,6 +330,7 @@ PLUGINS = {
     "measure": "tsbatch.measure",
     "calibrate": "tsbatch.measure",
     "comm": "tsbatch.collectives.cli",
+    "serve": "tsbatch.serving.cli",
 }
 
 
