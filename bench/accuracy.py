@@ -1,6 +1,6 @@
 """Accuracy benchmark on the shared GEMM measurements (issue 3).
 
-Runs :func:`tsbatch.accuracy.run_accuracy` with the real model on every
+Runs :func:`tsbatch.measured.accuracy.run_accuracy` with the real model on every
 ``gemm/*.parquet`` of the shared data (Triton tile configurations and cuBLAS,
 A100 and H100) and on every ``gemm.parquet`` the project measured itself
 under ``bench/measured`` (H200, ``tsbatch measure``; ``--no-ours`` leaves
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from tsbatch.accuracy import print_summary, run_accuracy, write_markdown_report
+from tsbatch.measured.accuracy import print_summary, run_accuracy, write_markdown_report
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench/accuracy.py: no GEMM Parquet files under {args.data / 'gemm'}", file=sys.stderr)
         return 2
     try:
-        import tsbatch.evaluate  # noqa: F401
+        import tsbatch.engine.evaluate  # noqa: F401
     except ImportError as exc:
         print(f"bench/accuracy.py: the GEMM evaluator is not available ({exc})", file=sys.stderr)
         return 2

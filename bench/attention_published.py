@@ -30,7 +30,7 @@ import json
 
 import polars as pl
 
-from tsbatch.evaluate import evaluate
+from tsbatch.engine.evaluate import evaluate
 
 
 def _tflops(res: pl.DataFrame) -> list[float]:

@@ -13,7 +13,7 @@ the files are read in place.
 Both files are read with their time column dropped and every row kept (rows
 measured as infinite are predicted like the others). The attention rows get
 ``seq_len_kv = 128`` (the keys each query block of the measured kernels
-visited: ``tsbatch.accuracy.FLEX_DATA_KV_VISITED``, as the accuracy benchmark
+visited: ``tsbatch.measured.accuracy.FLEX_DATA_KV_VISITED``, as the accuracy benchmark
 sets it). Each family is first evaluated once on an evenly spaced slice (numba
 compilation, caches), then the full tables are timed alternately, attention
 then GEMM, ``--repeats`` times, and the median is reported. The roofline is
@@ -45,8 +45,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
-from tsbatch.accuracy import FLEX_DATA_KV_VISITED  # noqa: E402
-from tsbatch.evaluate import evaluate  # noqa: E402
+from tsbatch.measured.accuracy import FLEX_DATA_KV_VISITED  # noqa: E402
+from tsbatch.engine.evaluate import evaluate  # noqa: E402
 from tsbatch.hw import get_hw  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

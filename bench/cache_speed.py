@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import build_candidates  # noqa: E402
 
 from kernels_catalog import gemm  # noqa: E402
-from tsbatch.evaluate import resolve_hw  # noqa: E402
+from tsbatch.engine.evaluate import resolve_hw  # noqa: E402
 from tsbatch.kernels.occupancy import resident_tiles  # noqa: E402
 from tsbatch.kernels.reuse import cache_hit_rates  # noqa: E402
-from tsbatch.schema import validate  # noqa: E402
+from tsbatch.boundary.schema import validate  # noqa: E402
 
 SAMPLING = dict(k_samples=4, max_waves=8, max_lookback=4)
 

@@ -31,7 +31,7 @@ import sys
 import numpy as np
 import polars as pl
 
-from tsbatch.evaluate import evaluate
+from tsbatch.engine.evaluate import evaluate
 from tsbatch.hw import CALIBRATION_DEFAULTS, get_hw
 
 KEYS = ["m", "n", "k", "dtype", "a_row_major", "b_row_major", "tf32", "backend", "block_m", "block_n",

@@ -13,12 +13,12 @@ few named calibration constants to that set cannot flatter the figures.
 Data. Every GEMM file of ``gemm/`` (``*_triton_mm``: Inductor's Triton
 configurations plus the cuBLAS row of each problem; ``a100_llmcompass_matmul``:
 LLMCompass's A100 cuBLAS times; ``pipeweave_fp8_gemm_train``: H800 and H20 FP8
-library GEMMs), read and median-aggregated by :func:`tsbatch.accuracy.load_measured`
+library GEMMs), read and median-aggregated by :func:`tsbatch.measured.accuracy.load_measured`
 exactly as ``tsbatch accuracy`` does. A group is gpu x dtype x backend x set
 (``set`` = the file's stem, so LLMCompass is reported apart from the cuBLAS
 rows of the Triton file); float32 is split by the ``tf32`` column into
 ``float32`` (IEEE FP32) and ``tf32``, as in the accuracy report. Metrics are
-:func:`tsbatch.metrics.accuracy_metrics` (MAPE, Spearman within a problem's
+:func:`tsbatch.measured.metrics.accuracy_metrics` (MAPE, Spearman within a problem's
 configurations, top-5 % retention, ...), on each group as a whole and on its
 problems with m*n*k <= 2*10^10 alone (``SMALL_MNK``).
 
@@ -52,7 +52,7 @@ constants), held-out half with the fitted constants, held-out half with the
 shipped constants, for the whole group and for its small problems; and per
 GPU which constants moved from the shipped values.
 
-``--report-only`` runs no fit: :func:`tsbatch.accuracy.run_accuracy` on each
+``--report-only`` runs no fit: :func:`tsbatch.measured.accuracy.run_accuracy` on each
 file (the ``tsbatch accuracy`` code path, shipped constants) and prints the
 issue's table (every group, whole set and m*n*k <= 2*10^10 subset, against
 the targets), which the accuracy command cannot split by problem size.
@@ -91,10 +91,10 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from calibrate_constants import grid_points  # noqa: E402  (bench/ is not a package)
 
-from tsbatch.accuracy import GEMM, _dtype_label, _predict, format_table, load_measured, run_accuracy  # noqa: E402
-from tsbatch.evaluate import evaluate  # noqa: E402
+from tsbatch.measured.accuracy import GEMM, _dtype_label, _predict, format_table, load_measured, run_accuracy  # noqa: E402
+from tsbatch.engine.evaluate import evaluate  # noqa: E402
 from tsbatch.hw import get_hw  # noqa: E402
-from tsbatch.metrics import accuracy_metrics  # noqa: E402
+from tsbatch.measured.metrics import accuracy_metrics  # noqa: E402
 
 #: problems with m*n*k at most this are the issue's "small and medium" subset
 SMALL_MNK = 2e10

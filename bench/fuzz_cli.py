@@ -4,7 +4,7 @@ Generated candidate tables (wrong types, nulls, NaN and infinities, zero and
 huge sizes, unicode and empty strings, empty tables, zero rows, duplicate and
 extra columns, truncated or garbage files, every input format) and generated
 arguments (explain's and sweep's options, sweep files) are run through
-``tsbatch.cli.main(argv)``. Each case is checked for:
+``tsbatch.front.cli.main(argv)``. Each case is checked for:
 
 - a crash: an exception other than ``SystemExit``, or an exit status other
   than 0 and 2 (a traceback on stderr counts too);
@@ -152,7 +152,7 @@ def tables(draw, family: str):
             vals = [None if draw(st.booleans()) else x for x in vals]
         cols.append((name, vals, typ))
     # optional columns of the family, sometimes
-    from tsbatch.evaluate import FAMILIES as FAMS
+    from tsbatch.engine.evaluate import FAMILIES as FAMS
 
     fam = FAMS[family]
     for c in fam.columns:
@@ -457,7 +457,7 @@ TRACE = None
 
 def run_case(case: dict) -> dict:
     """Run one case in-process; returns ``{"rc", "crash", "half", "breaks", "err"}``."""
-    from tsbatch.cli import main
+    from tsbatch.front.cli import main
 
     with tempfile.TemporaryDirectory(prefix="fz_case_") as tmp:
         d = Path(tmp)

@@ -30,7 +30,7 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import build_candidates  # noqa: E402
 
-from tsbatch.evaluate import evaluate, resolve_hw  # noqa: E402
+from tsbatch.engine.evaluate import evaluate, resolve_hw  # noqa: E402
 
 SMALL_MAX = 32 * 32
 LARGE_MIN = 64 * 64

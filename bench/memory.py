@@ -12,7 +12,7 @@ rows per second, the rows it predicted in full, and the rows kept.
 
 These are real predictions end to end, not synthetic latencies. What stays
 in memory while ranking: one record batch (and its predictions) plus the
-running top K of every workload (:mod:`tsbatch.screen`), which is the size of
+running top K of every workload (:mod:`tsbatch.engine.screen`), which is the size of
 the output, about ``top`` times the input. So peak memory does not grow with
 N beyond the output it must write; ``result_mb_per_row`` (the kept rows'
 in-memory size per row) projects that part to larger N

@@ -45,7 +45,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import cross_validate as cv  # noqa: E402  (bench/cross_validate.py)
 
-from tsbatch.accuracy import format_table, run_accuracy  # noqa: E402
+from tsbatch.measured.accuracy import format_table, run_accuracy  # noqa: E402
 
 #: issue 18's targets per dtype of the FlexAttention file
 ATTENTION_TARGETS = {"mape_pct": 20.0, "spearman": 0.8, "top5_retention_pct": 97.0}

@@ -1,8 +1,8 @@
-"""Warm latency of one :func:`tsbatch.prune.prune` call on 1,000 configurations.
+"""Warm latency of one :func:`tsbatch.engine.prune.prune` call on 1,000 configurations.
 
 Prints, per workload, the median of 50 warm uncached ``prune`` calls, the
-median of 50 cache hits of a :class:`~tsbatch.prune.Pruner`, and the cost of
-one plain :func:`tsbatch.evaluate.evaluate` call on the same configurations
+median of 50 cache hits of a :class:`~tsbatch.engine.prune.Pruner`, and the cost of
+one plain :func:`tsbatch.engine.evaluate.evaluate` call on the same configurations
 (median of 3, measured in the same run), and checks that the kept sets agree.
 
     OMP_WAIT_POLICY=passive python bench/prune_latency.py [--hw h100] [--n 1000]
@@ -32,9 +32,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
-from tsbatch.evaluate import evaluate  # noqa: E402
-from tsbatch.prune import Pruner, prune  # noqa: E402
-from tsbatch.rank import rank  # noqa: E402
+from tsbatch.engine.evaluate import evaluate  # noqa: E402
+from tsbatch.engine.prune import Pruner, prune  # noqa: E402
+from tsbatch.engine.rank import rank  # noqa: E402
 
 WORKLOADS = [
     {"m": 4096, "n": 4096, "k": 4096, "dtype": "float16"},

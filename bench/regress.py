@@ -20,11 +20,11 @@ Accuracy. Every measured file (``../shared/data`` or ``$TSBATCH_SHARED_DATA``:
 ``gemm/*``, ``attention/*``, ``collectives/*``; and this tree's
 ``bench/measured/h200-*/gemm.parquet`` and ``.../more/gemm.parquet``) is read,
 validated and median-aggregated once, by the working tree's
-:func:`tsbatch.accuracy.load_measured` (so both versions get the very same
+:func:`tsbatch.measured.accuracy.load_measured` (so both versions get the very same
 input rows and columns); each version predicts them in a subprocess
 (``bench/regress_worker.py predict``) with its own ``tsbatch accuracy``
-predictor; the working tree's :mod:`tsbatch.metrics` and
-:mod:`tsbatch.regress_metrics` score both. Per file x GPU x dtype x backend,
+predictor; the working tree's :mod:`tsbatch.measured.metrics` and
+:mod:`tsbatch.measured.regress_metrics` score both. Per file x GPU x dtype x backend,
 whole and per time bucket (the problem's best measured time: < 20 us,
 20-100 us, 0.1-1 ms, > 1 ms) and per operand layout: MAPE, median
 measured/predicted, Spearman, top-5 % retention. A family, GPU or dtype a
@@ -81,9 +81,9 @@ sys.path.insert(0, str(ROOT))  # the working tree's tsbatch, whatever the caller
 
 import polars as pl  # noqa: E402
 
-from tsbatch.accuracy import FAMILIES, _dtype_label, load_measured  # noqa: E402
+from tsbatch.measured.accuracy import FAMILIES, _dtype_label, load_measured  # noqa: E402
 from tsbatch.errors import InputError  # noqa: E402
-from tsbatch.regress_metrics import (  # noqa: E402
+from tsbatch.measured.regress_metrics import (  # noqa: E402
     Tolerance, accuracy_figures, add_slices, compare_figures, format_comparison, judge_speed,
     judged_rows, summary_lines,
 )
@@ -92,6 +92,12 @@ GROUP = ("file", "gpu", "dtype", "backend")
 CV_GROUP = ("file", "gpu", "dtype", "backend")
 SWEEP_TOOL_REL = Path("tools") / "mk_llm_sweep.py"
 PY = sys.executable
+#: the command line's entry point of either layout (tsbatch.front.cli from the
+#: 2026-12-06 regrouping on, tsbatch.cli before), so a reference of either runs
+CLI_MAIN = ("import sys, importlib\n"
+            "try:\n    m = importlib.import_module('tsbatch.front.cli')\n"
+            "except ModuleNotFoundError:\n    m = importlib.import_module('tsbatch.cli')\n"
+            "sys.exit(m.main(sys.argv[1:]))")
 
 
 # ----------------------------------------------------------------------
@@ -255,7 +261,7 @@ def held_out_problems(inputs: pl.DataFrame) -> pl.DataFrame:
     g = inputs.filter(pl.col("file").str.starts_with("gemm/") & (pl.col("_family") == "gemm"))
     if g.height == 0:
         return pl.DataFrame(schema={"_problem": pl.Int64})
-    from tsbatch.accuracy import GEMM
+    from tsbatch.measured.accuracy import GEMM
 
     g = g.with_columns(pl.col("file").str.split("/").list.last().str.replace(r"\.parquet$", "").alias("set"),
                        _dtype_label(GEMM).alias("label"))
@@ -318,7 +324,7 @@ def speed_phase(versions: dict[str, Path], args, tmp: Path, workdir: Path, log) 
     figures: list[dict] = []
 
     def cli(tag: str, *extra: str) -> list[str]:
-        return [PY, "-m", "tsbatch.cli", "evaluate", str(sweep), "--hw", "h100",
+        return [PY, "-c", CLI_MAIN, "evaluate", str(sweep), "--hw", "h100",
                 "-o", str(tmp / f"sweep_out_{tag}.parquet"), "-q", *extra]
 
     def record(name: str, res: dict, what: str, unit: str = "s", higher_better: bool = False) -> None:
@@ -343,7 +349,7 @@ def speed_phase(versions: dict[str, Path], args, tmp: Path, workdir: Path, log) 
 
     small = tmp / "start_1000.parquet"
     build_candidates(1000).write_parquet(small)
-    start_cmd = lambda t: [PY, "-m", "tsbatch.cli", "evaluate", str(small), "--hw", "h100",  # noqa: E731
+    start_cmd = lambda t: [PY, "-c", CLI_MAIN, "evaluate", str(small), "--hw", "h100",  # noqa: E731
                            "-o", str(tmp / f"start_out_{t}.parquet"), "-q"]
     record("start, new process evaluating 1,000 rows, kernels cached",
            alternate(versions, start_cmd, max(reps, 3), warm, log, "start"),
@@ -362,7 +368,7 @@ def speed_phase(versions: dict[str, Path], args, tmp: Path, workdir: Path, log) 
     spec = {"hw": "h100", "attention_hw": "a100", "prune_reps": 10 if args.quick else 20,
             "attention_reps": 2 if args.quick else 3}
     try:
-        from tsbatch.accuracy import ATTENTION
+        from tsbatch.measured.accuracy import ATTENTION
 
         d = load_measured(sorted((data_root() / "attention").glob("*.parquet")), families=("attention",),
                           sample_problems=args.attention_problems)

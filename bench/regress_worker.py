@@ -9,7 +9,7 @@ ca279d0 has, and reports what a version lacks instead of failing:
 
 ``predict``: JOBS.json is a list of ``{"family", "hw", "input", "output"}``;
 each input Parquet holds a family's input columns (prepared by the working
-tree's ``tsbatch.accuracy.load_measured``). The version's own predictor for
+tree's ``tsbatch.measured.accuracy.load_measured``). The version's own predictor for
 the family (``tsbatch.accuracy.PREDICTORS``, what its ``tsbatch accuracy``
 calls) writes ``latency_us`` and ``feasible`` to ``output``. RESULT.json:
 one ``{"status": "ok" | "unsupported" | "error", "error", "seconds"}`` per job.
@@ -30,12 +30,22 @@ import traceback
 from pathlib import Path
 
 
+def _module(new: str, old: str):
+    """A module of either layout: ``new`` (the 2026-12-06 regrouping on) or ``old``."""
+    import importlib
+
+    try:
+        return importlib.import_module(new)
+    except ModuleNotFoundError:
+        return importlib.import_module(old)
+
+
 def _predict(jobs_path: str, result_path: str) -> int:
     import polars as pl
 
     jobs = json.loads(Path(jobs_path).read_text())
     try:
-        from tsbatch.accuracy import PREDICTORS
+        PREDICTORS = _module("tsbatch.measured.accuracy", "tsbatch.accuracy").PREDICTORS
     except Exception:  # a version without the accuracy module
         PREDICTORS = {}
     results = []
@@ -81,7 +91,7 @@ def _time_api(spec_path: str, result_path: str) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     try:
         from prune_latency import WORKLOADS, configs
-        from tsbatch.prune import prune
+        prune = _module("tsbatch.engine.prune", "tsbatch.prune").prune
 
         cfgs = configs(1000)
         per = {}
@@ -95,7 +105,7 @@ def _time_api(spec_path: str, result_path: str) -> int:
     if spec.get("attention_input"):
         try:
             import polars as pl
-            from tsbatch.evaluate import evaluate
+            evaluate = _module("tsbatch.engine.evaluate", "tsbatch.evaluate").evaluate
 
             frame = pl.read_parquet(spec["attention_input"])
             ahw = spec.get("attention_hw", hw)

@@ -153,7 +153,7 @@ def main(argv=None) -> int:
         above_fp32_peak=(2.0 * pl.col("m").cast(pl.Float64) * pl.col("n") * pl.col("k")
                          / (pl.col("meas_us") * 1e6)) > fp32_peak)
     try:
-        from tsbatch.evaluate import evaluate
+        from tsbatch.engine.evaluate import evaluate
 
         ev = evaluate(best.select(KEY + CFG), "h100")
         best = best.with_columns(

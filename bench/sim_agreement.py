@@ -3,7 +3,7 @@
 Samples ``--n`` tile configurations from the measured H100/A100 Triton sets
 (the configurations Inductor really tries, problems of moderate size so that
 every grid is simulated in full), predicts each with the simulator
-(``naive2`` = Triton's pipeline) and with :func:`tsbatch.evaluate.evaluate`,
+(``naive2`` = Triton's pipeline) and with :func:`tsbatch.engine.evaluate.evaluate`,
 and prints
 
 * latency agreement: MAPE of the evaluator against the simulator, the
@@ -49,9 +49,9 @@ def main(argv=None) -> int:
     ap.add_argument("--l15", action="store_true", help="simulate the L1.5 tier of the hardware file")
     args = ap.parse_args(argv)
     try:
-        from tsbatch.evaluate import evaluate
+        from tsbatch.engine.evaluate import evaluate
     except ImportError:
-        print("tsbatch.evaluate is not available", file=sys.stderr)
+        print("tsbatch.engine.evaluate is not available", file=sys.stderr)
         return 2
     frames = []
     for hw, name in (("h100", "h100_triton_mm.parquet"), ("a100", "a100_triton_mm.parquet")):

@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hw", default="h200")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    from tsbatch.evaluate import evaluate
+    from tsbatch.engine.evaluate import evaluate
 
     src = Path(args.data) / "gemm.parquet"
     if not src.exists():

@@ -9,7 +9,7 @@ process, as a user or an autotuner would start it. Prints seconds.
 
 ``--compare-tree DIR`` runs the same measurements, interleaved, with the
 package imported from another source tree (e.g. ``git archive BASE | tar -x
--C DIR``): the process starts in DIR, so ``python -m tsbatch.cli`` imports
+-C DIR``): the process starts in DIR, so ``python -m tsbatch.front.cli`` imports
 DIR's ``tsbatch`` (with its own numba cache). ``--env NAME=VALUE`` instead
 compares against this tree run with an extra environment variable. Either
 prints the baseline next to this tree and the ratio of the medians (the
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="tsbatch-startup-"))
     src = tmp / "c.parquet"
     build_candidates(1000).write_parquet(src)
-    exe = [sys.executable, "-m", "tsbatch.cli", "evaluate", str(src), "--hw", args.hw,
+    exe = [sys.executable, "-m", "tsbatch.front.cli", "evaluate", str(src), "--hw", args.hw,
            "-o", str(tmp / "o.parquet"), "-q"]
 
     variants = {"this tree": (ROOT, {})}
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
 
 PRUNE_CODE = """
 import itertools
-from tsbatch.prune import prune
+from tsbatch.engine.prune import prune
 space = list(itertools.product([16, 32, 64, 128, 256], [16, 32, 64, 128, 256], [32, 64, 128],
                                [2, 3, 4, 5, 6], [2, 4, 8], [4, 8], [1, 2]))
 keys = ("block_m", "block_n", "block_k", "num_stages", "num_warps", "group_m", "split_k")

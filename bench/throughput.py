@@ -15,7 +15,7 @@ writes it to Parquet and measures in the same run:
   to ranked Parquet out (streamed record batches of ``--batch-rows``, rank top
   5 %, write), in a child process whose peak memory is
   ``end_to_end_peak_rss_mb``. The command ranks by screening
-  (:mod:`tsbatch.screen`): only rows whose perfect-caching latency bound can
+  (:mod:`tsbatch.engine.screen`): only rows whose perfect-caching latency bound can
   still place them in their workload's top 5 % are predicted in full —
   ``end_to_end_rows_fully_evaluated`` of them
   (``end_to_end_fraction_fully_evaluated``) — and its output is checked to be
@@ -135,7 +135,7 @@ def naive_rows_per_s(cand: pl.DataFrame, hw, budget_s: float = 20.0, seed: int =
 
     from kernels_catalog import gemm
     from tsbatch.kernels.envelope import COMPUTE, R_DRAM, R_L2, R_L15, SHARED
-    from tsbatch.schema import validate
+    from tsbatch.boundary.schema import validate
 
     # the twins replay every access of the unsampled sequence in Python: keep
     # to rows whose sequence (tiles x steps x 2 blocks) stays under 2e4 accesses
@@ -177,7 +177,7 @@ def naive_rows_per_s(cand: pl.DataFrame, hw, budget_s: float = 20.0, seed: int =
                             int(plan.persistent[i]))
         done += 1
     naive_rate = done / (time.perf_counter() - t0)
-    from tsbatch.evaluate import evaluate
+    from tsbatch.engine.evaluate import evaluate
 
     sub = sample.head(done)
     evaluate(sub, hw)
@@ -192,7 +192,7 @@ def naive_rows_per_s(cand: pl.DataFrame, hw, budget_s: float = 20.0, seed: int =
 #: of children would count the parent's pages copied at fork)
 _CHILD = """
 import sys
-from tsbatch.cli import main
+from tsbatch.front.cli import main
 rc = main(sys.argv[1:])
 try:
     hwm = next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM"))
@@ -229,9 +229,9 @@ def main(argv=None) -> int:
                     help="seconds given to the plain-Python twins (0: skip)")
     args = ap.parse_args(argv)
 
-    from tsbatch.evaluate import evaluate, resolve_hw
-    from tsbatch.io import provenance, write_parquet
-    from tsbatch.rank import parse_top, rank
+    from tsbatch.engine.evaluate import evaluate, resolve_hw
+    from tsbatch.boundary.io import provenance, write_parquet
+    from tsbatch.engine.rank import parse_top, rank
 
     hw = resolve_hw(args.hw)
     warm = build_candidates(2000, seed=1)

@@ -262,9 +262,9 @@ def tf32_summary(table: pl.DataFrame) -> int:
     """The TF32 kernels' shared memory and launch outcome against the model's,
     and their registers and spills."""
     from kernels_catalog import gemm
-    from tsbatch.evaluate import get_family
+    from tsbatch.engine.evaluate import get_family
     from tsbatch.hw import get_hw
-    from tsbatch.schema import validate
+    from tsbatch.boundary.schema import validate
 
     print(f"Triton {triton.__version__}: {len(table)} TF32 kernels")
     for arch, gpu in ((80, "a100"), (90, "h100")):

@@ -153,9 +153,9 @@ def compiled_table(stages: int = 3, arch: int = 80) -> pl.DataFrame:
 
 def model_footprints(table: pl.DataFrame, hw_name: str = "a100") -> pl.DataFrame:
     """The attention family's shared memory and resident blocks for the table's rows."""
-    from tsbatch.evaluate import FAMILIES, evaluate
+    from tsbatch.engine.evaluate import FAMILIES, evaluate
     from tsbatch.hw import get_hw
-    from tsbatch.schema import validate
+    from tsbatch.boundary.schema import validate
 
     fam = FAMILIES["attention"]
     hw = get_hw(hw_name)

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grid_cost import LARGE_MIN, tile_grid  # noqa: E402
 from throughput import build_candidates  # noqa: E402
 
-from tsbatch import evaluate as ev  # noqa: E402
+from tsbatch.engine import evaluate as ev  # noqa: E402
 from tsbatch.kernels import reuse  # noqa: E402
 
 

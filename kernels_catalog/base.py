@@ -126,7 +126,7 @@ class Family:
     #: frame`` with the input columns followed by its result columns
     #: (``latency_us``, ``feasible``, ``infeasible_reason`` at least); ``lower``
     #: is then None. ``engine(frame, hw, family)`` is the engine's evaluator
-    #: (:func:`tsbatch.evaluate.evaluate`), for a family that composes tile
+    #: (:func:`tsbatch.engine.evaluate.evaluate`), for a family that composes tile
     #: families (the fused ones): handed in, so no family imports the engine
     evaluate: Callable | None = None
     #: the family's tile program (:class:`kernels_catalog.program.TileProgram`),

@@ -242,7 +242,7 @@ def _envelope(first: np.ndarray, comp: np.ndarray, comm: np.ndarray, c: np.ndarr
 def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
     """Input columns followed by :data:`RESULT_COLUMNS` for ``ag_gemm``, ``gemm_rs``,
     ``ulysses`` or ``moe_ep``. ``engine(frame, hw, family)`` evaluates the GEMM or
-    attention chunks: the engine's :func:`tsbatch.evaluate.evaluate`, handed in
+    attention chunks: the engine's :func:`tsbatch.engine.evaluate.evaluate`, handed in
     (this module does not import the engine, which finds the family through
     :mod:`kernels_catalog.registry`)."""
     from tsbatch.collectives.model import evaluate as eval_coll

@@ -7,7 +7,7 @@ families (:mod:`kernels_catalog.fused_comm`), by name, GEMM first (the order in
 which :func:`detect_family` tries them). A user's tile program is a family too,
 loaded from its file by :func:`get_family`.
 
-The engine (:mod:`tsbatch.evaluate`) and the front doors look families up here;
+The engine (:mod:`tsbatch.engine.evaluate`) and the front doors look families up here;
 no family module imports the engine: a family that composes others (the fused
 families run GEMM or attention chunks) is handed the engine's evaluator when
 it is called (:attr:`kernels_catalog.base.Family.evaluate`).

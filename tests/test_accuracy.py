@@ -17,7 +17,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tsbatch.accuracy import (
+from tsbatch.measured.accuracy import (
     GROUP_KEYS,
     add_parser,
     check_thresholds,
@@ -27,7 +27,7 @@ from tsbatch.accuracy import (
     run_accuracy,
 )
 from tsbatch.errors import InputError
-from tsbatch.metrics import METRICS, accuracy_metrics, keep_count
+from tsbatch.measured.metrics import METRICS, accuracy_metrics, keep_count
 
 DATA = Path(os.environ.get("TSBATCH_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 H100 = DATA / "gemm" / "h100_triton_mm.parquet"
@@ -550,7 +550,7 @@ def test_only_unsupported_families_give_an_empty_report(tmp_path):
 
 
 def test_tf32_label_audit_counts_against_the_fp32_peak():
-    from tsbatch.accuracy import tf32_label_audit
+    from tsbatch.measured.accuracy import tf32_label_audit
 
     n = 4096  # 2 n^3 = 1.37e11 FLOPs: audited
     flops = 2.0 * n ** 3
@@ -576,7 +576,7 @@ def test_the_triton_release_of_a_measured_gemm_file(tmp_path):
     import pyarrow.parquet as pq
 
     from kernels_catalog.gemm import TRITON_VERSION_DEFAULT
-    from tsbatch.accuracy import AUTOHEURISTIC_TRITON_VERSION
+    from tsbatch.measured.accuracy import AUTOHEURISTIC_TRITON_VERSION
 
     row = dict(gpu="h100", m=512, n=512, k=512, dtype="float32", tf32=True, backend="triton",
                block_m=64, block_n=64, block_k=32, num_stages=3, num_warps=4, group_m=8,

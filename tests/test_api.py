@@ -1,4 +1,4 @@
-"""The Python API at the top of the package (tsbatch/api.py; issue 22).
+"""The Python API at the top of the package (tsbatch/front/api.py; issue 22).
 
 Every function is checked against what the CLI command writes or prints for
 the same rows, and against the existing functions it wraps, for a polars
@@ -21,12 +21,12 @@ import pytest
 from polars.testing import assert_frame_equal
 
 import tsbatch
-from tsbatch.cli import main
+from tsbatch.front.cli import main
 from tsbatch.errors import InputError
-from tsbatch.evaluate import evaluate
+from tsbatch.engine.evaluate import evaluate
 from tsbatch.hw import get_hw, list_hw
-from tsbatch.prune import prune
-from tsbatch.rank import rank
+from tsbatch.engine.prune import prune
+from tsbatch.engine.rank import rank
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -284,18 +284,18 @@ def test_import_is_cheap_and_every_name_resolves():
     assert proc.returncode == 0, proc.stderr
     for name in tsbatch.__all__:
         assert getattr(tsbatch, name) is not None, name
-    assert tsbatch.Pruner is __import__("tsbatch.prune", fromlist=["Pruner"]).Pruner
+    assert tsbatch.Pruner is __import__("tsbatch.engine.prune", fromlist=["Pruner"]).Pruner
     assert callable(tsbatch.early_config_prune)
     with pytest.raises(AttributeError):
         tsbatch.no_such_name  # noqa: B018
 
 
 def test_api_names_survive_the_modules_being_imported():
-    """``tsbatch.evaluate``, ``.rank``, ``.prune``, ``.explain`` and ``.hw`` are
+    """``tsbatch.engine.evaluate``, ``.rank``, ``.prune``, ``.explain`` and ``.hw`` are
     modules; the API's functions are not shadowed when they are imported."""
-    code = ("import tsbatch, tsbatch.evaluate, tsbatch.rank, tsbatch.prune, tsbatch.explain, "
-            "tsbatch.hw, tsbatch.screen, tsbatch.api, types; "
-            "assert isinstance(tsbatch.evaluate, types.ModuleType); "
+    code = ("import tsbatch, tsbatch.engine.evaluate, tsbatch.engine.rank, tsbatch.engine.prune, tsbatch.front.explain, "
+            "tsbatch.hw, tsbatch.engine.screen, tsbatch.front.api, types; "
+            "assert isinstance(tsbatch.engine.evaluate, types.ModuleType); "
             "assert all(callable(getattr(tsbatch, n)) and not isinstance(getattr(tsbatch, n), "
             "types.ModuleType) for n in ('evaluate_table', 'rank_table', 'prune_configs', "
             "'explain_config', 'list_gpus', 'list_families')); "

@@ -13,9 +13,9 @@ import math
 import polars as pl
 import pytest
 
-from tsbatch.evaluate import FAMILIES, evaluate
+from tsbatch.engine.evaluate import FAMILIES, evaluate
 from tsbatch.hw import get_hw
-from tsbatch.schema import validate
+from tsbatch.boundary.schema import validate
 
 BASE = dict(batch=1, heads=8, seq_len=8192, head_dim=128, dtype="bfloat16", block_m=128,
             block_n=64, num_stages=2, num_warps=8, causal=True)

@@ -12,8 +12,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tsbatch.cli import main
-from tsbatch.evaluate import FAMILIES, evaluate
+from tsbatch.front.cli import main
+from tsbatch.engine.evaluate import FAMILIES, evaluate
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("fuzz_cli", ROOT / "bench" / "fuzz_cli.py")
@@ -152,7 +152,7 @@ def test_non_finite_float_column_is_an_input_error(tmp_path, capsys):
 
 
 def test_prune_drops_what_triton_cannot_build():
-    from tsbatch.prune import prune
+    from tsbatch.engine.prune import prune
 
     cfgs = [{"block_m": 128, "block_n": 128, "block_k": 64, "num_stages": 4, "num_warps": w}
             for w in (3, 8)]

@@ -1,4 +1,4 @@
-"""Full ranking through workload buckets on disk (tsbatch.bucket_rank) equals
+"""Full ranking through workload buckets on disk (tsbatch.engine.bucket_rank) equals
 ``rank(evaluate(all rows))`` row for row, whatever the bucket size and the
 record batches."""
 
@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from test_screen import WL, _same, ranked_inputs
-from tsbatch.cli import main
-from tsbatch.bucket_rank import BUCKET_COL, BucketRanker, bucket_map
-from tsbatch.evaluate import evaluate, resolve_hw
-from tsbatch.rank import rank
-from tsbatch.screen import COUNT_COL, workload_counts
+from tsbatch.front.cli import main
+from tsbatch.engine.bucket_rank import BUCKET_COL, BucketRanker, bucket_map
+from tsbatch.engine.evaluate import evaluate, resolve_hw
+from tsbatch.engine.rank import rank
+from tsbatch.engine.screen import COUNT_COL, workload_counts
 
 
 def test_bucket_map_cuts_contiguous_runs_and_never_splits_a_workload():

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 from strategies import gemm_frames
 
-from tsbatch.evaluate import CacheMemo, evaluate
+from tsbatch.engine.evaluate import CacheMemo, evaluate
 
 
 @settings(max_examples=40, deadline=None)

@@ -51,7 +51,7 @@ import numpy as np
 import pytest
 from strategies import GEMM_MASK, GEMM_PER_STEP, cache_args
 
-from tsbatch.evaluate import evaluate_plan
+from tsbatch.engine.evaluate import evaluate_plan
 from tsbatch.kernels.order import ORDER_NAMES
 from tsbatch.kernels.reuse import cache_hit_rates
 

@@ -12,8 +12,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tsbatch.cli import main
-from tsbatch.io import read_metadata
+from tsbatch.front.cli import main
+from tsbatch.boundary.io import read_metadata
 
 GOOD = {
     "m": [4096, 512], "n": [4096, 1024], "k": [4096, 8192], "dtype": ["float16", "bfloat16"],
@@ -236,7 +236,7 @@ def test_explain_missing_option_issue2(capsys):
 
 
 def test_shared_h100_file_is_valid_input_issue2(shared_data, tmp_path):
-    from tsbatch.evaluate import evaluate
+    from tsbatch.engine.evaluate import evaluate
 
     src = pl.read_parquet(shared_data / "gemm" / "h100_triton_mm.parquet").head(400)
     res = evaluate(src, "h100")
@@ -247,7 +247,7 @@ def test_shared_h100_file_is_valid_input_issue2(shared_data, tmp_path):
 
 
 def test_empty_candidate_table_evaluates_to_empty_issue2():
-    from tsbatch.evaluate import evaluate
+    from tsbatch.engine.evaluate import evaluate
 
     res = evaluate(pl.DataFrame(GOOD).head(0), "h100")
     assert res.height == 0 and "latency_us" in res.columns
@@ -259,7 +259,7 @@ def test_malloc_arena_cap(monkeypatch):
     import platform
     import sys
 
-    from tsbatch.cli import limit_malloc_arenas
+    from tsbatch.front.cli import limit_malloc_arenas
 
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert limit_malloc_arenas() is False
@@ -273,7 +273,7 @@ def test_read_ahead_yields_in_order_one_ahead():
     the current result is handed over (one ahead), errors raised in place."""
     import threading
 
-    from tsbatch.io import read_ahead
+    from tsbatch.boundary.io import read_ahead
 
     started = []
     gate = threading.Lock()

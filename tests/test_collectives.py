@@ -369,7 +369,7 @@ def test_faster_links_give_faster_collectives_across_systems():
 
 # ------------------------------------------------------------------ accuracy and CLI paths
 def test_issue20_accuracy_reads_collective_files(shared_data):
-    from tsbatch.accuracy import run_accuracy
+    from tsbatch.measured.accuracy import run_accuracy
 
     path = shared_data / "collectives" / "vidur_a100_dgx_send_recv.parquet"
     res = run_accuracy([path])
@@ -385,7 +385,7 @@ def test_issue20_accuracy_reads_collective_files(shared_data):
 
 
 def test_cli_evaluate_writes_and_bad_input_writes_nothing(tmp_path):
-    from tsbatch.cli import main
+    from tsbatch.front.cli import main
 
     good = tmp_path / "c.parquet"
     pl.DataFrame({"system": ["hgx_b200", "dgx_a100"], "collective": ["all_reduce", "all_gather"],
@@ -402,7 +402,7 @@ def test_cli_evaluate_writes_and_bad_input_writes_nothing(tmp_path):
 
 
 def test_cli_explain_shows_stages_links_and_bottleneck(capsys):
-    from tsbatch.cli import main
+    from tsbatch.front.cli import main
 
     assert main(["comm", "explain", "--system", "dgx_a100", "--collective", "all_reduce",
                  "--num-gpus", "8", "--bytes", "64MiB", "--algorithm", "ring"]) == 0

@@ -20,8 +20,8 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from tsbatch.errors import InputError
-from tsbatch.io import read_metadata
-from tsbatch.sweep import candidate_chunks, load_sweep, run_sweep
+from tsbatch.boundary.io import read_metadata
+from tsbatch.engine.sweep import candidate_chunks, load_sweep, run_sweep
 
 # Ray itself raises deprecation warnings on its own internals (e.g. every new
 # DataContext sets the deprecated ``use_push_based_shuffle``); the project
@@ -111,7 +111,7 @@ def span_sweep(tmp_path_factory):
 
 
 def _both(spec, tmp_path, top, cluster, sampling=None, **kw):
-    from tsbatch.distributed import run_sweep_ray
+    from tsbatch.front.distributed import run_sweep_ray
 
     loc = run_sweep(spec, "h100", tmp_path / "local.parquet", top, progress=False,
                     sampling=sampling)
@@ -150,7 +150,7 @@ def test_span_sweep_matches_local(ray_cluster, tmp_path, span_sweep, top):
 
 def test_span_sweep_shards_split_workloads(span_sweep, tmp_path):
     """The shard writer keeps the local generation order and splits workloads."""
-    from tsbatch.distributed import write_shards
+    from tsbatch.front.distributed import write_shards
 
     info = write_shards(span_sweep, tmp_path, shard_rows=23)
     parts = [pl.read_parquet(p).with_columns(shard=pl.lit(i))
@@ -168,7 +168,7 @@ def test_span_sweep_shards_split_workloads(span_sweep, tmp_path):
 
 
 def test_cli_engine_ray(ray_cluster, tmp_path, capsys):
-    from tsbatch.cli import main
+    from tsbatch.front.cli import main
 
     args = ["sweep", "tiny", "--hw", "h100", "--top", "10%", "-q"]
     assert main([*args, "-o", str(tmp_path / "local.parquet")]) == 0
@@ -183,10 +183,10 @@ def test_package_imports_without_ray():
     code = textwrap.dedent("""
         import sys
         sys.modules["ray"] = None  # any `import ray` now fails
-        import tsbatch.distributed, tsbatch.cli, tsbatch.sweep
+        import tsbatch.front.distributed, tsbatch.front.cli, tsbatch.engine.sweep
         from tsbatch.errors import InputError
         try:
-            tsbatch.distributed.run_sweep_ray("tiny", "h100", "unused.parquet", 0.05)
+            tsbatch.front.distributed.run_sweep_ray("tiny", "h100", "unused.parquet", 0.05)
         except InputError as exc:
             assert "pip install 'tsbatch[ray]'" in str(exc), exc
         else:
@@ -196,7 +196,7 @@ def test_package_imports_without_ray():
 
 
 def test_missing_ray_is_an_input_error(monkeypatch, tmp_path):
-    from tsbatch import distributed
+    from tsbatch.front import distributed
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(InputError, match=r"pip install 'tsbatch\[ray\]'"):
@@ -212,7 +212,7 @@ def test_ray_usage_and_metrics_reporting_are_off(ray_cluster, tmp_path):
 
     from ray.data._internal.usage.collector import usage_collection_disabled
 
-    from tsbatch.distributed import run_sweep_ray
+    from tsbatch.front.distributed import run_sweep_ray
 
     run_sweep_ray("tiny", "h100", tmp_path / "r.parquet", 0.05)
     assert usage_collection_disabled()

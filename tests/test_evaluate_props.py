@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 from strategies import frame, gemm_frames, infeasible_gemm_row
 
-from tsbatch.evaluate import evaluate
+from tsbatch.engine.evaluate import evaluate
 from tsbatch.hw import HwSpec, get_hw
 
 GPUS = st.sampled_from(["h100", "a100"])

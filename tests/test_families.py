@@ -19,10 +19,10 @@ from kernels_catalog.catalog import PROGRAM_DIR, program_families
 from kernels_catalog.program import (
     ProgramError, count_orders, legal_orders, load_program, program_from_dict,
 )
-from tsbatch.evaluate import FAMILIES, evaluate, get_family
+from tsbatch.engine.evaluate import FAMILIES, evaluate, get_family
 from tsbatch.hw import get_hw
 from tsbatch.kernels.dag import best_orders
-from tsbatch.schema import validate
+from tsbatch.boundary.schema import validate
 
 CATALOG = sorted(PROGRAM_DIR.glob("*.toml"))
 
@@ -183,7 +183,7 @@ def test_bad_program_cli_exit_2_nothing_written(tmp_path):
     cand = tmp_path / "c.parquet"
     pl.DataFrame({"n": [1024], "dtype": ["float16"], "block": [64]}).write_parquet(cand)
     out = tmp_path / "o.parquet"
-    r = subprocess.run([sys.executable, "-m", "tsbatch.cli", "evaluate", str(cand), "--hw", "a100",
+    r = subprocess.run([sys.executable, "-m", "tsbatch.front.cli", "evaluate", str(cand), "--hw", "a100",
                         "-o", str(out), "--family", str(path)], capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
     assert "post" in r.stderr and str(path) in r.stderr and "cycle" in r.stderr
@@ -405,7 +405,7 @@ def test_hopper_families_evaluate_and_explain(name, row):
     a100 = evaluate(df, "a100", name)
     if name != "flash_decoding":
         assert not a100["feasible"][0] and "Hopper" in a100["infeasible_reason"][0]
-    from tsbatch.explain import explain_text
+    from tsbatch.front.explain import explain_text
 
     text = explain_text(res.row(0, named=True), get_hw("h100"), get_family(name))
     assert "legal issue order" in text and "critical" in text
@@ -436,8 +436,8 @@ def test_catalog_families_registered():
 
 
 def test_prune_attention_equals_rank_of_evaluate():
-    from tsbatch.prune import prune
-    from tsbatch.rank import rank
+    from tsbatch.engine.prune import prune
+    from tsbatch.engine.rank import rank
 
     wl = dict(batch=4, heads=32, kv_heads=8, seq_len=4096, head_dim=128, dtype="bfloat16",
               causal=True)

@@ -13,10 +13,10 @@ import pytest
 
 from kernels_catalog import gemm
 from kernels_catalog.lowering import lower_program
-from tsbatch.evaluate import evaluate
+from tsbatch.engine.evaluate import evaluate
 from tsbatch.hw import get_hw, hw_dir, list_hw, load_hw_file
 from tsbatch.kernels.envelope import R_CUDA, R_L2, R_TC
-from tsbatch.schema import validate
+from tsbatch.boundary.schema import validate
 
 BM, BN, BK = 128, 128, 128
 
@@ -167,7 +167,7 @@ def test_h800_h20_files_load_and_resolve():
 
 
 def test_fp8_accuracy_on_pipeweave_data(shared_data):
-    from tsbatch.accuracy import run_accuracy
+    from tsbatch.measured.accuracy import run_accuracy
 
     path = shared_data / "gemm" / "pipeweave_fp8_gemm_train.parquet"
     if not path.exists():

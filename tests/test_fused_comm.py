@@ -8,7 +8,7 @@ import pytest
 
 from kernels_catalog.fused_comm import evaluate_fused, infer_remote_accesses
 from tsbatch.collectives.model import evaluate as eval_coll
-from tsbatch.evaluate import evaluate as eval_compute
+from tsbatch.engine.evaluate import evaluate as eval_compute
 
 GEMM = dict(system="dgx_h100", m=4096, n=4096, k=4096, dtype="float16", block_m=128, block_n=128,
             block_k=64, num_stages=3, num_warps=8)

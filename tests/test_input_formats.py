@@ -7,7 +7,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from tsbatch.cli import main
+from tsbatch.front.cli import main
 
 GOOD = {
     "m": [4096, 512, 1024], "n": [4096, 1024, 1024], "k": [4096, 8192, 64],

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 import tsbatch
-from tsbatch.cli import main
+from tsbatch.front.cli import main
 from tsbatch.errors import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,7 +76,7 @@ def test_api_names_the_closest_family_and_its_missing_columns(drop, family, miss
 
 
 def test_attention_columns_without_head_dim_point_at_attention():
-    from tsbatch.evaluate import detect_family
+    from tsbatch.engine.evaluate import detect_family
 
     with pytest.raises(InputError) as exc:
         detect_family(["batch", "heads", "seq_len", "dtype", "block_m", "block_n", "num_stages",
@@ -85,7 +85,7 @@ def test_attention_columns_without_head_dim_point_at_attention():
 
 
 def test_columns_of_no_family_list_the_families():
-    from tsbatch.evaluate import detect_family
+    from tsbatch.engine.evaluate import detect_family
 
     with pytest.raises(InputError, match="no kernel family matches") as exc:
         detect_family(["label", "time_ms"])
@@ -136,7 +136,7 @@ def test_tsbatch_switches_ray_reporting_off_before_ray_starts():
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_USAGE_STATS_ENABLED", "RAY_enable_metrics_collection")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
-    code = ("import os\nfrom tsbatch.distributed import _import_ray\n_import_ray()\n"
+    code = ("import os\nfrom tsbatch.front.distributed import _import_ray\n_import_ray()\n"
             "from ray._common.usage.usage_lib import usage_stats_enabled\n"
             "print(usage_stats_enabled(), os.environ['RAY_enable_metrics_collection'])\n")
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -154,7 +154,7 @@ GEMM_ROW = dict(m=4096, n=4096, k=4096, dtype="float16", block_m=128, block_n=12
 
 
 def _row(**change) -> dict:
-    from tsbatch.evaluate import evaluate
+    from tsbatch.engine.evaluate import evaluate
 
     return evaluate(pl.DataFrame([{**GEMM_ROW, **change}]), "h100").row(0, named=True)
 
@@ -206,7 +206,7 @@ def test_a_dimension_below_the_tp_degree_is_named_not_called_non_positive(family
     0 per GPU. Was: InputError "column 'n' must be positive; row 0 has 0" (a value
     the user never wrote); now an infeasible row naming the column and num_gpus,
     its neighbours unchanged."""
-    from tsbatch.evaluate import evaluate
+    from tsbatch.engine.evaluate import evaluate
 
     rows = pl.DataFrame([FUSED, {**FUSED, column: 4}, {**FUSED, column: 16}])
     res = evaluate(rows, "h100", family)
@@ -243,12 +243,12 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_no_family_imports_the_engine_and_only_the_registry_knows_every_family():
-    """kernels_catalog/fused_comm.py and tsbatch/evaluate.py imported each other;
+    """kernels_catalog/fused_comm.py and tsbatch/engine/evaluate.py imported each other;
     now the families import no engine module (a composite family is handed the
     engine's evaluator) and only kernels_catalog/registry.py imports the modules
     of every family."""
-    engine = ("tsbatch.evaluate", "tsbatch.screen", "tsbatch.pipeline", "tsbatch.api",
-              "tsbatch.cli", "tsbatch.rank")
+    engine = ("tsbatch.engine.evaluate", "tsbatch.engine.screen", "tsbatch.engine.pipeline", "tsbatch.front.api",
+              "tsbatch.front.cli", "tsbatch.engine.rank")
     for path in sorted((ROOT / "kernels_catalog").glob("*.py")):
         bad = {m for m in _imports(path) if m.startswith(engine)}
         assert not bad, f"{path.name} imports the engine: {sorted(bad)}"
@@ -264,7 +264,7 @@ def test_importing_the_registry_does_not_import_the_engine():
 
     code = ("import sys, kernels_catalog.registry as r\n"
             "assert {'gemm', 'attention', 'collective', 'ag_gemm', 'moe_ep'} <= set(r.FAMILIES)\n"
-            "print(sorted(m for m in sys.modules if m in ('tsbatch.evaluate', 'tsbatch.screen')))")
+            "print(sorted(m for m in sys.modules if m in ('tsbatch.engine.evaluate', 'tsbatch.engine.screen')))")
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120, check=True).stdout.strip()
@@ -273,21 +273,21 @@ def test_importing_the_registry_does_not_import_the_engine():
 
 # ----------------------------------------------------------------------------- 7. one pipeline
 def test_the_front_doors_only_call_the_pipeline():
-    """Streaming, screening and bucket ranking live in tsbatch/pipeline.py: neither
+    """Streaming, screening and bucket ranking live in tsbatch/engine/pipeline.py: neither
     front door imports them (the CLI parses and prints, the API converts tables)."""
-    engine = ("tsbatch.screen", "tsbatch.bucket_rank", "tsbatch.rank.rank",
-              "tsbatch.io.ParquetSink", "tsbatch.io.read_ahead", "tsbatch.evaluate.CacheMemo")
+    engine = ("tsbatch.engine.screen", "tsbatch.engine.bucket_rank", "tsbatch.engine.rank.rank",
+              "tsbatch.boundary.io.ParquetSink", "tsbatch.boundary.io.read_ahead", "tsbatch.engine.evaluate.CacheMemo")
     for name in ("cli.py", "api.py"):
-        got = {m for m in _imports(ROOT / "tsbatch" / name) if m.startswith(engine)}
-        assert not got, f"tsbatch/{name} imports {sorted(got)}"
-        assert "tsbatch.pipeline" in _imports(ROOT / "tsbatch" / name)
+        got = {m for m in _imports(ROOT / "tsbatch" / "front" / name) if m.startswith(engine)}
+        assert not got, f"tsbatch/front/{name} imports {sorted(got)}"
+        assert "tsbatch.engine.pipeline" in _imports(ROOT / "tsbatch" / "front" / name)
 
 
 @pytest.mark.parametrize("top", [None, 1.0, 0.05])
 def test_a_file_and_a_table_through_the_pipeline_give_the_same_rows(tmp_path, top):
     from polars.testing import assert_frame_equal
 
-    from tsbatch.pipeline import evaluate_file, evaluate_frame
+    from tsbatch.engine.pipeline import evaluate_file, evaluate_frame
 
     rows = pl.DataFrame([{**GEMM_ROW, "m": m, "block_m": bm, "block_n": bn, "num_stages": s}
                          for m in (512, 4096) for bm in (32, 64, 128) for bn in (64, 256)
@@ -306,8 +306,8 @@ def test_a_file_and_a_table_through_the_pipeline_give_the_same_rows(tmp_path, to
 def test_rank_table_of_a_family_without_a_tile_plan():
     """The API ranks collectives as ``tsbatch evaluate --top`` does (evaluate every
     row, then rank): the pipeline's path for a family with nothing to bound."""
-    from tsbatch.evaluate import evaluate
-    from tsbatch.rank import rank
+    from tsbatch.engine.evaluate import evaluate
+    from tsbatch.engine.rank import rank
 
     rows = pl.DataFrame({"system": ["dgx_h100"] * 6, "collective": ["all_reduce"] * 6,
                          "num_gpus": [8] * 6, "bytes": [1 << 20] * 3 + [1 << 26] * 3,

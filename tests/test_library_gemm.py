@@ -13,9 +13,9 @@ import polars as pl
 import pytest
 
 from kernels_catalog import gemm
-from tsbatch.evaluate import evaluate
+from tsbatch.engine.evaluate import evaluate
 from tsbatch.hw import get_hw
-from tsbatch.schema import validate
+from tsbatch.boundary.schema import validate
 
 
 def _lower_one(hw, backend="cublas", **over):

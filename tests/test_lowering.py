@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels_catalog import gemm
-from tsbatch.evaluate import evaluate, get_family
+from tsbatch.engine.evaluate import evaluate, get_family
 from tsbatch.hw import get_hw, list_hw
 from tsbatch.kernels.envelope import R_CUDA, R_DRAM, R_L2, R_SMEM, R_TC
-from tsbatch.schema import validate
+from tsbatch.boundary.schema import validate
 
 pow2 = lambda lo, hi: st.integers(lo, hi).map(lambda e: 2 ** e)  # noqa: E731
 

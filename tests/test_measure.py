@@ -28,18 +28,18 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tsbatch import measure as ms
-from tsbatch.calibrate import (
+from tsbatch.measured import measure as ms
+from tsbatch.measured.calibrate import (
     analyze_bandwidth,
     best_gemm_tflops,
     launch_floor_us,
     tc_ceilings,
     update_toml_text,
 )
-from tsbatch.cli import main
+from tsbatch.front.cli import main
 from tsbatch.errors import InputError
 from tsbatch.hw import get_hw, hw_dir, load_hw_file
-from tsbatch.io import read_metadata, write_parquet
+from tsbatch.boundary.io import read_metadata, write_parquet
 
 try:
     import tomllib

@@ -13,10 +13,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tsbatch.evaluate import FAMILIES, evaluate, get_family
+from tsbatch.engine.evaluate import FAMILIES, evaluate, get_family
 from tsbatch.hw import HwSpec, get_hw
 from tsbatch.kernels.envelope import R_CUDA, R_DRAM, R_L2, R_SFU, R_SMEM, R_TC
-from tsbatch.schema import validate
+from tsbatch.boundary.schema import validate
 
 
 def _df(rows: list[dict]) -> pl.DataFrame:
@@ -377,7 +377,7 @@ def test_latency_never_falls_when_a_rate_falls(family, gpu, key, factor):
     ("moe_grouped_gemm", _moe(routing="zipf", skew=1.2)),
 ])
 def test_explain_names_the_bottleneck(family, row):
-    from tsbatch.explain import explain_text
+    from tsbatch.front.explain import explain_text
 
     res = evaluate(_df([row]), "h100", family)
     assert res["feasible"][0]
@@ -389,7 +389,7 @@ def test_explain_names_the_bottleneck(family, row):
 def test_sweep_files_run(sweep, tmp_path):
     from pathlib import Path
 
-    from tsbatch.sweep import load_sweep, run_sweep
+    from tsbatch.engine.sweep import load_sweep, run_sweep
 
     path = Path(__file__).resolve().parents[1] / "sweeps" / f"{sweep}.toml"
     spec = load_sweep(path)

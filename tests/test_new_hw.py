@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tsbatch.cli import main
+from tsbatch.front.cli import main
 from tsbatch.collectives import plan as plan_mod
 from tsbatch.collectives.model import evaluate
 from tsbatch.collectives.systems import get_system, list_systems

@@ -19,10 +19,10 @@ import polars as pl
 import pytest
 
 from tsbatch.errors import InputError
-from tsbatch.evaluate import evaluate
-from tsbatch.prune import NoFeasibleConfigError, Pruner, PruneResult, prune
-from tsbatch.rank import keep_count, rank
-from tsbatch.triton_adapter import config_to_dict, dtype_name, early_config_prune
+from tsbatch.engine.evaluate import evaluate
+from tsbatch.engine.prune import NoFeasibleConfigError, Pruner, PruneResult, prune
+from tsbatch.engine.rank import keep_count, rank
+from tsbatch.front.triton_adapter import config_to_dict, dtype_name, early_config_prune
 
 TILE = ("block_m", "block_n", "block_k", "num_stages", "num_warps")
 
@@ -90,7 +90,7 @@ def test_screen_rounds_match_unscreened(m, n, k, dtype, top, round_min, monkeypa
     make it) keep exactly what predicting every row keeps, also for memory-bound
     shapes where the bound is loose and several rounds run (``round_min`` 1:
     every later round takes a half, however few rows remain)."""
-    import tsbatch.prune as prune_mod
+    import tsbatch.engine.prune as prune_mod
 
     if round_min is not None:
         monkeypatch.setattr(prune_mod, "_ROUND_MIN", round_min)
@@ -207,7 +207,7 @@ def _cfg_equal(a: dict, b: dict) -> bool:
 def test_config_columns_fast_path_matches_row_loop(variant):
     """The loop-free reading of config dicts gives exactly the row loop's columns, or
     declines (``None``) and leaves the input to the row loop."""
-    from tsbatch.prune import _config_arrays, _dict_columns, _dict_columns_fast
+    from tsbatch.engine.prune import _config_arrays, _dict_columns, _dict_columns_fast
 
     configs = _grid(40, seed=9, extra=variant in ("extra", "float_optional"))
     if variant == "numpy_ints":
@@ -284,7 +284,7 @@ def _expected(configs, workload, hw="h100", top=0.05):
 
 
 def test_adapter_does_not_import_triton():
-    code = ("import sys, tsbatch.triton_adapter as ta; "
+    code = ("import sys, tsbatch.front.triton_adapter as ta; "
             "assert 'triton' not in sys.modules, 'triton imported'; "
             "ta.early_config_prune('h100')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -22,8 +22,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tsbatch.metrics import accuracy_metrics
-from tsbatch.regress_metrics import (
+from tsbatch.measured.metrics import accuracy_metrics
+from tsbatch.measured.regress_metrics import (
     BUCKETS,
     FIGURES,
     Tolerance,
@@ -107,7 +107,7 @@ def test_figures_per_slice_match_hand_computation():
             assert got[k] == want[k], (kind, sl, k)
         for k in ("mape_pct", "bias"):
             assert got[k] == pytest.approx(want[k], rel=1e-12), (kind, sl, k)
-    # the ranking figures are tsbatch.metrics' own, on the slice's rows
+    # the ranking figures are tsbatch.measured.metrics' own, on the slice's rows
     sub = add_slices(_scored(ROWS)).filter(pl.col("bucket") == "<20us")
     want = accuracy_metrics(sub, ()).row(0, named=True)
     got = figs.filter(pl.col("slice") == "<20us").row(0, named=True)

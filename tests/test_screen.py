@@ -1,4 +1,4 @@
-"""Screened, streamed ranking (tsbatch.screen) equals ``rank(evaluate(all rows))`` row for row.
+"""Screened, streamed ranking (tsbatch.engine.screen) equals ``rank(evaluate(all rows))`` row for row.
 
 Every comparison is exact (``DataFrame.equals``: same rows, order, columns,
 dtypes and values, nulls equal), over workloads that span batches, ties
@@ -17,12 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strategies import frame, gemm_frames, gemm_row, infeasible_gemm_row
-from tsbatch.cli import main
+from tsbatch.front.cli import main
 from tsbatch.errors import InputError
-from tsbatch.evaluate import CacheMemo, evaluate, resolve_hw
-from tsbatch.rank import keep_count, rank
-from tsbatch.screen import TopKScreen, bound_rows, screened_rank, workload_counts
-from tsbatch.sweep import candidate_chunks, load_sweep, run_sweep
+from tsbatch.engine.evaluate import CacheMemo, evaluate, resolve_hw
+from tsbatch.engine.rank import keep_count, rank
+from tsbatch.engine.screen import TopKScreen, bound_rows, screened_rank, workload_counts
+from tsbatch.engine.sweep import candidate_chunks, load_sweep, run_sweep
 
 WL = ["m", "n", "k", "dtype", "a_row_major", "b_row_major", "tf32"]
 WORKLOAD_KEYS = ("m", "n", "k", "dtype", "a_row_major", "b_row_major", "tf32")
@@ -93,7 +93,7 @@ def test_bound_below_prediction_and_feasibility_exact(df, hw):
 def test_bound_in_slices_equals_one_slice(df, chunk):
     """Bounding in slices (library rows expand within their slice) gives the
     bounds of one slice, value for value."""
-    import tsbatch.screen as screen
+    import tsbatch.engine.screen as screen
 
     spec = resolve_hw("h100")
     whole = bound_rows(df, spec)
@@ -110,7 +110,7 @@ def test_bound_in_slices_equals_one_slice(df, chunk):
 @given(df=ranked_inputs(), chunk=st.integers(1, 5))
 def test_bound_on_threads_equals_serial(df, chunk):
     """Slices bounded on several threads give the serial bounds, value for value."""
-    import tsbatch.screen as screen
+    import tsbatch.engine.screen as screen
 
     spec = resolve_hw("h100")
     keep = screen.BOUND_CHUNK, os.environ.get(screen.BOUND_THREADS_ENV)
@@ -130,7 +130,7 @@ def test_bound_on_threads_equals_serial(df, chunk):
 
 
 def test_bound_threads_setting(monkeypatch):
-    import tsbatch.screen as screen
+    import tsbatch.engine.screen as screen
 
     monkeypatch.setenv(screen.BOUND_THREADS_ENV, "2")
     assert screen.bound_threads() == 2
@@ -147,7 +147,7 @@ def test_bound_threads_setting(monkeypatch):
 
 
 def test_bound_errors_name_the_row_of_the_whole_frame(monkeypatch):
-    import tsbatch.screen as screen
+    import tsbatch.engine.screen as screen
 
     monkeypatch.setattr(screen, "BOUND_CHUNK", 4)
     monkeypatch.setenv(screen.BOUND_THREADS_ENV, "2")  # the first bad slice's error, on threads
@@ -206,7 +206,7 @@ def _check_with_bounds(df: pl.DataFrame, frac, top: float, batch: int | None,
                        survey: bool = True) -> None:
     """Screen with the bound ``frac * prediction`` per row (0: nothing known; 1:
     tight), any valid lower bound, and compare with ranking every prediction."""
-    import tsbatch.screen as screen
+    import tsbatch.engine.screen as screen
 
     df = df.with_row_index("_rid")
     res = evaluate(df, "h100")

@@ -250,7 +250,7 @@ def test_issue34_bad_deployment_input(change, match):
 
 
 def test_issue34_bad_sweep_writes_nothing(tmp_path):
-    from tsbatch.cli import main
+    from tsbatch.front.cli import main
 
     bad = tmp_path / "s.toml"
     bad.write_text('[serve_sweep]\nname = "x"\n[grid]\nmodel = ["meta-llama/Llama-3.1-8B"]\n'
@@ -281,7 +281,7 @@ def test_issue34_tuned_profile_uses_triton_tiles_and_package_api():
 
 
 def test_issue34_accuracy_on_the_dev_file(shared_data, capsys):
-    from tsbatch.cli import main
+    from tsbatch.front.cli import main
     from tsbatch.serving.accuracy import load_e2e, predict_rows, score
 
     path = shared_data / "e2e" / "pipeweave_vllm_dev.parquet"
@@ -299,7 +299,7 @@ def test_issue34_accuracy_on_the_dev_file(shared_data, capsys):
 
 
 def test_issue34_cli_explain_and_sweep(tmp_path, capsys):
-    from tsbatch.cli import main
+    from tsbatch.front.cli import main
 
     png = tmp_path / "b.png"
     assert main(["serve", "explain", "--model", "Qwen/Qwen3-30B-A3B", "--system", "dgx_h100",
@@ -353,8 +353,8 @@ def test_issue34_prefill_chunks_and_decode_points():
 
 
 def test_issue34_sweep_file_carries_engine_provenance(tmp_path):
-    from tsbatch.cli import main
-    from tsbatch.io import read_metadata
+    from tsbatch.front.cli import main
+    from tsbatch.boundary.io import read_metadata
 
     out = tmp_path / "r.parquet"
     assert main(["serve", "sweep", "serve_moe_mla", "-o", str(out), "-q"]) == 0

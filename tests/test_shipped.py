@@ -102,10 +102,10 @@ def _installed_shipped() -> list[Path]:
 
 
 FIRST_CALLS = {
-    "explain": ["-m", "tsbatch.cli", "explain", "--hw", "h100", "--m", "4096", "--n", "4096",
+    "explain": ["-m", "tsbatch.front.cli", "explain", "--hw", "h100", "--m", "4096", "--n", "4096",
                 "--k", "4096", "--block-m", "128", "--block-n", "128", "--block-k", "64",
                 "--num-stages", "4", "--num-warps", "8"],
-    "sweep": ["-m", "tsbatch.cli", "sweep", "llama3", "--hw", "h100", "--top", "5%", "-o",
+    "sweep": ["-m", "tsbatch.front.cli", "sweep", "llama3", "--hw", "h100", "--top", "5%", "-o",
               "{out}", "-q"],
     "prune": ["-c", "from tsbatch._precompile import _prune; _prune()"],
 }

@@ -514,7 +514,7 @@ def test_simulate_command_rejects_bad_options(argv, match, tmp_path):
 
 
 def test_issue5_simulator_and_evaluator_agree_on_regular_gemms():
-    evaluate_mod = pytest.importorskip("tsbatch.evaluate")
+    evaluate_mod = pytest.importorskip("tsbatch.engine.evaluate")
     import polars as pl
 
     from tsbatch.sim.api import simulate_config

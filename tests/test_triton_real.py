@@ -32,9 +32,9 @@ import numpy as np
 import pytest
 
 from tsbatch.errors import InputError
-from tsbatch.prune import NoFeasibleConfigError, prune
-from tsbatch.rank import keep_count
-from tsbatch.triton_adapter import dtype_name, early_config_prune
+from tsbatch.engine.prune import NoFeasibleConfigError, prune
+from tsbatch.engine.rank import keep_count
+from tsbatch.front.triton_adapter import dtype_name, early_config_prune
 
 if os.environ.get("TSBATCH_REQUIRE_TRITON") == "1":
     import triton  # noqa: E402  (CI: must be installed)
@@ -143,7 +143,7 @@ def test_autotune_benchmarks_only_the_predicted_top():
     assert list(call["named_args"]) == matmul_kernel.arg_names[:12]
     assert call["named_args"]["M"] == M and call["named_args"]["a_ptr"] is a
     assert set(call["kwargs"]) == {"grid", "warmup"}
-    # what the adapter keeps: tsbatch.prune's top 10 % of the same tiles
+    # what the adapter keeps: tsbatch.engine.prune's top 10 % of the same tiles
     ref = prune({"m": M, "n": N, "k": K, "dtype": "float16"},
                 [_columns(x) for x in configs], hw="h100", top=0.1)
     assert len(ref) == keep_count(len(configs), 0.1)
@@ -257,7 +257,7 @@ def test_no_feasible_configuration_reaches_the_caller():
 
 
 def test_adapter_module_does_not_import_triton():
-    code = ("import sys, tsbatch.triton_adapter as ta; "
+    code = ("import sys, tsbatch.front.triton_adapter as ta; "
             "assert 'triton' not in sys.modules, 'triton imported'; ta.early_config_prune('h100')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parent.parent)

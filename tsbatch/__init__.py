@@ -1,6 +1,6 @@
 """tsbatch: predict how fast tiled GPU kernels run, for millions of schedules at a time.
 
-From Python, one import (tables in memory; see :mod:`tsbatch.api`)::
+From Python, one import (tables in memory; see :mod:`tsbatch.front.api`)::
 
     import tsbatch
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 MODEL_VERSION = "tilesight-gemm-1"
 
-from tsbatch.api import (  # noqa: E402
+from tsbatch.front.api import (  # noqa: E402
     Explanation, evaluate_table, explain_config, list_families, list_gpus, prune_configs,
     rank_table,
 )
@@ -30,10 +30,10 @@ from tsbatch.hw import HwSpec, get_hw, list_hw  # noqa: E402
 
 #: names loaded on first use (they import numba): name -> module
 _LAZY = {
-    "Pruner": "tsbatch.prune",
-    "PruneResult": "tsbatch.prune",
-    "NoFeasibleConfigError": "tsbatch.prune",
-    "early_config_prune": "tsbatch.triton_adapter",
+    "Pruner": "tsbatch.engine.prune",
+    "PruneResult": "tsbatch.engine.prune",
+    "NoFeasibleConfigError": "tsbatch.engine.prune",
+    "early_config_prune": "tsbatch.front.triton_adapter",
 }
 
 __all__ = [

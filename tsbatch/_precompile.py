@@ -31,7 +31,7 @@ from pathlib import Path
 
 
 def _cli(*argv: str) -> None:
-    from tsbatch.cli import main
+    from tsbatch.front.cli import main
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         try:
@@ -52,7 +52,7 @@ def _gemm_configs(n: int) -> list[dict]:
 def _steps(tmp: Path) -> list[tuple[str, object]]:
     import tomllib
 
-    from tsbatch.sweep import list_sweeps, sweep_dir
+    from tsbatch.engine.sweep import list_sweeps, sweep_dir
 
     out = str(tmp / "o.parquet")
     steps = [
@@ -92,7 +92,7 @@ def _steps(tmp: Path) -> list[tuple[str, object]]:
 
 
 def _prune() -> None:
-    from tsbatch.prune import prune
+    from tsbatch.engine.prune import prune
 
     prune({"m": 4096, "n": 4096, "k": 4096, "dtype": "float16"}, _gemm_configs(1000),
           hw="h100", top=0.05)

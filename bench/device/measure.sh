@@ -24,11 +24,11 @@ mkdir -p "$out/fp32"
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 t0=$(date +%s)
-python3 -m tsbatch.cli measure --out "$out" --gemm-grid "$here/llm_gemm.toml" \
+python3 -m tsbatch.front.cli measure --out "$out" --gemm-grid "$here/llm_gemm.toml" \
   --time-budget-s "$gemm_budget"
 echo "main measure: exit $? after $(( $(date +%s) - t0 )) s"
 t1=$(date +%s)
-python3 -m tsbatch.cli measure --out "$out/fp32" --only matmul,gemm \
+python3 -m tsbatch.front.cli measure --out "$out/fp32" --only matmul,gemm \
   --gemm-grid "$here/fp32_gemm.toml" --time-budget-s "$fp32_budget"
 echo "fp32 measure: exit $? after $(( $(date +%s) - t1 )) s"
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$out/env.txt" 2>&1

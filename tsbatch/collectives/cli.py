@@ -50,7 +50,7 @@ def _families():
 
 
 def _evaluate(frame: pl.DataFrame, family: str) -> pl.DataFrame:
-    from tsbatch.evaluate import evaluate
+    from tsbatch.engine.evaluate import evaluate
 
     fams = _families()
     if family not in fams:
@@ -274,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
         except Exception as exc:  # noqa: BLE001
             raise InputError(f"{path}: cannot read as Parquet ({type(exc).__name__})") from None
         out = _evaluate(frame, args.family)
-        from tsbatch.io import write_parquet
+        from tsbatch.boundary.io import write_parquet
 
         write_parquet(out, args.output, {"tsbatch.family": args.family,
                                          "tsbatch.input_sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
@@ -301,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
     if cmd == "sweep":
         out, meta = run_sweep(args.sweep)
         if args.output:
-            from tsbatch.io import write_parquet
+            from tsbatch.boundary.io import write_parquet
 
             write_parquet(out, args.output, meta)
             print(f"wrote {out.height} ranked rows to {args.output}")

@@ -21,7 +21,7 @@ import numba
 __all__ = ["num_threads", "run_shares", "even_bounds"]
 
 #: rows of the least share given to a thread of its own (:func:`even_bounds`): a
-#: bound slice (64k rows, tsbatch.screen) runs its kernels on its own thread
+#: bound slice (64k rows, tsbatch.engine.screen) runs its kernels on its own thread
 MIN_SHARE = 1 << 16
 
 _POOL: ThreadPoolExecutor | None = None

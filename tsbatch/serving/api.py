@@ -134,7 +134,7 @@ def load_sweep(path) -> tuple[pl.DataFrame, dict]:
     (``[serve_sweep]``: ``name``, ``rank_by``, ``max_decode_step_ms``)."""
     p = Path(path)
     if not p.exists():
-        from tsbatch.sweep import sweep_dir  # built-in name
+        from tsbatch.engine.sweep import sweep_dir  # built-in name
 
         q = sweep_dir() / "serve" / f"{Path(str(path)).stem}.toml"
         if not q.exists():

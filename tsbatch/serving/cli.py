@@ -84,7 +84,7 @@ def _sweep(args) -> int:
     import json
 
     import tsbatch
-    from tsbatch.io import sha256_file, write_parquet
+    from tsbatch.boundary.io import sha256_file, write_parquet
     from tsbatch.serving.deploy import _engines_file, engine_profiles
 
     meta = {"tsbatch.version": tsbatch.__version__,

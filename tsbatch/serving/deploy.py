@@ -120,7 +120,7 @@ MODEL_FIELDS = ("kind", "hidden", "layers", "heads", "kv_heads", "head_dim", "v_
 
 def check_table(df) -> pl.DataFrame:
     """The deployment table with defaults filled and types checked (InputError otherwise)."""
-    from tsbatch.schema import to_polars
+    from tsbatch.boundary.schema import to_polars
 
     if isinstance(df, dict):
         df = pl.DataFrame(df)

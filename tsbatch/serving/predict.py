@@ -3,12 +3,12 @@
     deployments -> resolve (model, machine, engine)            deploy.py
       -> points, signatures and op rows, one frame per family  ops.py
       -> distinct op rows per family x tile candidates
-      -> each family evaluated once per GPU, vectorized        tsbatch.evaluate.evaluate
+      -> each family evaluated once per GPU, vectorized        tsbatch.engine.evaluate.evaluate
       -> best candidate per op row, joined back
       -> compose: op times + per-op gap + per-step overhead    (this module)
 
 The kernel families are the same entry the Python API uses
-(:func:`tsbatch.evaluate.evaluate`); they know nothing of models. An op's time is the
+(:func:`tsbatch.engine.evaluate.evaluate`); they know nothing of models. An op's time is the
 family's ``latency_us`` less the kernel's own launch overhead (``t_launch_us``: the
 measured harness's empty-kernel time, or the collective system's
 ``launch_overhead_us``), plus the engine's gap for the phase (eager prefill, graph
@@ -101,7 +101,7 @@ def _evaluate_family(fam: str, keys: pl.DataFrame, timings: dict | None,
                      hw_specs: dict | None = None) -> pl.DataFrame:
     """Best candidate per distinct key row: key columns + ``t_kernel_us, t_launch_us,
     bound, config`` (t_kernel_us null when nothing is feasible)."""
-    from tsbatch.evaluate import evaluate
+    from tsbatch.engine.evaluate import evaluate
 
     keys = keys.with_row_index("_key")
     if fam == "collective":

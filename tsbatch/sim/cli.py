@@ -1,6 +1,6 @@
 """``tsbatch simulate``: simulate one configuration and explain its timeline.
 
-Wire-up (in ``tsbatch/cli.py``)::
+Wire-up (in ``tsbatch/front/cli.py``)::
 
     from tsbatch.sim import cli as sim_cli
     sim_cli.add_parser(subparsers)          # registers "simulate"

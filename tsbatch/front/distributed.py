@@ -1,7 +1,7 @@
 """The distributed sweep engine: Ray Data over Parquet shards, Arrow blocks end to end.
 
 ``tsbatch sweep ... --engine ray`` runs the same sweep as the local engine
-(:func:`tsbatch.sweep.run_sweep`) on a Ray cluster and writes a byte-for-byte
+(:func:`tsbatch.engine.sweep.run_sweep`) on a Ray cluster and writes a byte-for-byte
 equivalent result: same rows, same columns, same order, same provenance
 metadata. The pipeline::
 
@@ -14,7 +14,7 @@ metadata. The pipeline::
              -> sort(workload_id, rank)
     driver   iter_batches -> ParquetSink (atomic, provenance metadata)
 
-Exactness. ``tsbatch.rank.rank`` ranks *all* candidates of a workload
+Exactness. ``tsbatch.engine.rank.rank`` ranks *all* candidates of a workload
 (feasible or not) by ``(key, position)`` with ``key`` = latency for
 feasible rows and +inf otherwise, keeps ``K = max(1, ceil(top * n))`` where
 ``n`` counts every candidate of the workload, and drops infeasible rows.
@@ -93,13 +93,13 @@ def _import_ray():
 
 # ----------------------------------------------------------------------------- ranking kernels
 def _key_expr() -> pl.Expr:
-    # identical to tsbatch.rank.rank
+    # identical to tsbatch.engine.rank.rank
     key = pl.when(pl.col("feasible")).then(pl.col("latency_us")).otherwise(float("inf"))
     return key.fill_null(float("inf"))
 
 
 def _keep_expr(top: float) -> pl.Expr:
-    # identical to tsbatch.rank.rank: (n * top - 1e-9).ceil().clip(lower_bound=1)
+    # identical to tsbatch.engine.rank.rank: (n * top - 1e-9).ceil().clip(lower_bound=1)
     return (pl.col(_WLN) * top - 1e-9).ceil().clip(lower_bound=1)
 
 
@@ -125,7 +125,7 @@ def _evaluate_block(table, hw, family: str, top: float, model_version: str,
     sum of ``_pinf`` over the output is the sweep's infeasible count).
     """
     import tsbatch
-    from tsbatch.evaluate import evaluate
+    from tsbatch.engine.evaluate import evaluate
 
     if tsbatch.MODEL_VERSION != model_version:
         raise RuntimeError(f"tsbatch model version on this Ray worker ({tsbatch.MODEL_VERSION}) "
@@ -173,7 +173,7 @@ def write_shards(spec, shard_dir: str | os.PathLike, shard_rows: int = DEFAULT_S
                  chunk_rows: int = 1_000_000, filesystem=None) -> dict:
     """Write a sweep's candidates as Parquet shards of ``shard_rows`` rows.
 
-    Candidates come from :func:`tsbatch.sweep.candidate_chunks` in the local
+    Candidates come from :func:`tsbatch.engine.sweep.candidate_chunks` in the local
     engine's order; each gets ``candidate_id`` (its position in that order)
     and ``_wl_n`` (its workload's candidate count). Shards are cut purely by
     row count, so workloads may span shards. Returns ``{"paths": [...],
@@ -181,7 +181,7 @@ def write_shards(spec, shard_dir: str | os.PathLike, shard_rows: int = DEFAULT_S
     """
     import pyarrow.parquet as pq
 
-    from tsbatch.sweep import candidate_chunks
+    from tsbatch.engine.sweep import candidate_chunks
 
     if shard_rows < 1:
         raise InputError(f"shard_rows must be positive, got {shard_rows}")
@@ -270,10 +270,10 @@ def run_sweep_ray(spec, hw: str, out: str | Path, top: float = 1.0, *,
         The cache model's sampling (``k_samples``, ``wave_samples``,
         ``max_lookback``), as for ``run_sweep``.
     """
-    from tsbatch.evaluate import check_sampling, get_family, resolve_hw, sampling_metadata
-    from tsbatch.io import provenance
-    from tsbatch.rank import rank
-    from tsbatch.sweep import SweepSpec, load_sweep
+    from tsbatch.engine.evaluate import check_sampling, get_family, resolve_hw, sampling_metadata
+    from tsbatch.boundary.io import provenance
+    from tsbatch.engine.rank import rank
+    from tsbatch.engine.sweep import SweepSpec, load_sweep
 
     ray = _import_ray()
 
@@ -349,7 +349,7 @@ def run_sweep_ray(spec, hw: str, out: str | Path, top: float = 1.0, *,
 
 
 def _evaluate_local(first: pl.DataFrame, hwspec, family: str, sampling: dict) -> pl.DataFrame:
-    from tsbatch.evaluate import evaluate
+    from tsbatch.engine.evaluate import evaluate
 
     return evaluate(first, hwspec, family, **sampling)
 
@@ -359,7 +359,7 @@ def _run_pipeline(ray, base, fs, hwspec, family, top, batch_rows, task_cpus, tem
     import tsbatch
     from ray.data import DataContext
 
-    from tsbatch.io import ParquetSink
+    from tsbatch.boundary.io import ParquetSink
 
     try:
         from ray.data.context import ShuffleStrategy

@@ -3,7 +3,7 @@
 ::
 
     import triton
-    from tsbatch.triton_adapter import early_config_prune
+    from tsbatch.front.triton_adapter import early_config_prune
 
     @triton.autotune(configs=[triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64,
                                              "GROUP_M": 8}, num_stages=3, num_warps=8), ...],
@@ -56,7 +56,7 @@ from typing import Callable
 
 from tsbatch.errors import InputError
 from tsbatch.hw import HwSpec
-from tsbatch.prune import NoFeasibleConfigError, Pruner
+from tsbatch.engine.prune import NoFeasibleConfigError, Pruner
 
 __all__ = ["early_config_prune", "config_to_dict", "dtype_name", "CONFIG_NAMES", "SIZE_NAMES"]
 
@@ -177,7 +177,7 @@ def early_config_prune(hw: str | HwSpec = "h100", top: float = 0.05, dtype_from:
     raster : launch order of the kernel (Triton's grouped matmul: ``grouped``).
     on_infeasible : ``'raise'`` (default) an :class:`~tsbatch.errors.InputError`
         when no judged configuration can run on ``hw``, or ``'keep'`` them all.
-    pruner : share a :class:`~tsbatch.prune.Pruner` (and its cache).
+    pruner : share a :class:`~tsbatch.engine.prune.Pruner` (and its cache).
     """
     if on_infeasible not in ("raise", "keep"):
         raise InputError(f"on_infeasible must be 'raise' or 'keep', got {on_infeasible!r}")

@@ -16,9 +16,9 @@ Pipeline, all columnar (no Python loop per row):
 3. Drop rows whose time is not finite (configurations that failed to run),
    counting them; aggregate repeated measurements of one configuration by
    their median.
-4. Predict with the family's predictor (for GEMM :func:`tsbatch.evaluate.evaluate`),
+4. Predict with the family's predictor (for GEMM :func:`tsbatch.engine.evaluate.evaluate`),
    one call per GPU.
-5. Compute :data:`tsbatch.metrics.METRICS` overall and per group.
+5. Compute :data:`tsbatch.measured.metrics.METRICS` overall and per group.
 
 The predictors are injectable (``predictors={"gemm": fn}``) so the benchmark
 and its tests do not depend on the model, and so attention or collective
@@ -40,7 +40,7 @@ import polars as pl
 
 from tsbatch.errors import InputError
 from tsbatch.hw import UnknownHardwareError, get_hw, list_hw
-from tsbatch.metrics import METRICS, accuracy_metrics
+from tsbatch.measured.metrics import METRICS, accuracy_metrics
 
 __all__ = [
     "FamilySpec",
@@ -213,13 +213,13 @@ FAMILIES: tuple[FamilySpec, ...] = (GEMM, ATTENTION, COLLECTIVE)
 
 
 def _gemm_predictor(frame: pl.DataFrame, hw: str) -> pl.DataFrame:
-    from tsbatch.evaluate import evaluate  # the evaluator lands separately
+    from tsbatch.engine.evaluate import evaluate  # the evaluator lands separately
 
     return evaluate(frame, hw)
 
 
 def _attention_predictor(frame: pl.DataFrame, hw: str) -> pl.DataFrame:
-    from tsbatch.evaluate import evaluate
+    from tsbatch.engine.evaluate import evaluate
 
     return evaluate(frame, hw, family="attention")
 
@@ -242,7 +242,7 @@ PREDICTORS: dict[str, Predictor] = {"gemm": _gemm_predictor, "attention": _atten
 def _read(path: Path) -> pl.DataFrame:
     if not path.exists():
         raise InputError(f"{path}: measured file not found")
-    from tsbatch.schema import read_table  # Parquet, Arrow IPC, CSV or NDJSON by extension
+    from tsbatch.boundary.schema import read_table  # Parquet, Arrow IPC, CSV or NDJSON by extension
 
     return read_table(path, "measured")
 
@@ -283,7 +283,7 @@ def _file_triton_version(path: Path) -> str | None:
     """The ``tsbatch.triton_version`` a ``tsbatch measure`` Parquet file records."""
     if path.suffix.lower() != ".parquet":
         return None
-    from tsbatch.io import read_metadata
+    from tsbatch.boundary.io import read_metadata
 
     v = read_metadata(path).get("tsbatch.triton_version", "").strip()
     return v if v and v != "unknown" else None

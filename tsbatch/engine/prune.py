@@ -2,7 +2,7 @@
 
 ::
 
-    from tsbatch.prune import prune, Pruner
+    from tsbatch.engine.prune import prune, Pruner
 
     res = prune({"m": 4096, "n": 4096, "k": 4096, "dtype": "float16"},
                 [{"block_m": 128, "block_n": 128, "block_k": 64,
@@ -12,8 +12,8 @@
     res.latency_us   # their predicted times
     res.indices      # their positions in the input
 
-The result is exactly the top of a full :func:`tsbatch.evaluate.evaluate`
-ranking of the same candidates (:func:`tsbatch.rank.rank`: the first
+The result is exactly the top of a full :func:`tsbatch.engine.evaluate.evaluate`
+ranking of the same candidates (:func:`tsbatch.engine.rank.rank`: the first
 ``keep_count(n, top)`` rows by predicted latency, ties by input position,
 infeasible rows never kept), but it is computed without evaluating the
 expensive part of the model for most candidates:
@@ -55,13 +55,13 @@ import polars as pl
 
 from kernels_catalog import gemm as gemm_family
 from tsbatch.errors import InputError
-from tsbatch.evaluate import evaluate_plan, reason_names, residency, resolve_hw
+from tsbatch.engine.evaluate import evaluate_plan, reason_names, residency, resolve_hw
 from tsbatch.hw import HwSpec
 from tsbatch.kernels.occupancy import REASON_TEXT
 from tsbatch.kernels.order import ORDER_NAMES
-from tsbatch.rank import keep_count
-from tsbatch.schema import text_full
-from tsbatch.screen import lower_bound, take_plan
+from tsbatch.engine.rank import keep_count
+from tsbatch.boundary.schema import text_full
+from tsbatch.engine.screen import lower_bound, take_plan
 
 __all__ = ["WORKLOAD_KEYS", "CONFIG_KEYS", "NoFeasibleConfigError", "Pruned", "PruneResult",
            "Pruner", "prune"]
@@ -513,7 +513,7 @@ def _prune_family(workload: dict, configs, hw, frac: float, family: str) -> Prun
     """:func:`prune` for a tile-program family: predict every configuration
     crossed with the workload and keep the first ``keep_count`` by latency
     (ties by input position; infeasible ones never)."""
-    from tsbatch.evaluate import evaluate, get_family  # noqa: PLC0415
+    from tsbatch.engine.evaluate import evaluate, get_family  # noqa: PLC0415
 
     fam = get_family(family)
     cfg = configs if isinstance(configs, pl.DataFrame) else pl.DataFrame(list(configs))

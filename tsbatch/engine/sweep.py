@@ -13,7 +13,7 @@ A sweep file (TOML) has four tables::
 Candidates are generated and evaluated a chunk of whole workloads at a
 time, so a workload's top-k % is exact and memory stays bounded however
 large the sweep is. Each chunk is a table through the evaluation pipeline
-(:mod:`tsbatch.pipeline`), ranked by screening (:mod:`tsbatch.screen`):
+(:mod:`tsbatch.engine.pipeline`), ranked by screening (:mod:`tsbatch.engine.screen`):
 only candidates whose perfect-caching latency
 bound can still place them in their workload's top k % are predicted in
 full; the result is the same as ranking every prediction.
@@ -32,9 +32,9 @@ from typing import Iterator
 import polars as pl
 
 from tsbatch.errors import InputError
-from tsbatch.evaluate import check_sampling, get_family, resolve_hw, sampling_metadata
-from tsbatch.io import ParquetSink, provenance, sha256_file
-from tsbatch.pipeline import Stats, collect, results, table_source
+from tsbatch.engine.evaluate import check_sampling, get_family, resolve_hw, sampling_metadata
+from tsbatch.boundary.io import ParquetSink, provenance, sha256_file
+from tsbatch.engine.pipeline import Stats, collect, results, table_source
 
 try:
     import tomllib
@@ -91,7 +91,7 @@ def sweep_dir() -> Path:
             return p
     except (ModuleNotFoundError, TypeError):  # pragma: no cover
         pass
-    return Path(__file__).resolve().parent.parent / "sweeps"
+    return Path(__file__).resolve().parents[2] / "sweeps"
 
 
 def list_sweeps() -> list[str]:
@@ -179,7 +179,7 @@ def run_sweep(spec: str | Path | SweepSpec, hw: str, out: str | Path, top: float
     ``timings`` (if given) is filled with the seconds of each stage and
     ``rows_predicted``, the candidates predicted in full (the others were
     screened out by their latency bound). ``sampling`` (``k_samples``,
-    ``wave_samples``, ``max_lookback``) goes to :func:`tsbatch.evaluate.evaluate`
+    ``wave_samples``, ``max_lookback``) goes to :func:`tsbatch.engine.evaluate.evaluate`
     and is recorded in the output's provenance.
     """
     t0 = time.perf_counter()

@@ -17,16 +17,17 @@ Everything here is also at the top of the package, so one import is enough::
     tsbatch.list_gpus()                                        # what `tsbatch hw` lists
 
 Each function converts the caller's table and calls what the CLI command
-runs (:func:`tsbatch.pipeline.evaluate_frame`, the pipeline behind ``tsbatch
-evaluate``; :func:`tsbatch.prune.prune`, :func:`tsbatch.explain.explain_text`,
+runs (:func:`tsbatch.engine.pipeline.evaluate_frame`, the pipeline behind ``tsbatch
+evaluate``; :func:`tsbatch.engine.prune.prune`, :func:`tsbatch.front.explain.explain_text`,
 :mod:`tsbatch.hw`), so the results are those of the command on the same rows. Bad input raises one
 :class:`~tsbatch.errors.InputError` naming the problem (the message the
 command prints), before anything is predicted.
 
 The names carry a suffix (``evaluate_table``, not ``evaluate``) because
-``tsbatch.evaluate``, ``tsbatch.rank``, ``tsbatch.prune``, ``tsbatch.explain``
-and ``tsbatch.hw`` are the package's modules: a function of that name would be
-replaced by the module the first time the module is imported.
+``tsbatch.hw`` is a module of the package (a function of that name would be
+replaced by the module the first time the module is imported), as ``evaluate``,
+``rank``, ``prune`` and ``explain`` were before they moved to
+``tsbatch.engine`` and ``tsbatch.front``.
 
 This module imports neither numba nor polars until a function is called.
 """
@@ -60,7 +61,7 @@ def _kind(candidates) -> str:
 
 
 def _as_polars(candidates):
-    from tsbatch.schema import to_polars
+    from tsbatch.boundary.schema import to_polars
 
     if candidates is None:
         raise InputError("candidates is None; give a polars DataFrame or a pyarrow Table")
@@ -98,7 +99,7 @@ def _back(result, kind: str, original):
 
 
 def _sampling(wave_samples, k_samples) -> dict:
-    from tsbatch.evaluate import check_sampling
+    from tsbatch.engine.evaluate import check_sampling
 
     return check_sampling({"wave_samples": wave_samples, "k_samples": k_samples})
 
@@ -125,7 +126,7 @@ def evaluate_table(candidates, hw, *, family=None, wave_samples: int = 8, k_samp
     Returns
     -------
     The same kind of table as ``candidates`` (polars for a dict or path):
-    the input columns followed by :data:`tsbatch.evaluate.RESULT_COLUMNS`,
+    the input columns followed by :data:`tsbatch.engine.evaluate.RESULT_COLUMNS`,
     in input row order. Infeasible rows have ``feasible = false`` and an
     ``infeasible_reason``.
 
@@ -138,8 +139,8 @@ def evaluate_table(candidates, hw, *, family=None, wave_samples: int = 8, k_samp
     >>> out = tsbatch.evaluate_table(t, hw="h100")     # a pyarrow.Table
     >>> out.column("latency_us")                        # doctest: +SKIP
     """
-    from tsbatch.evaluate import resolve_hw
-    from tsbatch.pipeline import evaluate_frame
+    from tsbatch.engine.evaluate import resolve_hw
+    from tsbatch.engine.pipeline import evaluate_frame
 
     spec = resolve_hw(hw)
     sampling = _sampling(wave_samples, k_samples)
@@ -155,7 +156,7 @@ def rank_table(candidates, hw, *, top: float | str = 1.0, family=None, wave_samp
     1) writes: ``rank`` (1 = fastest within its workload; ties by input
     position) added, the first ``max(1, ceil(top * n))`` rows of each
     workload of ``n`` candidates kept (infeasible rows never), sorted by
-    workload then rank. Computed by screening (``tsbatch.screen``): rows that
+    workload then rank. Computed by screening (``tsbatch.engine.screen``): rows that
     cannot reach their workload's top are bounded out, not predicted in full;
     the kept rows are those of ranking every full prediction.
 
@@ -175,9 +176,9 @@ def rank_table(candidates, hw, *, top: float | str = 1.0, family=None, wave_samp
     >>> best = tsbatch.rank_table(cands, hw="h100", top="5%")   # doctest: +SKIP
     >>> best.filter(pl.col("rank") == 1)                        # doctest: +SKIP
     """
-    from tsbatch.evaluate import resolve_hw
-    from tsbatch.pipeline import evaluate_frame
-    from tsbatch.rank import parse_top
+    from tsbatch.engine.evaluate import resolve_hw
+    from tsbatch.engine.pipeline import evaluate_frame
+    from tsbatch.engine.rank import parse_top
 
     spec = resolve_hw(hw)
     frac = parse_top(top)
@@ -192,16 +193,16 @@ def prune_configs(workload: dict, configs, hw="h100", top: float = 0.05, *, scre
                   family: str = "gemm"):
     """Keep the predicted-best ``top`` fraction of one workload's configurations.
 
-    :func:`tsbatch.prune.prune` (its documentation has the details), taking
+    :func:`tsbatch.engine.prune.prune` (its documentation has the details), taking
     a pyarrow Table of configurations too. ``workload``: ``{"m", "n", "k",
     "dtype"}`` and optionally ``a_row_major``, ``b_row_major``, ``tf32``.
     ``configs``: a list of dicts, a polars DataFrame or a pyarrow Table with
     ``block_m, block_n, block_k, num_stages, num_warps`` (and optionally
     ``group_m``, ``raster``, ``split_k``).
 
-    Returns a :class:`tsbatch.prune.PruneResult`: ``.configs`` (fastest
+    Returns a :class:`tsbatch.engine.prune.PruneResult`: ``.configs`` (fastest
     first), ``.latency_us``, ``.indices`` (positions in ``configs``). Raises
-    :class:`tsbatch.prune.NoFeasibleConfigError` (an ``InputError``) when
+    :class:`tsbatch.engine.prune.NoFeasibleConfigError` (an ``InputError``) when
     none can run on ``hw``. For an autotuner asking again and again, a
     :class:`tsbatch.Pruner` keeps its results.
 
@@ -214,10 +215,10 @@ def prune_configs(workload: dict, configs, hw="h100", top: float = 0.05, *, scre
     ...                               "num_stages": 2, "num_warps": 4}], hw="h100", top=0.5)
     >>> res.configs[0]["block_m"], res.latency_us[0]      # doctest: +SKIP
     """
-    from tsbatch.prune import prune
+    from tsbatch.engine.prune import prune
 
     if type(configs).__module__.startswith("pyarrow"):
-        from tsbatch.schema import to_polars
+        from tsbatch.boundary.schema import to_polars
 
         configs = to_polars(configs)
     return prune(workload, configs, hw=hw, top=top, screen=screen, family=family)
@@ -230,7 +231,7 @@ class Explanation:
 
     ``str()`` (and a notebook's display) is the report ``tsbatch explain``
     prints; ``row`` is the result row (``tsbatch explain --json``): input
-    columns and :data:`tsbatch.evaluate.RESULT_COLUMNS`, also reachable as
+    columns and :data:`tsbatch.engine.evaluate.RESULT_COLUMNS`, also reachable as
     ``explanation["l2_hit"]``.
     """
 
@@ -334,8 +335,8 @@ def explain_config(config, hw, *, family="gemm") -> Explanation:
     >>> print(e)                      # doctest: +SKIP
     >>> e.bottleneck, e["l2_hit"]     # doctest: +SKIP
     """
-    from tsbatch.evaluate import evaluate, get_family, resolve_hw
-    from tsbatch.explain import explain_text
+    from tsbatch.engine.evaluate import evaluate, get_family, resolve_hw
+    from tsbatch.front.explain import explain_text
 
     spec = resolve_hw(hw)
     fam = get_family(family)
@@ -378,7 +379,7 @@ def list_families():
     """
     import polars as pl
 
-    from tsbatch.evaluate import FAMILIES
+    from tsbatch.engine.evaluate import FAMILIES
 
     rows = []
     for fam in FAMILIES.values():

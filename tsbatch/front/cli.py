@@ -21,7 +21,7 @@ EXIT_INPUT = 2
 
 
 def _out_path(p: str) -> Path:
-    from tsbatch.pipeline import output_path
+    from tsbatch.engine.pipeline import output_path
 
     return output_path(p)
 
@@ -45,7 +45,7 @@ def _bar(args, total: int, desc: str, show: bool = True):
     terminal, else one that shows nothing (tqdm not imported)."""
     if not show or not (getattr(args, "progress", False)
                         or (not args.quiet and sys.stderr.isatty())):
-        from tsbatch.pipeline import NoBar
+        from tsbatch.engine.pipeline import NoBar
 
         return NoBar()
     from tqdm import tqdm
@@ -59,7 +59,7 @@ def _sampling_args(args) -> dict:
 
 
 def _sampling(args) -> dict:
-    from tsbatch.evaluate import check_sampling
+    from tsbatch.engine.evaluate import check_sampling
 
     return check_sampling(_sampling_args(args))
 
@@ -68,8 +68,8 @@ def _sampling(args) -> dict:
 def cmd_evaluate(args) -> int:
     import polars as pl
 
-    from tsbatch.io import read_output
-    from tsbatch.pipeline import evaluate_file
+    from tsbatch.boundary.io import read_output
+    from tsbatch.engine.pipeline import evaluate_file
 
     done = evaluate_file(args.candidates, args.output, args.hw, args.family, rank=args.rank,
                          top=args.top, sampling=_sampling_args(args),
@@ -115,14 +115,14 @@ def _print_top(df) -> None:
 def cmd_sweep(args) -> int:
     import polars as pl
 
-    from tsbatch.rank import parse_top
-    from tsbatch.sweep import load_sweep, run_sweep
+    from tsbatch.engine.rank import parse_top
+    from tsbatch.engine.sweep import load_sweep, run_sweep
 
     top = parse_top(args.top)
     out = _out_path(args.output)
     spec = load_sweep(args.sweep)
     if args.engine == "ray":
-        from tsbatch import distributed
+        from tsbatch.front import distributed
 
         summary = distributed.run_sweep_ray(spec, args.hw, out, top, address=args.address,
                                             shard_dir=args.shard_dir, shard_rows=args.shard_rows,
@@ -142,7 +142,7 @@ def cmd_sweep(args) -> int:
           f"{summary['seconds']:.1f} s ({rate:,.0f} rows/s)")
     print(f"kept the top {top:.0%} per workload: {summary['kept']:,} rows -> {out}")
     if not args.quiet:
-        from tsbatch.io import read_output
+        from tsbatch.boundary.io import read_output
 
         df = read_output(out)
         first = df.filter(pl.col("rank") == 1)
@@ -152,7 +152,7 @@ def cmd_sweep(args) -> int:
         n_sp = int((first.get_column("register_spill") > 0).sum()) \
             if "register_spill" in first.columns else 0
         if n_sp:
-            from tsbatch.explain import SPILL_CAVEAT
+            from tsbatch.front.explain import SPILL_CAVEAT
 
             print(f"note: {n_sp:,} of {first.height:,} best configurations spill registers "
                   f"(column register_spill); {SPILL_CAVEAT}. Check them with tsbatch explain.")
@@ -167,7 +167,7 @@ _OPT_COLS = ("m", "n", "k", "block_m", "block_n", "block_k", "num_stages", "num_
 def _single_row(args):
     import polars as pl
 
-    from tsbatch.schema import read_candidates
+    from tsbatch.boundary.schema import read_candidates
 
     if args.candidates:
         df = read_candidates(args.candidates)
@@ -223,15 +223,15 @@ def _assigned_row(fam, assigns: list[str]):
 
 
 def cmd_explain(args) -> int:
-    from tsbatch.evaluate import evaluate, get_family, resolve_hw
-    from tsbatch.explain import explain_text
+    from tsbatch.engine.evaluate import evaluate, get_family, resolve_hw
+    from tsbatch.front.explain import explain_text
 
     hw = resolve_hw(args.hw)
     family = args.family
     if family is None and args.candidates:
         # the family whose columns the file has, as evaluate does (a file missing
         # one of them is named with the family it comes closest to)
-        from tsbatch.pipeline import file_family
+        from tsbatch.engine.pipeline import file_family
 
         family = file_family(args.candidates)
     fam = get_family(family or "gemm")
@@ -256,7 +256,7 @@ def cmd_explain(args) -> int:
 
 # ----------------------------------------------------------------------------- families
 def cmd_families(args) -> int:
-    from tsbatch.evaluate import FAMILIES, get_family
+    from tsbatch.engine.evaluate import FAMILIES, get_family
 
     fams = [get_family(args.name)] if args.name else list(FAMILIES.values())
     for fam in fams:
@@ -309,7 +309,7 @@ def cmd_hw(args) -> int:
     from tsbatch.hw import get_hw, list_hw
 
     if args.name:
-        from tsbatch.evaluate import resolve_hw
+        from tsbatch.engine.evaluate import resolve_hw
 
         spec = resolve_hw(args.name)
         print(json.dumps(spec.to_dict(), indent=2, default=str))
@@ -325,10 +325,10 @@ def cmd_hw(args) -> int:
 # ----------------------------------------------------------------------------- parser
 #: subcommands provided by other modules: name -> module with ``add_parser``
 PLUGINS = {
-    "accuracy": "tsbatch.accuracy",
+    "accuracy": "tsbatch.measured.accuracy",
     "simulate": "tsbatch.sim.cli",
-    "measure": "tsbatch.measure",
-    "calibrate": "tsbatch.measure",
+    "measure": "tsbatch.measured.measure",
+    "calibrate": "tsbatch.measured.measure",
     "comm": "tsbatch.collectives.cli",
     "serve": "tsbatch.serving.cli",
 }

@@ -50,7 +50,7 @@ def rank(results: pl.DataFrame, workload: list[str] | tuple[str, ...], top: floa
     names a column holding each row's workload size ``n`` (for the kept
     count), when ``results`` holds only part of each workload's rows: a
     prefix of its ``(latency, position)`` order, as
-    :class:`tsbatch.screen.TopKScreen` keeps; by default the rows present
+    :class:`tsbatch.engine.screen.TopKScreen` keeps; by default the rows present
     are counted. ``count_col`` is dropped from the output.
     """
     wl = [c for c in workload if c in results.columns]

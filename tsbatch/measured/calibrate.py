@@ -286,7 +286,7 @@ _NEEDED = {
 def read_measurements(directory: str | Path) -> Measurements:
     import polars as pl
 
-    from tsbatch.io import read_metadata
+    from tsbatch.boundary.io import read_metadata
 
     d = Path(directory)
     if not d.is_dir():

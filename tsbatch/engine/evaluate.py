@@ -30,7 +30,7 @@ from tsbatch.kernels.envelope import (
 from tsbatch.kernels.occupancy import REASON_TEXT, resident_tiles
 from tsbatch.kernels.reuse import cache_hit_rates
 from tsbatch.kernels.rowhash import RowIndex, dedup_rows, grown
-from tsbatch.schema import to_polars, validate
+from tsbatch.boundary.schema import to_polars, validate
 
 __all__ = ["FAMILIES", "RESULT_COLUMNS", "CacheMemo", "evaluate", "evaluate_plan", "resolve_hw",
            "get_family", "detect_family", "no_family_message", "residency"]

@@ -25,10 +25,10 @@ matrix-multiply probes") and writes three Parquet files:
 Each file carries provenance metadata (``tsbatch.device_name``,
 ``tsbatch.gpu``, ``tsbatch.driver``, ``tsbatch.torch_version``,
 ``tsbatch.triton_version``, ``tsbatch.date``, ...; read it with
-:func:`tsbatch.io.read_metadata`).
+:func:`tsbatch.boundary.io.read_metadata`).
 
 ``tsbatch calibrate DIR --hw NAME`` (pure data shaping, no GPU; see
-:mod:`tsbatch.calibrate`) turns those files into the ``[measured]`` and
+:mod:`tsbatch.measured.calibrate`) turns those files into the ``[measured]`` and
 ``[calibration]`` values of ``hw/NAME.toml``.
 
 Everything that shapes data (grids, working-set sizes, row builders, device
@@ -1088,7 +1088,7 @@ def run_measure(out: Path, *, quick: bool, grid: GemmGrid, dtypes: Sequence[str]
     ``tsbatch.complete``).
     """
     torch, triton = require_gpu()
-    from tsbatch.io import write_parquet
+    from tsbatch.boundary.io import write_parquet
 
     out.mkdir(parents=True, exist_ok=True)
     env = _environment(torch, triton)
@@ -1179,7 +1179,7 @@ def cmd_measure(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from tsbatch.calibrate import run_calibrate_cli
+    from tsbatch.measured.calibrate import run_calibrate_cli
 
     return run_calibrate_cli(args)
 

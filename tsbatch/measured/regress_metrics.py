@@ -2,7 +2,7 @@
 
 The pure part of ``bench/regress.py`` (no subprocess, no model call): given
 two *scored* frames of the same measured rows (one per version, in the
-format of :mod:`tsbatch.metrics`: ``_problem``, ``_unit``, ``measured_us``,
+format of :mod:`tsbatch.measured.metrics`: ``_problem``, ``_unit``, ``measured_us``,
 ``predicted_us``, ``feasible`` and the group columns), compute the accuracy
 figures per group, per time bucket and per operand layout
 (:func:`accuracy_figures`), join the two versions' figures
@@ -13,7 +13,7 @@ figures per group, per time bucket and per operand layout
 Definitions
 -----------
 ``mape_pct``, ``spearman``, ``top5_retention_pct``
-    exactly :func:`tsbatch.metrics.accuracy_metrics` (the code of
+    exactly :func:`tsbatch.measured.metrics.accuracy_metrics` (the code of
     ``tsbatch accuracy``), on the rows of the slice.
 ``bias``
     median of ``measured_us / predicted_us`` over the slice's feasible rows
@@ -46,7 +46,7 @@ from typing import Iterable, Sequence
 
 import polars as pl
 
-from tsbatch.metrics import accuracy_metrics
+from tsbatch.measured.metrics import accuracy_metrics
 
 __all__ = [
     "BUCKETS",

@@ -1,6 +1,6 @@
 """Screened, streamed top-k % ranking: exactly ``rank(evaluate(rows), workload, top)``.
 
-:func:`tsbatch.rank.rank` keeps, per workload, the first
+:func:`tsbatch.engine.rank.rank` keeps, per workload, the first
 ``K = keep_count(n, top)`` rows by ``(key, position)`` (``key`` = predicted
 latency of a feasible row, +inf otherwise; ``n`` = the workload's row count)
 and drops the infeasible ones. Almost every row is therefore predicted only
@@ -29,7 +29,7 @@ paid for all of them. :class:`TopKScreen` gets the same rows without it:
    prefix of the global order over the rows seen, so at the end every row
    ahead of a kept row is in ``R`` and :func:`rank` of ``R`` with the global
    counts gives the same ranks, ties and kept rows as ranking everything
-   (the argument of :mod:`tsbatch.distributed`, applied incrementally). ``R``
+   (the argument of :mod:`tsbatch.front.distributed`, applied incrementally). ``R``
    holds at most ``K`` rows per workload, so memory is bounded by the output
    (about ``top`` times the input) plus one batch, not by the input.
 4. *Survey* (:meth:`TopKScreen.rank_stream`, a stream that can be read
@@ -64,12 +64,12 @@ import polars as pl
 from kernels_catalog import gemm as gemm_family
 from kernels_catalog.base import TilePlan
 from tsbatch.errors import InputError
-from tsbatch.evaluate import CacheMemo, evaluate, get_family, residency, resolve_hw
+from tsbatch.engine.evaluate import CacheMemo, evaluate, get_family, residency, resolve_hw
 from tsbatch.hw import HwSpec
 from tsbatch.kernels.envelope import R_DRAM, R_L15, R_L2, evaluate_envelopes
 from tsbatch.kernels.groupsort import group_first_k, group_lexorder
-from tsbatch.rank import rank
-from tsbatch.schema import to_polars, validate
+from tsbatch.engine.rank import rank
+from tsbatch.boundary.schema import to_polars, validate
 
 __all__ = ["lower_bound", "take_plan", "bound_rows", "bound_threads", "workload_counts",
            "TopKScreen", "screened_rank", "COUNT_COL"]
@@ -100,7 +100,7 @@ def lower_bound(plan: TilePlan, p: np.ndarray, hw: HwSpec, *, own: bool = False)
     """Latency with perfect caching; never above :func:`evaluate_plan`'s latency.
 
     ``plan`` and ``p`` (resident tiles per SM) hold feasible rows only.
-    Mirrors the work split of :func:`tsbatch.evaluate.evaluate_plan` with the
+    Mirrors the work split of :func:`tsbatch.engine.evaluate.evaluate_plan` with the
     hit rates at their best (L1.5 hit 1, DRAM fraction 0): the L1.5 column
     does not depend on the hit rates, and the L2 and DRAM columns only grow
     with misses. ``own=True``: the caller gives up ``plan.work_iter``, which

@@ -1,9 +1,9 @@
 """The evaluation pipeline: candidate rows from one source, predicted for one GPU
 and one family, in one ranking mode, yielded in output order or written.
 
-Both front doors call it: ``tsbatch evaluate`` (:mod:`tsbatch.cli` parses the
+Both front doors call it: ``tsbatch evaluate`` (:mod:`tsbatch.front.cli` parses the
 arguments, calls :func:`evaluate_file` and prints) and the Python API
-(:mod:`tsbatch.api` converts tables, calls :func:`evaluate_frame`)::
+(:mod:`tsbatch.front.api` converts tables, calls :func:`evaluate_frame`)::
 
     source: a table file (streamed by record batches) or a table in memory
       |
@@ -106,7 +106,7 @@ class Source:
         return self.frame is not None or self.total <= self.batch_rows
 
     def _read_batch(self, a: int) -> pl.DataFrame:
-        from tsbatch.schema import READ_ERRORS, table_error
+        from tsbatch.boundary.schema import READ_ERRORS, table_error
 
         try:
             return pl.scan_parquet(self.path).slice(a, self.batch_rows).collect()
@@ -118,7 +118,7 @@ class Source:
         collect_batches reads ahead of a slow consumer and would end up holding the
         whole file), the next one read on a thread while this one is worked on.
         A new iterator each call: a surveyed ranking reads the stream three times."""
-        from tsbatch.io import read_ahead
+        from tsbatch.boundary.io import read_ahead
 
         return read_ahead([(lambda a=a: self._read_batch(a))
                            for a in range(0, self.total, self.batch_rows)])
@@ -127,13 +127,13 @@ class Source:
         if self.frame is not None:
             return [self.frame]
         if self.one:
-            from tsbatch.schema import read_candidates
+            from tsbatch.boundary.schema import read_candidates
 
             return [read_candidates(self.path)]
         return self.stream()
 
     def workload_source(self, first: pl.DataFrame | None):
-        """What :func:`tsbatch.screen.workload_counts` scans: the one batch, or the file."""
+        """What :func:`tsbatch.engine.screen.workload_counts` scans: the one batch, or the file."""
         return first if self.one else self.path
 
 
@@ -143,7 +143,7 @@ def table_source(frame: pl.DataFrame) -> Source:
 
 
 def _to_parquet(src, dst: Path) -> str:
-    from tsbatch.schema import READ_ERRORS, scan_table, table_error
+    from tsbatch.boundary.schema import READ_ERRORS, scan_table, table_error
 
     lf = scan_table(src)
     try:
@@ -157,7 +157,7 @@ def _to_parquet(src, dst: Path) -> str:
 def parquet_copy(src) -> Iterator[str]:
     """``src`` as a Parquet path: Arrow IPC, CSV and NDJSON are streamed into a
     temporary Parquet file once, which batched reads and workload counts then scan."""
-    from tsbatch.schema import table_format
+    from tsbatch.boundary.schema import table_format
 
     with tempfile.TemporaryDirectory(prefix="tsbatch-in-") as tmp:
         if table_format(src) != "parquet":
@@ -169,7 +169,7 @@ def parquet_copy(src) -> Iterator[str]:
 def open_file(path: str, name, batch_rows: int) -> Source:
     """The source of a Parquet file ``path`` (the user's file ``name``): its row
     count and columns from a scan; integers beyond int64 are an :class:`InputError`."""
-    from tsbatch.schema import READ_ERRORS, check_int_range, scan_table, table_error
+    from tsbatch.boundary.schema import READ_ERRORS, check_int_range, scan_table, table_error
 
     scan = scan_table(path)  # a one-line InputError when unreadable
     try:
@@ -194,7 +194,7 @@ def resolve_family(family, names):
 def file_family(path):
     """The family whose columns the table file ``path`` has (an error naming the
     file, and the family its columns come closest to, when none has them)."""
-    from tsbatch.schema import scan_table
+    from tsbatch.boundary.schema import scan_table
 
     try:
         return resolve_family(None, scan_table(path).collect_schema().names())
@@ -233,12 +233,12 @@ def results(source: Source, hw, fam, *, ranked: bool = False, top: float = 1.0,
     ``ranked``: per workload ranked and cut to the ``top`` fraction (1.0: every
     feasible row, ranked); else every row, in input order. ``hw`` a loaded spec,
     ``fam`` a :class:`~kernels_catalog.base.Family`, ``sampling`` checked
-    (:func:`tsbatch.evaluate.check_sampling`). ``stats`` is filled as the parts
+    (:func:`tsbatch.engine.evaluate.check_sampling`). ``stats`` is filled as the parts
     go; ``progress`` makes the bars of a file of several batches. ``workload``:
     the columns a workload is ranked within (default: the family's that the
     source has); ``timings`` collects the screen's stage times.
     """
-    from tsbatch.evaluate import CacheMemo, evaluate
+    from tsbatch.engine.evaluate import CacheMemo, evaluate
 
     stats = stats if stats is not None else Stats()
     bar = progress or _no_bar
@@ -250,7 +250,7 @@ def results(source: Source, hw, fam, *, ranked: bool = False, top: float = 1.0,
     if ranked and fam.lower is None:
         # a family that evaluates its frames itself (collectives) has no tile plan
         # to screen or bound: every row is predicted, then ranked
-        from tsbatch.rank import rank
+        from tsbatch.engine.rank import rank
 
         stats.how = "ranked_all"
         parts = [_evaluated(evaluate(df, hw, fam, **sampling), df, stats) for df in batches]
@@ -264,10 +264,10 @@ def results(source: Source, hw, fam, *, ranked: bool = False, top: float = 1.0,
     if ranked and top >= 1.0 and not one:
         # every feasible row is kept, so there is nothing to screen out: the
         # predictions go to workload buckets on disk and are ranked one bucket
-        # at a time (tsbatch.bucket_rank), never the whole sweep in memory
-        from tsbatch.bucket_rank import BucketRanker
-        from tsbatch.rank import rank
-        from tsbatch.screen import workload_counts
+        # at a time (tsbatch.engine.bucket_rank), never the whole sweep in memory
+        from tsbatch.engine.bucket_rank import BucketRanker
+        from tsbatch.engine.rank import rank
+        from tsbatch.engine.screen import workload_counts
 
         stats.how, stats.bucket_rows = "buckets", rank_bucket_rows
         with BucketRanker(wl, workload_counts(source.path, wl), rank_bucket_rows,
@@ -282,13 +282,13 @@ def results(source: Source, hw, fam, *, ranked: bool = False, top: float = 1.0,
                 yield part
             stats.empty_schema = rank(br.template, wl) if br.template is not None else None
     elif ranked:
-        # screened ranking (tsbatch.screen): only the rows that can still be among
+        # screened ranking (tsbatch.engine.screen): only the rows that can still be among
         # their workload's top K (K from the workload's count over the whole
         # source, one streamed scan of the workload columns) are predicted in
         # full, and only the running top K per workload is held. A file of
         # several batches is read three times: bounds first, so the most
         # promising rows of every workload are predicted first, wherever they are
-        from tsbatch.screen import TopKScreen, workload_counts
+        from tsbatch.engine.screen import TopKScreen, workload_counts
 
         stats.how = "screened"
         first = batches[0] if one else None
@@ -329,7 +329,7 @@ def results(source: Source, hw, fam, *, ranked: bool = False, top: float = 1.0,
 def write(parts: Iterator[pl.DataFrame], out: str | Path, meta: dict, stats: Stats) -> None:
     """Stream ``parts`` (of :func:`results`, filling ``stats``) to ``out``, written
     atomically with the provenance ``meta``: nothing is left of a failed run."""
-    from tsbatch.io import ParquetSink
+    from tsbatch.boundary.io import ParquetSink
 
     with ParquetSink(out, meta) as sink:
         for part in parts:
@@ -362,9 +362,9 @@ def evaluate_file(candidates, output, hw, family=None, *, rank: bool = False, to
     Arrow IPC, CSV or NDJSON by extension), rank when ``rank`` or ``top`` is
     given, and write ``output`` (Parquet, or CSV for a ``.csv`` name) with
     provenance. Every :class:`InputError` names the candidate file."""
-    from tsbatch.evaluate import resolve_hw, sampling_metadata
-    from tsbatch.io import provenance, sha256_file
-    from tsbatch.rank import parse_top
+    from tsbatch.engine.evaluate import resolve_hw, sampling_metadata
+    from tsbatch.boundary.io import provenance, sha256_file
+    from tsbatch.engine.rank import parse_top
 
     src = candidates
     with parquet_copy(src) as path:
@@ -376,7 +376,7 @@ def evaluate_file(candidates, output, hw, family=None, *, rank: bool = False, to
             spec = resolve_hw(hw)
             out = output_path(output)
             frac = parse_top(top)
-            from tsbatch.evaluate import check_sampling
+            from tsbatch.engine.evaluate import check_sampling
 
             sampling = check_sampling(sampling)
             source = open_file(path, src, batch_rows)
@@ -399,8 +399,8 @@ def evaluate_frame(frame: pl.DataFrame, hw, family=None, *, top=None,
                    sampling: dict | None = None) -> pl.DataFrame:
     """A table in memory through the pipeline: every row (``top`` None) or each
     workload's ranked ``top`` fraction; the rows :func:`evaluate_file` writes."""
-    from tsbatch.evaluate import check_sampling, resolve_hw
-    from tsbatch.rank import parse_top
+    from tsbatch.engine.evaluate import check_sampling, resolve_hw
+    from tsbatch.engine.rank import parse_top
 
     spec = resolve_hw(hw)
     frac = None if top is None else parse_top(top)

@@ -1,13 +1,13 @@
 """Full ranking of a sweep larger than memory: workload buckets on disk.
 
 ``tsbatch evaluate --rank`` without ``--top`` keeps every feasible row, so
-the screen of :mod:`tsbatch.screen` has nothing to leave out and its
+the screen of :mod:`tsbatch.engine.screen` has nothing to leave out and its
 running set would grow to the whole sweep. Instead the workloads, sorted as
 the output is, are cut into contiguous buckets of at most ``max_rows``
 candidates (a workload is never split; one larger than ``max_rows`` is a
 bucket of its own). Each evaluated record batch is split by bucket and
 appended to that bucket's spill files with every row's input position;
-then each bucket in turn is read back, ranked with :func:`tsbatch.rank.rank`
+then each bucket in turn is read back, ranked with :func:`tsbatch.engine.rank.rank`
 (ties by input position) and streamed to the output. Memory is one record
 batch while evaluating and one bucket while ranking; the result equals
 ``rank(evaluate(all rows), workload, top)`` row for row, because a
@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from tsbatch.rank import rank
-from tsbatch.screen import COUNT_COL, _key_frame
+from tsbatch.engine.rank import rank
+from tsbatch.engine.screen import COUNT_COL, _key_frame
 
 __all__ = ["BucketRanker", "bucket_map"]
 
@@ -53,7 +53,7 @@ def bucket_map(counts: pl.DataFrame, workload: list[str], max_rows: int) -> pl.D
 class BucketRanker:
     """Collect evaluated batches in workload buckets on disk, then rank each.
 
-    ``counts`` is :func:`tsbatch.screen.workload_counts` of the whole input;
+    ``counts`` is :func:`tsbatch.engine.screen.workload_counts` of the whole input;
     ``spill_dir`` (default: a new temporary folder next to nothing in
     particular, see :func:`tempfile.mkdtemp`) holds the spill files and is
     removed by :meth:`close`.
@@ -70,7 +70,7 @@ class BucketRanker:
         self.template: pl.DataFrame | None = None
 
     def add(self, results: pl.DataFrame) -> None:
-        """Spill one batch of :func:`tsbatch.evaluate.evaluate` results (in input order)."""
+        """Spill one batch of :func:`tsbatch.engine.evaluate.evaluate` results (in input order)."""
         if self.template is None:
             self.template = results.head(0)
         pos = pl.int_range(self.rows, self.rows + results.height, dtype=pl.Int64, eager=True)

@@ -1,0 +1,1 @@
+"""The boundary: candidate tables in (schema checks, readers) and result files out (Parquet with provenance)."""
