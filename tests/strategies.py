@@ -91,8 +91,11 @@ def gemm_frames(min_rows: int = 1, max_rows: int = 6, max_size: int = 4096, libr
 @st.composite
 def infeasible_gemm_row(draw) -> dict:
     """A triton row whose shared-memory ring cannot fit any GPU (>= 320 KiB):
-    e.g. block 256x256x128, 5 stages, fp32."""
+    e.g. block 256x256x128, 5 stages, fp32. Its sizes are multiples of 8, so
+    both operands' rows start 16-byte aligned and Triton pipelines both (an
+    operand loaded under 4 bytes a thread holds one buffer, not a ring)."""
     row = draw(gemm_row(library=False))
+    row.update(m=8 * row["m"], n=8 * row["n"], k=8 * row["k"])
     dtype = draw(st.sampled_from(["float32", "float16", "bfloat16"]))
     row.update(block_m=256, block_n=256, num_stages=draw(st.integers(3, 6)), dtype=dtype,
                block_k=draw(st.sampled_from([64, 128])) if dtype == "float32" else 128)

@@ -143,8 +143,12 @@ def test_a_wheel_with_shipped_code_is_tagged_for_its_interpreter_and_platform():
         if os.environ.get("TSBATCH_REQUIRE_SHIPPED") == "1":
             pytest.fail("TSBATCH_REQUIRE_SHIPPED=1 but the installed tsbatch has no _nbcache/ code")
         pytest.skip("this tsbatch was not installed from a wheel with compiled kernels")
-    dist = metadata.distribution("tsbatch")
     here = Path(tsbatch.__file__).resolve()
+    # the distribution installed where the imported package lives (a build leaves
+    # tsbatch.egg-info in the source tree, which metadata.distribution may find first)
+    dist = next(iter(metadata.Distribution.discover(name="tsbatch", path=[str(here.parents[1])])),
+                None)
+    assert dist is not None, f"no tsbatch distribution beside {here.parents[1]}"
     assert Path(dist.locate_file("tsbatch/__init__.py")).resolve() == here, \
         "the tsbatch imported is not the installed distribution's"
     wheel = dist.read_text("WHEEL") or ""
