@@ -118,17 +118,24 @@ def install_ref(sha: str, workdir: Path, repo: Path = ROOT) -> Path:
     """``git archive`` of ``sha`` (of ``repo``) unpacked into ``workdir/trees/sha``
     (reused when a previous run completed it)."""
     dest = workdir / "trees" / sha
-    done = dest / ".regress-complete"
-    if done.exists():
+    if (dest / ".regress-complete").exists():
         return dest
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
+    # unpack beside it and rename: another run may be installing the same commit
+    part = workdir / "trees" / f".{sha}.{os.getpid()}"
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir(parents=True)
     archive = subprocess.Popen(["git", "archive", sha], cwd=repo, stdout=subprocess.PIPE)
-    subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=True)
+    subprocess.run(["tar", "-x", "-C", str(part)], stdin=archive.stdout, check=True)
     if archive.wait() != 0:
+        shutil.rmtree(part, ignore_errors=True)
         raise InputError(f"git archive {sha} failed")
-    done.write_text(sha + "\n")
+    (part / ".regress-complete").write_text(sha + "\n")
+    if dest.exists() and not (dest / ".regress-complete").exists():
+        shutil.rmtree(dest, ignore_errors=True)  # left half-way by an interrupted older run
+    try:
+        part.rename(dest)
+    except OSError:  # another run finished first: use its tree
+        shutil.rmtree(part, ignore_errors=True)
     return dest
 
 
@@ -320,7 +327,7 @@ def make_sweep(workdir: Path, rows: int) -> Path:
     if not full.exists():
         if not tool.exists():
             raise InputError(f"{tool}: the sweep generator is missing")
-        part = workdir / f"sweep_{FULL_SWEEP_ROWS}.tmp.parquet"
+        part = workdir / f"sweep_{FULL_SWEEP_ROWS}.{os.getpid()}.tmp.parquet"
         subprocess.run([PY, str(tool), str(part), str(FULL_SWEEP_ROWS)], check=True, capture_output=True)
         part.rename(full)
     if rows >= FULL_SWEEP_ROWS:
@@ -328,7 +335,7 @@ def make_sweep(workdir: Path, rows: int) -> Path:
     every = -(-FULL_SWEEP_ROWS // max(rows, 1))
     thin = workdir / f"sweep_every{every}.parquet"
     if not thin.exists():
-        part = workdir / f"sweep_every{every}.tmp.parquet"
+        part = workdir / f"sweep_every{every}.{os.getpid()}.tmp.parquet"
         pl.read_parquet(full).gather_every(every).write_parquet(part)
         part.rename(thin)
     return thin
