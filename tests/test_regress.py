@@ -280,3 +280,12 @@ def test_reference_install_path_end_to_end(tmp_path):
     worse = any(j["verdict"] == "worse" for j in acc + rep["cross_validated"])
     assert r.returncode == (1 if worse else 0)
     assert "---- summary ----" in r.stdout
+
+
+def test_unknown_ref_is_one_clear_error(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "regress.py"), "no-such-ref-35",
+                        "--skip-speed", "--workdir", str(tmp_path)],
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [f"regress.py: REF 'no-such-ref-35': not a commit of {ROOT}"]
+    assert not (tmp_path / "trees").exists()
