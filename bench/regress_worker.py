@@ -10,7 +10,7 @@ ca279d0 has, and reports what a version lacks instead of failing:
 ``predict``: JOBS.json is a list of ``{"family", "hw", "input", "output"}``;
 each input Parquet holds a family's input columns (prepared by the working
 tree's ``tsbatch.measured.accuracy.load_measured``). The version's own predictor for
-the family (``tsbatch.accuracy.PREDICTORS``, what its ``tsbatch accuracy``
+the family (``tsbatch.measured.accuracy.PREDICTORS`` or, before the 2026-12-06 regrouping, ``tsbatch.accuracy.PREDICTORS``, what its ``tsbatch accuracy``
 calls) writes ``latency_us`` and ``feasible`` to ``output``. RESULT.json:
 one ``{"status": "ok" | "unsupported" | "error", "error", "seconds"}`` per job.
 

@@ -1,4 +1,4 @@
-"""The regression guard (issue 35): tsbatch.regress_metrics and bench/regress.py.
+"""The regression guard (issue 35): tsbatch.measured.regress_metrics and bench/regress.py.
 
 The comparison, bucketing and marking logic is checked on small synthetic
 tables against hand computations (plain Python loops). One test runs the
