@@ -115,6 +115,16 @@ def test_every_importable_folder_of_the_packages_is_declared():
                 continue
             if ".".join(rel.parts) not in declared:
                 undeclared.append(".".join(rel.parts))
+    # the data packages mapped from other folders (hw/, sweeps/): their subfolders too
+    for pkg, folder in conf.get("package-dir", {}).items():
+        for d in sorted((ROOT / folder).rglob("*")):
+            rel = d.relative_to(ROOT / folder)
+            if not d.is_dir() or any(p in ("__pycache__", "_nbcache") or p.startswith(".")
+                                     or not p.isidentifier() for p in rel.parts):
+                continue
+            name = ".".join((pkg, *rel.parts))
+            if name not in declared:
+                undeclared.append(name)
     assert not undeclared, f"importable but not in pyproject's packages: {undeclared}"
     data = conf["package-data"]
     for pkg in declared:
