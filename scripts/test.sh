@@ -4,11 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -qq --upgrade pip
 # the triton extra is the real Triton for tests/test_triton_real.py (Linux wheels
 # only: ~286 MB download, ~1 GB installed, ~7 s to install from the wheel);
 # TSBATCH_REQUIRE_TRITON=1 makes that test fail, not skip, without it
-.venv/bin/python -m pip install -q '.[test,ray,triton]'
+.venv/bin/python -m pip install -qq '.[test,ray,triton]'
 if [ "$(uname -s)" = Linux ]; then export TSBATCH_REQUIRE_TRITON=1; fi
 # the install built a wheel whose kernels were compiled at build time (setup.py);
 # tests/test_shipped.py fails, not skips, if the installed package lacks them
