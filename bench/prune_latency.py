@@ -32,9 +32,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
-from tsbatch.engine.evaluate import evaluate  # noqa: E402
-from tsbatch.engine.prune import Pruner, prune  # noqa: E402
-from tsbatch.engine.rank import rank  # noqa: E402
 
 WORKLOADS = [
     {"m": 4096, "n": 4096, "k": 4096, "dtype": "float16"},
@@ -63,6 +60,12 @@ def median_ms(fn, reps: int) -> float:
 
 
 def main() -> None:
+    # imported here, not at the top: bench/regress_worker.py takes WORKLOADS and
+    # configs from this module into reference trees of another module layout
+    from tsbatch.engine.evaluate import evaluate
+    from tsbatch.engine.prune import Pruner, prune
+    from tsbatch.engine.rank import rank
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hw", default="h100")
     ap.add_argument("--n", type=int, default=1000)
