@@ -455,7 +455,7 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
                 tc_eff, wg_share, g0, g1, ksteps, tiles, smem_block, threads, regs, spill, use_wg,
                 on_tc, t_bytes, t_foot, work_iter, work_epi, rate, share_eff, useful_flops, smem_bpc,
                 f8_code, f16_code, scode, fast, lib, hopper_wg, staged_mn, pipe_stages,
-                copy_smem, lo, hi):
+                copy_smem, sms, lo, hi):
     """One pass over rows ``lo:hi`` (a share; :func:`lower` runs the shares on the
     thread pool): every per-row quantity of :func:`lower` (the
     docstring there); ``tc_tab[d]`` is dtype ``d``'s tensor-core rate per SM
@@ -715,6 +715,16 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         t_foot[i, 2] = float(bmi * bni * ob)
         share_eff[i] = wg_share if wg else 1.0
         useful_flops[i] = 2.0 * m[i] * n[i] * k[i]
+        if tc_eff < 1.0:
+            # the power-limited clock (lower()'s comment): a grid that keeps fewer
+            # SMs busy runs them faster, up to the full measured rate
+            active = float(tiles[i] if tiles[i] < sms else sms)
+            boost = sms / (active if active > 1.0 else 1.0)
+            if boost > 1.0 / tc_eff:
+                boost = 1.0 / tc_eff
+            rate[i, R_TC] *= boost
+            rate[i, R_CUDA] *= boost
+            rate[i, R_SMEM] *= boost
 
 
 #: Triton's largest tensor, in elements (``triton.language.TRITON_MAX_TENSOR_NUMEL``)
@@ -929,7 +939,7 @@ def lower(cols: dict, hw) -> TilePlan:
                 threads, regs, spill, use_wgmma, on_tc, t_bytes, t_foot, work_iter, work_epi, rate,
                 share_eff, useful_flops, float(hw.smem_bytes_per_clk), _DTYPE_CODE["float8"],
                 _DTYPE_CODE["float16"], scode, b8(fast), lib, hw.mma == "wgmma", b8(staged_mn),
-                pipe_stages, copy_smem), even_bounds(rows))
+                pipe_stages, copy_smem, sms), even_bounds(rows))
 
     # power-limited tensor clock: tc_efficiency is the sustained share of the
     # tensor-core peak when every SM issues MMAs (the ceiling of measured GEMM
@@ -946,19 +956,17 @@ def lower(cols: dict, hw) -> TilePlan:
     # 128x128x128 FP8 tile moves 80 KiB of shared memory per 128-deep step,
     # 142 B/clk at the measured 1730 MHz against the SM's 128 B/clk, so it runs
     # at that speed only at a higher clock
-    tc_eff = float(hw.cal("tc_efficiency"))
-    if tc_eff < 1.0:
-        active = np.minimum(tiles, sms).astype(np.float64)
-        boost = np.minimum(1.0 / tc_eff, sms / np.maximum(active, 1.0))
-        for r in (R_TC, R_CUDA, R_SMEM):
-            rate[:, r] *= boost
+    # (applied per row in _lower_rows: rate[:, R_TC / R_CUDA / R_SMEM] x boost)
 
     # a Triton FMA-dot warp's own shared loads per iteration: the shared-memory
     # work less the stores of the A and B tiles and the spills' local traffic
     # (once an iteration on this path)
-    own_loads = work_iter[:, R_SMEM] - copy_smem - spill * 8.0 * threads
-    chain = _fma_chain(hw, on_tc | lib, spill, smem_block, regs, threads,
-                       i64(cols["num_warps"]), work_iter[:, R_CUDA], rate[:, R_CUDA], own_loads)
+    mma = on_tc | lib
+    chain = None
+    if not mma.all():  # the FMA rows' chain (None: no row has one)
+        own_loads = work_iter[:, R_SMEM] - copy_smem - spill * 8.0 * threads
+        chain = _fma_chain(hw, mma, spill, smem_block, regs, threads,
+                           i64(cols["num_warps"]), work_iter[:, R_CUDA], rate[:, R_CUDA], own_loads)
 
     # tensor accesses from the tile program: A reused along grid dim 1, B along
     # dim 0, C once per tile
