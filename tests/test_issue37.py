@@ -3,6 +3,8 @@ honest wheel tags, tl.dot minimums, per-shard sizes of the fused families)."""
 
 from __future__ import annotations
 
+import sys
+import tempfile
 from pathlib import Path
 
 import polars as pl
@@ -325,3 +327,22 @@ def test_rank_table_of_a_family_without_a_tile_plan():
     got = tsbatch.rank_table(rows, hw="h100", top="50%")
     fam_wl = ["system", "collective", "num_gpus", "bytes"]
     assert got.equals(rank(evaluate(rows, None, "collective"), fam_wl, 0.5))
+
+
+def test_closed_pipe_ends_quietly():
+    """``tsbatch sweep ... | head -1`` stops without a BrokenPipeError traceback:
+    here the reader goes away before the command prints anything, so its first
+    write (or the flush of its buffered output) meets the closed pipe."""
+    import subprocess
+
+    code = ("import sys; from tsbatch.front.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, "sweep", "tiny", "--hw", "h100",
+                             "-o", str(Path(tempfile.mkdtemp()) / "x.parquet")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader goes away before the first line
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    proc.wait(timeout=300)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert proc.returncode == 0

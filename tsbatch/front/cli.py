@@ -462,13 +462,28 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)
+        sys.stdout.flush()  # inside the try: a closed pipe is met here, not at exit
     except InputError as exc:
         print(f"tsbatch: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:  # pragma: no cover
         print("tsbatch: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader of our output went away (``tsbatch hw | head -1``): stop
+        # quietly, as a Unix filter does, instead of a traceback; point stdout at
+        # /dev/null so that the interpreter's own flush at exit does not fail too
+        _quiet_stdout()
+        return 0
     return int(rc or 0)
+
+
+def _quiet_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # pragma: no cover - no real stdout
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover
