@@ -762,10 +762,6 @@ ADMIT_RULES = (
 )
 
 
-def _pow2(a: np.ndarray) -> np.ndarray:
-    return (a > 0) & ((a & (a - 1)) == 0)
-
-
 @jit_exact
 def _admit_rows(m, n, k, bm, bn, bk, stages, warps, split, eb, tri, code, lo, hi):
     """Rows ``lo:hi`` of :func:`admit` (``code`` receives the rule codes). Sizes
