@@ -361,3 +361,80 @@ def test_issue34_sweep_file_carries_engine_provenance(tmp_path):
     meta = read_metadata(out)
     assert json.loads(meta["tsbatch.engines"])["vllm"]["step_decode_us"] > 0
     assert meta["tsbatch.family"] == "serving"
+
+
+# ------------------------------------------------------------------ vLLM's custom all-reduce
+def _ar_rows(system, tp, batch, prompt=1000, model="meta-llama/Llama-3.1-8B", **over):
+    dep = resolve(pl.DataFrame({"model": [model], "system": [system], "tp": [tp],
+                                "batch": [batch], "prompt_len": [prompt], "output_len": [8]}))
+    dep = dep.with_columns(pl.lit(v).alias(k) for k, v in over.items())
+    assert dep["feasible"][0], dep["infeasible_reason"][0]
+    fams = lower_ops(dep)
+    out = []
+    for fam in ("collective", "custom_ar"):
+        if fam in fams:
+            out += [{**r, "family": fam} for r in fams[fam].filter(
+                pl.col("op_name") == "mlp_all_reduce").iter_rows(named=True)]
+    return {(r["phase"], r["point"]): r for r in out}
+
+
+def test_issue35e_custom_all_reduce_takes_small_tp_messages_on_nvlink():
+    # decode of 16 requests: 16 x 4096 x 2 = 128 KiB, under vLLM's 8 MiB limit; the prefill's
+    # 16,000 tokens are 125 MiB: NCCL
+    for system, tp in (("dgx_h100", 2), ("dgx_h100", 8), ("hgx_h100_4gpu", 4),
+                       ("h200_nvl", 2)):
+        r = _ar_rows(system, tp, 16)
+        assert r[("decode", 0)]["family"] == "custom_ar", (system, tp)
+        assert r[("decode", 0)]["bytes"] == 16 * 4096 * 2 and not r[("decode", 0)]["eager"]
+        assert r[("prefill", 0)]["family"] == "collective", (system, tp)
+    # H200 NVL bridges join pairs: four GPUs are not all NVLink-connected, so NCCL
+    assert _ar_rows("h200_nvl", 4, 16)[("decode", 0)]["family"] == "collective"
+    # a PCIe-only system has no NVLink P2P: NCCL
+    assert _ar_rows("l40s_pcie_server", 2, 16)[("decode", 0)]["family"] == "collective"
+    # the engine constant switches it off; a short prefill under the limit takes it, eager
+    assert _ar_rows("dgx_h100", 2, 16, custom_ar_max_bytes=0)[("decode", 0)]["family"] == \
+        "collective"
+    short = _ar_rows("dgx_h100", 2, 2, prompt=100)[("prefill", 0)]
+    assert short["family"] == "custom_ar" and short["eager"]
+
+
+def test_issue35e_custom_all_reduce_cost_by_hand():
+    from tsbatch.collectives.systems import get_system
+    from tsbatch.serving.predict import custom_ar_table
+
+    def one(system, n, nbytes, eager=False):
+        s = get_system(system)
+        keys = pl.DataFrame({"gpu": [s.gpu], "comm_system": [system], "num_gpus": [n],
+                             "gpus_per_node": [s.gpus_per_node], "bytes": [nbytes],
+                             "eager": [eager]})
+        return custom_ar_table(keys).row(0, named=True), s
+
+    for system in ("hgx_h100_4gpu", "dgx_h100"):
+        for n, nbytes, stages in ((2, 1 << 20, 1), (4, 256 << 10, 1), (4, 1 << 20, 2)):
+            r, s = one(system, n, nbytes)
+            bw = s.nvlink.bw_gbps * s.cal("nvlink_efficiency") * 1e3  # bytes per us
+            pair = bw / (s.gpus_per_node - 1) if s.nvlink.topology == "mesh" else bw
+            sync = (s.nvlink.alpha_us + s.cal("rank_skew_us")) * (stages + 1)
+            if stages == 1:
+                link = max((n - 1) * nbytes / bw, nbytes / pair)
+            else:
+                link = max(2 * (n - 1) * nbytes / n / bw, 2 * nbytes / n / pair)
+            assert r["t_kernel_us"] == pytest.approx(sync + link), (system, n, nbytes)
+            assert r["config"] == f"vllm custom_ar {stages}-stage"
+            eager, _ = one(system, n, nbytes, eager=True)  # + the copy into the IPC buffer
+            dram = get_hw(s.gpu).rate("dram_bw_tbps") * 1e6
+            assert eager["t_kernel_us"] == pytest.approx(sync + link + 2 * nbytes / dram)
+    # the mesh's pair carries a third of the GPU's links: slower than a switch port
+    assert one("hgx_h100_4gpu", 2, 4 << 20)[0]["t_kernel_us"] > \
+        one("dgx_h100", 2, 4 << 20)[0]["t_kernel_us"]
+    # and the engine's all-reduce beats NCCL's ring on the small decode messages it takes
+    # (NCCL's body: its latency less the system's harness launch overhead)
+    from tsbatch.serving.predict import _evaluate_family
+
+    s = get_system("dgx_h100")
+    nccl = _evaluate_family("collective", pl.DataFrame(
+        {"comm_system": ["dgx_h100"], "collective": ["all_reduce"], "num_gpus": [4],
+         "gpus_per_node": [8], "bytes": [256 << 10]}), None).row(0, named=True)
+    body = nccl["t_kernel_us"] - s.cal("launch_overhead_us")
+    assert one("dgx_h100", 4, 256 << 10)[0]["t_kernel_us"] < body
+

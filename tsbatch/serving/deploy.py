@@ -85,6 +85,13 @@ def engine_profile(name: str, overrides: dict | None = None) -> dict:
     return out
 
 
+#: how a system's GPUs reach each other over their direct link class (``p2p_link``):
+#: 0 not at all (PCIe only, or one GPU), 1 a switch (NVSwitch: every pair at the GPU's whole
+#: link bandwidth), 2 a full mesh (each pair its share of the links), 3 bridged pairs
+#: (only the two GPUs of a bridge)
+P2P_LINKS = {"switched": 1, "mesh": 2, "bridged": 3}
+
+
 @lru_cache(maxsize=256)
 def _target(name: str) -> dict:
     """A system or GPU name -> gpu key, collective system, GPUs per node, GPUs at most."""
@@ -96,7 +103,8 @@ def _target(name: str) -> dict:
         hw = get_hw(s.gpu)
         return {"gpu": hw.key, "comm_system": s.key, "gpus_per_node": s.gpus_per_node,
                 "max_gpus": s.max_gpus,
-                "comm_launch_us": float(s.calibration.get("launch_overhead_us", 0.0))}
+                "comm_launch_us": float(s.calibration.get("launch_overhead_us", 0.0)),
+                "p2p_link": P2P_LINKS.get(s.nvlink.topology, 0) if s.nvlink is not None else 0}
     except InputError:
         pass
     try:
@@ -108,7 +116,7 @@ def _target(name: str) -> dict:
         raise InputError(f"column 'system': unknown system or GPU {name!r}; systems: "
                          f"{', '.join(list_systems())}; GPUs: {', '.join(list_hw())}") from None
     return {"gpu": hw.key, "comm_system": "", "gpus_per_node": 1, "max_gpus": 1,
-            "comm_launch_us": 0.0}
+            "comm_launch_us": 0.0, "p2p_link": 0}
 
 
 #: model fields carried as columns
@@ -184,9 +192,10 @@ def resolve(df) -> pl.DataFrame:
                        "kernel_launch_us": [get_hw(g).launch_us for g in gpus]})
     engs = df["engine"].unique().to_list()
     keys = ("gemm", "gap_prefill_us", "gap_decode_us", "step_prefill_us", "step_decode_us",
-            "chunk_tokens", "decode_points")
+            "chunk_tokens", "decode_points", "custom_ar_max_bytes")
     et = pl.DataFrame([{"engine": e, **{("engine_chunk" if k == "chunk_tokens" else k):
-                                        engine_profile(e)[k] for k in keys}} for e in engs])
+                                        engine_profile(e).get(k, 0) for k in keys}}
+                       for e in engs])
     df = (df.join(mt, on="model", how="left").join(st, on="system", how="left")
           .join(gt, on="gpu", how="left").join(et, on="engine", how="left"))
     df = df.with_columns(

@@ -37,6 +37,9 @@ FAMILY_KEYS = {
     "moe_grouped_gemm": ("gpu", "tokens", "experts", "top_k", "hidden", "ffn", "proj", "dtype"),
     "rowwise": ("gpu", "op", "rows", "hidden", "dtype", "residual"),
     "collective": ("comm_system", "collective", "num_gpus", "gpus_per_node", "bytes"),
+    # the engine's own all-reduce over NVLink P2P (vLLM's custom all-reduce); ``eager``: the
+    # input is first copied into the registered buffer (outside a captured graph)
+    "custom_ar": ("gpu", "comm_system", "num_gpus", "gpus_per_node", "bytes", "eager"),
 }
 
 
@@ -137,6 +140,30 @@ def _comm(name, coll, nbytes, ngpus, *, when, mult=n_all, kinds=tok_kinds, gpn=N
                 flops=pl.lit(0.0), bytes=nbytes.cast(pl.Float64))
 
 
+def _custom_ar_ok(nbytes, ngpus) -> pl.Expr:
+    """vLLM's rule for its own all-reduce (CustomAllreduce.should_custom_ar): 2, 4, 6 or 8
+    GPUs of one node, every pair joined by the direct link (any two GPUs of a switch or a
+    mesh; a bridged pair for 2), a message under the engine's ``custom_ar_max_bytes`` and a
+    multiple of 16 bytes."""
+    link = c("p2p_link")
+    return ((c("custom_ar_max_bytes") > nbytes) & (nbytes % 16 == 0)
+            & ngpus.is_in([2, 4, 6, 8]) & (ngpus <= c("gpus_per_node"))
+            & ((link == 1) | (link == 2) | ((link == 3) & (ngpus == 2))))
+
+
+def _all_reduce(name, nbytes, ngpus, *, when, mult=n_all, kinds=tok_kinds, part="layer"):
+    """A TP all-reduce: the engine's own NVLink kernel where its rule admits the message
+    (:func:`_custom_ar_ok`), NCCL otherwise. Two op kinds; one of them runs."""
+    ok = _custom_ar_ok(nbytes, ngpus)
+    nccl = _comm(name, "all_reduce", nbytes, ngpus, when=when & ~ok, mult=mult, kinds=kinds,
+                 part=part)
+    own = dict(name=name, family="custom_ar", kinds=kinds, when=when & ok, mult=mult,
+               part=part, cols={"num_gpus": ngpus, "gpus_per_node": c("gpus_per_node"),
+                                "bytes": nbytes, "eager": c("phase") == "prefill"},
+               flops=pl.lit(0.0), bytes=nbytes.cast(pl.Float64))
+    return [nccl, own]
+
+
 def op_defs() -> list[dict]:
     """Every op kind of a step, in the order one layer runs them."""
     tp = c("tp")
@@ -156,8 +183,8 @@ def op_defs() -> list[dict]:
     ops = [
         # ---- head of the step
         _row("embedding", "rmsnorm", m, h, mult=pl.lit(1), part="head"),
-        _comm("embedding_all_reduce", "all_reduce", act, tp, when=tp > 1, mult=pl.lit(1),
-              part="head"),
+        *_all_reduce("embedding_all_reduce", act, tp, when=tp > 1, mult=pl.lit(1),
+                     part="head"),
         # ---- attention block
         _row("input_norm", "rmsnorm", m, h, residual=True),
         _gemm("qkv_proj", qdim, h, when=std),
@@ -212,13 +239,13 @@ def op_defs() -> list[dict]:
         _gemm("v_absorb", hq * c("v_head_dim"), c("kv_lora_rank"), when=mla,
               kinds=("decode",)),
         _gemm("o_proj", h, hq * c("v_head_dim")),
-        _comm("attn_all_reduce", "all_reduce", act, tp, when=tp > 1),
+        *_all_reduce("attn_all_reduce", act, tp, when=tp > 1),
         _row("post_attn_norm", "rmsnorm", m, h, residual=True),
         # ---- dense MLP
         _gemm("gate_up_proj", 2 * inter_l, h, mult=n_dense, when=n_dense > 0),
         _row("silu_mul", "silu_mul", m, inter_l, mult=n_dense, when=n_dense > 0),
         _gemm("down_proj", h, inter_l, mult=n_dense, when=n_dense > 0),
-        _comm("mlp_all_reduce", "all_reduce", act, tp, mult=n_dense, when=(tp > 1) & (n_dense > 0)),
+        *_all_reduce("mlp_all_reduce", act, tp, mult=n_dense, when=(tp > 1) & (n_dense > 0)),
         # ---- MoE: router, experts (grouped GEMM), shared experts, communication
         _gemm("router", c("experts"), h, mult=n_moe, when=n_moe > 0, bf16=True),
         _row("topk_softmax", "softmax", m, c("experts"), mult=n_moe, when=n_moe > 0,
@@ -248,8 +275,8 @@ def op_defs() -> list[dict]:
               when=(n_moe > 0) & (ep > 1)),
         # TP-sharded experts (ep 1) or TP-sharded shared experts reduce over TP; routed
         # experts under EP are combined by the all-to-all
-        _comm("moe_all_reduce", "all_reduce", act, tp, mult=n_moe,
-              when=(n_moe > 0) & (tp > 1) & ((ep == 1) | (c("shared_intermediate") > 0))),
+        *_all_reduce("moe_all_reduce", act, tp, mult=n_moe,
+                     when=(n_moe > 0) & (tp > 1) & ((ep == 1) | (c("shared_intermediate") > 0))),
         # ---- pipeline stages
         _comm("pp_send_recv", "send_recv", act, pl.lit(2), mult=c("pp") - 1, when=c("pp") > 1,
               gpn=pl.when(c("tp") * c("pp") > c("gpus_per_node")).then(1).otherwise(2),
@@ -274,7 +301,7 @@ BASE_SIG = ("phase", "model_kind", "hidden", "layers", "heads", "kv_heads", "hea
             "moe_intermediate", "shared_intermediate", "dense_layers", "q_lora_rank",
             "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "tp", "pp", "ep", "weights", "gemm",
             "gpu", "comm_system", "gpus_per_node", "hopper", "gap_prefill_us", "gap_decode_us",
-            "comm_launch_us")
+            "comm_launch_us", "p2p_link", "custom_ar_max_bytes")
 KIND_SIG = {"tokens": ("m",), "tail": ("m", "reqs"), "decode": ("m", "reqs"),
             "attn": ("reqs", "seq"), "decode_attn": ("reqs", "ctx")}
 

@@ -103,6 +103,8 @@ def _evaluate_family(fam: str, keys: pl.DataFrame, timings: dict | None,
     bound, config`` (t_kernel_us null when nothing is feasible)."""
     from tsbatch.engine.evaluate import evaluate
 
+    if fam == "custom_ar":
+        return custom_ar_table(keys, hw_specs)
     keys = keys.with_row_index("_key")
     if fam == "collective":
         frame = keys.rename({"comm_system": "system"})
@@ -158,6 +160,69 @@ def _evaluate_family(fam: str, keys: pl.DataFrame, timings: dict | None,
                             .alias("why")).drop("_key")
 
 
+#: vLLM's custom all-reduce kernel (csrc/custom_all_reduce.cuh): one stage (every rank
+#: reads the whole message from every peer and reduces it) for 2 GPUs, and for more under
+#: these sizes (bytes, by the largest world size they apply to); two stages (reduce-scatter
+#: then all-gather through the peers' buffers) above
+CUSTOM_AR_ONE_STAGE_BELOW = ((4, 512 * 1024), (8, 256 * 1024))
+
+
+def custom_ar_table(keys: pl.DataFrame, hw_specs: dict | None = None) -> pl.DataFrame:
+    """The engine's own all-reduce over NVLink P2P (vLLM's custom all-reduce), per key row
+    (``gpu, comm_system, num_gpus, gpus_per_node, bytes, eager``): ``t_kernel_us`` (the
+    kernel body; no launch: the engine's gap is added per op), ``stages``, ``bound``.
+
+    One stage: each GPU reads the message from each of its n - 1 peers; two stages:
+    it reads 2 (n - 1) / n of it (its slice from every peer, then every peer's reduced
+    slice). The bytes cross the GPU's direct links at the system's achieved rate
+    (``bw_unidir_gbps`` x ``nvlink_efficiency``): through its whole port on a switch,
+    each peer's share of it on a full mesh (a pair's links carry that peer's part, the
+    slowest pair sets the time). Each stage ends in a barrier: a flag written to every
+    peer and polled, one link latency (``alpha_us``) plus the ranks' arrival skew
+    (``rank_skew_us``); one more at the start. Outside a captured graph (``eager``, the
+    prefill) the input is first copied into the registered buffer: read and written once
+    at the GPU's DRAM rate. No constant here is fitted to serving data: the link figures
+    are the system file's, the stage rule vLLM's.
+    """
+    from tsbatch.collectives.systems import get_system
+    from tsbatch.hw import get_hw
+
+    names = [n for n in keys["comm_system"].unique().to_list() if n]
+    rows = []
+    for n in names:
+        s = get_system(n)
+        lk = s.nvlink
+        rows.append({"comm_system": n, "_bw": lk.bw_gbps * s.cal("nvlink_efficiency") * 1e3,
+                     "_mesh": lk.topology == "mesh", "_alpha": lk.alpha_us,
+                     "_skew": float(s.calibration.get("rank_skew_us", 0.0))})
+    sy = pl.DataFrame(rows, schema={"comm_system": pl.String, "_bw": pl.Float64,
+                                    "_mesh": pl.Boolean, "_alpha": pl.Float64,
+                                    "_skew": pl.Float64})
+    gpus = keys["gpu"].unique().to_list()
+    gb = pl.DataFrame({"gpu": gpus, "_dram": [((hw_specs or {}).get(g) or get_hw(g))
+                                             .rate("dram_bw_tbps") * 1e6 for g in gpus]},
+                      schema={"gpu": pl.String, "_dram": pl.Float64})
+    k = keys.join(sy, on="comm_system", how="left").join(gb, on="gpu", how="left")
+    n = c("num_gpus").cast(pl.Float64)
+    S = c("bytes").cast(pl.Float64)
+    one = c("num_gpus") == 2
+    for ws, lim in CUSTOM_AR_ONE_STAGE_BELOW:
+        one = one | ((c("num_gpus") <= ws) & (c("bytes") < lim))
+    pair_bw = pl.when(c("_mesh")).then(c("_bw") / (c("gpus_per_node") - 1)).otherwise(c("_bw"))
+    inbound = pl.when(one).then((n - 1) * S).otherwise(2 * (n - 1) * S / n)
+    per_pair = pl.when(one).then(S).otherwise(2 * S / n)
+    t_link = pl.max_horizontal(inbound / c("_bw"), per_pair / pair_bw)
+    t_sync = pl.when(one).then(2.0).otherwise(3.0) * (c("_alpha") + c("_skew"))
+    t_copy = pl.when(c("eager")).then(2 * S / c("_dram")).otherwise(0.0)
+    return k.with_columns(
+        (t_sync + t_link + t_copy).alias("t_kernel_us"), pl.lit(0.0).alias("t_launch_us"),
+        pl.lit("p2p link").alias("bound"),
+        pl.when(one).then(pl.lit("vllm custom_ar 1-stage"))
+        .otherwise(pl.lit("vllm custom_ar 2-stage")).alias("config"),
+        pl.lit(None, pl.String).alias("why"),
+    ).drop("_bw", "_mesh", "_alpha", "_skew", "_dram")
+
+
 #: the op table's columns when no deployment is feasible
 _OPS_SCHEMA = {"dep": pl.Int64, "phase": pl.String, "point": pl.Int32, "op_name": pl.String,
                "part": pl.String, "order": pl.Int32, "mult": pl.Int64, "family": pl.String,
@@ -173,7 +238,7 @@ def _roofline_family(fam: str, keys: pl.DataFrame, hw_specs: dict | None) -> pl.
     from tsbatch.collectives.systems import get_system
     from tsbatch.hw import get_hw
 
-    if fam == "collective":
+    if fam in ("collective", "custom_ar"):
         names = keys["comm_system"].unique().to_list()
         bw = pl.DataFrame({"comm_system": names, "_bw": [
             get_system(n).link_bw_gbps("nvlink" if get_system(n).nvlink is not None else "pcie")
