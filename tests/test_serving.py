@@ -438,3 +438,31 @@ def test_issue35e_custom_all_reduce_cost_by_hand():
     body = nccl["t_kernel_us"] - s.cal("launch_overhead_us")
     assert one("dgx_h100", 4, 256 << 10)[0]["t_kernel_us"] < body
 
+
+# ------------------------------------------------------------------ FP8 activation quantization
+def test_issue35e_fp8_gemm_inputs_are_quantized_first():
+    m, h, ffn = 16, 4096, 14336
+    bf = _ops("meta-llama/Llama-3.1-8B", 1)
+    assert not any(k.endswith(("_absmax", "_quant")) for k in bf)
+    ops = _ops("meta-llama/Llama-3.1-8B", 1, weights="fp8")
+    for gemm, k in (("qkv_proj", h), ("o_proj", 32 * 128), ("gate_up_proj", h),
+                    ("down_proj", ffn)):
+        a, q = ops[f"{gemm}_absmax"], ops[f"{gemm}_quant"]
+        assert (a["family"], a["rows"], a["mult"]) == ("rowwise", m, 32)
+        assert a["op_bytes"] == 2 * m * k and q["op_bytes"] == 3 * m * k, gemm
+        assert a["order"] < q["order"] < ops[gemm]["order"]
+        assert ops[gemm]["dtype"] == "float8"
+    # the LM head stays in bf16: nothing to quantize
+    assert "lm_head_quant" not in ops and ops["lm_head"]["dtype"] == "bfloat16"
+    moe = _ops("mistralai/Mixtral-8x7B-v0.1", 1, weights="fp8")
+    assert moe["moe_gate_up_quant"]["rows"] == m and moe["moe_gate_up_quant"]["op_bytes"] == 3 * m * h
+    assert moe["moe_down_quant"]["rows"] == m * 2
+    assert moe["moe_down_quant"]["op_bytes"] == 3 * m * 2 * ffn
+    assert "router_quant" not in moe
+    # the quantization passes cost time: an FP8 step is slower than its GEMMs alone
+    dep = pl.DataFrame({"model": ["meta-llama/Llama-3.1-8B"], "system": ["h100"], "batch": [8],
+                        "prompt_len": [512], "output_len": [8], "weights": ["fp8"]})
+    res, op = predict(dep, return_ops=True)
+    qt = op.filter(pl.col("op_name").str.ends_with("_quant") | pl.col("op_name").str.ends_with(
+        "_absmax"))
+    assert qt.height > 0 and (qt["t_us"] > 0).all()

@@ -119,7 +119,29 @@ def _gemm(name, n, k, *, when=None, mult=n_all, kinds=tok_kinds, mm=None, part="
     return dict(name=name, family="gemm", kinds=kinds, when=when, mult=mult, part=part,
                 cols={"m": mm, "n": n, "k": k, "dtype": dt, "impl": c("gemm")},
                 flops=2.0 * mm * n * k,
-                bytes=(mm * k * 2.0 + k * n * b + mm * n * 2.0))
+                bytes=(mm * k * 2.0 + k * n * b + mm * n * 2.0),
+                quant_in=None if bf16 else (mm, k))
+
+
+def _fp8_quant(od: dict) -> list[dict]:
+    """The activation quantization before an FP8 GEMM (vLLM's Fp8LinearMethod with
+    dynamic per-tensor activation scales: ``scaled_fp8_quant(x, None)`` runs two kernels,
+    a max-abs reduction over the whole bf16 input, then the scaled conversion to FP8).
+    Rowwise passes of the same bytes (proxies, like RoPE's): the reduction reads 2 bytes
+    an element (``silu_mul`` of width k/3: reads 2 x, writes 1 x of that width, 6 bytes),
+    the conversion reads 2 and writes 1 (width k/2). Counted unfused: vLLM's compile pass
+    fuses a quantization into the RMSNorm before it only for static scales."""
+    rows, k = od["quant_in"]
+    fp8 = c("weights") == "fp8"
+    when = fp8 if od["when"] is None else (od["when"] & fp8)
+    out = []
+    for suffix, width, per in (("absmax", _cdiv(k, 3), 2.0), ("quant", _cdiv(k, 2), 3.0)):
+        r = _row(f"{od['name']}_{suffix}", "silu_mul", rows, width, when=when, mult=od["mult"],
+                 kinds=od["kinds"], part=od["part"])
+        r["flops"] = 2.0 * rows * k
+        r["bytes"] = per * rows * k
+        out.append(r)
+    return out
 
 
 def _row(name, op, rows, hidden, *, residual=False, when=None, mult=n_all, kinds=tok_kinds,
@@ -260,7 +282,9 @@ def op_defs() -> list[dict]:
             cols={"tokens": moe_tok, "experts": e_l, "top_k": k_l, "hidden": h, "ffn": moe_ffn,
                   "proj": pl.lit(proj), "dtype": wdt},
             flops=2.0 * moe_tok * k_l * n_ * k_,
-            bytes=e_l * n_ * k_ * wb + moe_tok * k_l * (n_ + k_) * 2.0))
+            bytes=e_l * n_ * k_ * wb + moe_tok * k_l * (n_ + k_) * 2.0,
+            # fused_moe quantizes its input (a1: the tokens) and the intermediate (a2)
+            quant_in=(moe_tok, h) if proj == "gate_up" else (moe_tok * k_l, moe_ffn)))
         if proj == "gate_up":
             ops.append(_row("moe_silu_mul", "silu_mul", moe_tok * k_l, moe_ffn, mult=n_moe,
                             when=n_moe > 0))
@@ -291,7 +315,15 @@ def op_defs() -> list[dict]:
         _row("sampler", "softmax", c("reqs"), c("vocab"), mult=pl.lit(1),
              kinds=("tail", "decode"), dtype="float32", part="tail"),
     ]
-    return ops
+    # FP8 weights: each FP8 GEMM's (and fused-MoE projection's) bf16 input is quantized first
+    out = []
+    for od in ops:
+        if od["name"] in ("q_absorb", "v_absorb"):  # MLA's absorbed products: bf16 BMMs
+            od = {**od, "quant_in": None}
+        if od.get("quant_in") is not None:
+            out += _fp8_quant(od)
+        out.append(od)
+    return out
 
 
 #: deployment columns the ops read (with the phase): a point's op rows depend on these and
