@@ -466,3 +466,13 @@ def test_issue35e_fp8_gemm_inputs_are_quantized_first():
     qt = op.filter(pl.col("op_name").str.ends_with("_quant") | pl.col("op_name").str.ends_with(
         "_absmax"))
     assert qt.height > 0 and (qt["t_us"] > 0).all()
+
+
+def test_issue35e_default_token_budget_follows_vllms_gpu_rule():
+    # vLLM's LLM class: 16,384 tokens a step on GPUs of >= 70 GiB other than the A100,
+    # 8,192 on the others; an explicit chunk_tokens wins
+    dep = resolve(pl.DataFrame({"model": ["meta-llama/Llama-3.1-8B"] * 5,
+                                "system": ["h100", "a100", "l40s", "h200", "a100"],
+                                "batch": [1] * 5, "prompt_len": [512] * 5,
+                                "output_len": [8] * 5, "chunk_tokens": [0, 0, 0, 0, 4096]}))
+    assert dep["chunk_tokens"].to_list() == [16384, 8192, 8192, 16384, 4096]

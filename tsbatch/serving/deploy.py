@@ -189,10 +189,13 @@ def resolve(df) -> pl.DataFrame:
     gt = pl.DataFrame({"gpu": gpus,
                        "gpu_mem": [float(get_hw(g).dram_bytes) for g in gpus],
                        "hopper": [get_hw(g).arch == "hopper" for g in gpus],
+                       # vLLM's larger default token budget: >= 70 GiB and not an A100
+                       "big_budget": [get_hw(g).dram_bytes >= 70 * 2**30
+                                      and not g.startswith("a100") for g in gpus],
                        "kernel_launch_us": [get_hw(g).launch_us for g in gpus]})
     engs = df["engine"].unique().to_list()
     keys = ("gemm", "gap_prefill_us", "gap_decode_us", "step_prefill_us", "step_decode_us",
-            "chunk_tokens", "decode_points", "custom_ar_max_bytes")
+            "chunk_tokens", "chunk_tokens_small", "decode_points", "custom_ar_max_bytes")
     et = pl.DataFrame([{"engine": e, **{("engine_chunk" if k == "chunk_tokens" else k):
                                         engine_profile(e).get(k, 0) for k in keys}}
                        for e in engs])
@@ -200,10 +203,12 @@ def resolve(df) -> pl.DataFrame:
           .join(gt, on="gpu", how="left").join(et, on="engine", how="left"))
     df = df.with_columns(
         pl.when(pl.col("chunk_tokens") > 0).then(pl.col("chunk_tokens"))
-        .otherwise(pl.col("engine_chunk")).alias("chunk_tokens"),
+        .when(pl.col("big_budget") | (pl.col("chunk_tokens_small") <= 0))
+        .then(pl.col("engine_chunk"))
+        .otherwise(pl.col("chunk_tokens_small")).alias("chunk_tokens"),
         (pl.col("tp") * pl.col("pp")).alias("gpus_per_replica"),
         (pl.col("tp") * pl.col("pp") * pl.col("dp")).alias("gpus"),
-    ).drop("engine_chunk")
+    ).drop("engine_chunk", "chunk_tokens_small", "big_budget")
     return df.with_columns(_feasibility(df)).sort("dep")
 
 
