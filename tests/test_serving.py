@@ -476,3 +476,32 @@ def test_issue35e_default_token_budget_follows_vllms_gpu_rule():
                                 "batch": [1] * 5, "prompt_len": [512] * 5,
                                 "output_len": [8] * 5, "chunk_tokens": [0, 0, 0, 0, 4096]}))
     assert dep["chunk_tokens"].to_list() == [16384, 8192, 8192, 16384, 4096]
+
+
+def test_issue35e_unequal_prompts_cost_their_sum_of_squares():
+    # 16 prompts of mean 2,197 tokens whose squares sum to 1.157 x 16 x 2,197^2: prefill
+    # attention runs as 14 prompts of 2,542 tokens (same tokens, same causal work)
+    base = {"model": ["meta-llama/Llama-3.1-8B"] * 2, "system": ["h100"] * 2, "batch": [16, 16],
+            "prompt_len": [2197, 2197], "output_len": [8, 8]}
+    rms = round(2197 * 1.157 ** 0.5)
+    dep = resolve(pl.DataFrame({**base, "prompt_len_rms": [0, rms]}))
+    from tsbatch.serving.ops import points
+
+    a = points(dep).filter(pl.col("kind") == "attn").sort("dep")
+    assert a["reqs"].to_list() == [16, 14] and a["seq"].to_list() == [2197, 2542]
+    assert a["m"].to_list() == [16 * 2197] * 2
+    r = predict(pl.DataFrame({**base, "prompt_len_rms": [0, rms]}), return_ops=True)
+    res, ops = r
+    att = ops.filter((pl.col("phase") == "prefill") & (pl.col("op_name") == "attention"))
+    t = att.sort("dep")["t_us"].to_list()
+    assert t[1] > t[0]  # more causal work
+    # the linear ops and the decode step do not depend on how the tokens are split
+    lin = ops.filter((pl.col("phase") == "prefill") & (pl.col("op_name") == "qkv_proj"))
+    assert lin.filter(pl.col("dep") == 0)["t_us"].to_list() == \
+        lin.filter(pl.col("dep") == 1)["t_us"].to_list()
+    assert res["decode_step_ms"][0] == pytest.approx(res["decode_step_ms"][1])
+    assert res["prefill_ms"][1] > res["prefill_ms"][0]
+    with pytest.raises(InputError, match="prompt_len_rms"):
+        predict(pl.DataFrame({**base, "prompt_len_rms": [2000, 0]}))  # below the mean
+    with pytest.raises(InputError, match="prompt_len_rms"):
+        predict(pl.DataFrame({**base, "prompt_len_rms": [2197 * 5, 0]}))  # over mean x sqrt(16)

@@ -65,6 +65,8 @@ def load_e2e(path) -> pl.DataFrame:
     sysmap = {(g, n): system_for(g, n) for g, n in df.select("gpu", "gpus_per_node").unique()
               .iter_rows()}
     systems = [sysmap[(g, n)] for g, n in zip(df["gpu"], df["gpus_per_node"])]
+    if "prompt_len_rms" not in df.columns:  # per-request prompt lengths not recorded
+        df = df.with_columns(pl.lit(0, pl.Int64).alias("prompt_len_rms"))
     return df.with_columns(
         pl.Series("system", systems, dtype=pl.String),
         (pl.col("prompt_tokens") // pl.col("batch")).alias("prompt_len"),
@@ -127,7 +129,7 @@ def fit_engine(rows: pl.DataFrame) -> dict:
     from tsbatch.serving.predict import predict_ops
 
     dep = resolve(rows.select("model", "system", "tp", "pp", "batch", "prompt_len",
-                              "output_len", "engine", "weights"))
+                              "prompt_len_rms", "output_len", "engine", "weights"))
     dep = dep.with_columns(pl.lit(0.0).alias(k) for k in
                            ("gap_prefill_us", "gap_decode_us", "step_prefill_us",
                             "step_decode_us"))
@@ -162,7 +164,7 @@ def predict_rows(rows: pl.DataFrame, constants: dict | None = None) -> pl.DataFr
     from tsbatch.serving.predict import compose, predict_ops
 
     dep = resolve(rows.select("model", "system", "tp", "pp", "batch", "prompt_len",
-                              "output_len", "engine", "weights"))
+                              "prompt_len_rms", "output_len", "engine", "weights"))
     if constants:
         dep = dep.with_columns(pl.lit(float(v)).alias(k) for k, v in constants.items())
     return compose(dep, predict_ops(dep, detail=False)).sort("dep")

@@ -39,6 +39,9 @@ DEPLOYMENT_COLUMNS = {
     "prompt_len": (pl.Int64, None, "mean prompt tokens per request"),
     "output_len": (pl.Int64, None, "tokens generated per request"),
     "chunk_tokens": (pl.Int64, 0, "prefill token budget per step (0: the engine's)"),
+    "prompt_len_rms": (pl.Int64, 0, "root mean square of the prompt lengths when they differ "
+                       "(prefill attention's causal work grows with the sum of their squares); "
+                       "0: every prompt is prompt_len long"),
 }
 _POSITIVE = ("tp", "pp", "ep", "dp", "batch", "prompt_len", "output_len")
 WEIGHTS = {"bf16": "bfloat16", "fp8": "float8"}
@@ -162,6 +165,16 @@ def check_table(df) -> pl.DataFrame:
             raise InputError(f"column {c!r} must be positive, got {df[c][i]} (row {i})")
     if (df["chunk_tokens"] < 0).any():
         raise InputError("column 'chunk_tokens' must be 0 (the engine's) or positive")
+    rms = df["prompt_len_rms"]
+    # a root mean square is at least the mean, and at most the mean x sqrt(batch) (one
+    # request holding every token)
+    bad = (rms != 0) & ((rms < df["prompt_len"])
+                        | (rms.cast(pl.Float64) > df["prompt_len"] * df["batch"].sqrt() + 1))
+    if bad.any():
+        i = int(bad.arg_max())
+        raise InputError(f"column 'prompt_len_rms' must be 0 or between prompt_len and "
+                         f"prompt_len x sqrt(batch), got {rms[i]} (row {i}: prompt_len "
+                         f"{df['prompt_len'][i]}, batch {df['batch'][i]})")
     for c, ok in (("weights", WEIGHTS), ("engine", engine_profiles())):
         bad = ~df[c].is_in(list(ok))
         if bad.any():

@@ -67,10 +67,17 @@ def points(dep: pl.DataFrame) -> pl.DataFrame:
                                   c("prompt_len").alias("seq"), pl.lit(0).alias("ctx"),
                                   pl.lit(1).alias("count"), pl.lit(1.0).alias("weight"))
     rest = rest.filter(c("m") > 0)
+    # prefill attention over prompts of unequal lengths (prompt_len_rms > 0): the equal-length
+    # batch with the same tokens and the same sum of squared lengths (causal work), n / s
+    # requests of prompt_len x s tokens, s = (rms / mean)^2
+    spread = pl.when(c("prompt_len_rms") > 0).then(
+        (c("prompt_len_rms").cast(pl.Float64) / c("prompt_len")) ** 2).otherwise(1.0)
     attn = d.select(*base, pl.lit("prefill").alias("phase"), pl.lit(2).alias("point"),
-                    pl.lit("attn").alias("kind"), (T).alias("m"), c("batch").alias("reqs"),
-                    c("prompt_len").alias("seq"), pl.lit(0).alias("ctx"), pl.lit(1).alias("count"),
-                    pl.lit(1.0).alias("weight"))
+                    pl.lit("attn").alias("kind"), (T).alias("m"),
+                    pl.max_horizontal((c("batch") / spread).round(0), pl.lit(1.0))
+                    .cast(pl.Int64).alias("reqs"),
+                    (c("prompt_len") * spread).round(0).cast(pl.Int64).alias("seq"),
+                    pl.lit(0).alias("ctx"), pl.lit(1).alias("count"), pl.lit(1.0).alias("weight"))
     tail = d.select(*base, pl.lit("prefill").alias("phase"), pl.lit(3).alias("point"),
                     pl.lit("tail").alias("kind"), c("batch").alias("m"), c("batch").alias("reqs"),
                     c("prompt_len").alias("seq"), pl.lit(0).alias("ctx"), pl.lit(1).alias("count"),
