@@ -505,3 +505,31 @@ def test_issue35e_unequal_prompts_cost_their_sum_of_squares():
         predict(pl.DataFrame({**base, "prompt_len_rms": [2000, 0]}))  # below the mean
     with pytest.raises(InputError, match="prompt_len_rms"):
         predict(pl.DataFrame({**base, "prompt_len_rms": [2197 * 5, 0]}))  # over mean x sqrt(16)
+
+
+def test_issue35e_pp_prefill_steps_pipeline_through_the_stages():
+    from tsbatch.serving.predict import point_sums, step_points
+
+    base = {"model": ["meta-llama/Llama-3.1-8B"] * 3, "system": ["dgx_h100"] * 3,
+            "tp": [1, 1, 1], "batch": [16, 16, 16], "prompt_len": [4000] * 3,
+            "output_len": [8] * 3}
+    # 64,000 prompt tokens: 4 steps of 16,384 tokens (the last shorter); one step of 64,000
+    df = pl.DataFrame({**base, "pp": [1, 2, 2], "chunk_tokens": [0, 0, 64000]})
+    res, ops = predict(df, return_ops=True)
+    dep = resolve(df)
+    p = step_points(dep).join(point_sums(ops), on=["dep", "phase", "point"]).filter(
+        pl.col("phase") == "prefill")
+    for d, pp in ((1, 2), (2, 2)):
+        q = p.filter(pl.col("dep") == d)
+        work = (q["t_ops_us"] * q["count"]).sum()
+        tok = q.filter(pl.col("steps") > 0)
+        lin = (tok["t_ops_us"] * tok["count"]).sum()
+        longest = tok["t_ops_us"].max() * work / lin
+        assert res["prefill_ms"][d] * 1e3 == pytest.approx(work / pp + (pp - 1) / pp * longest)
+        if tok["count"].sum() == 1:  # one step: nothing to overlap, the plain sum
+            assert res["prefill_ms"][d] * 1e3 == pytest.approx(work)
+    q = p.filter(pl.col("dep") == 1)
+    assert res["prefill_ms"][1] * 1e3 < (q["t_ops_us"] * q["count"]).sum()  # steps overlap
+    # PP 1: the plain sum of the steps
+    q = p.filter(pl.col("dep") == 0)
+    assert res["prefill_ms"][0] * 1e3 == pytest.approx((q["t_ops_us"] * q["count"]).sum())

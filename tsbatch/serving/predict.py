@@ -357,9 +357,19 @@ def step_points(dep: pl.DataFrame) -> pl.DataFrame:
 def compose(dep: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     """Per deployment: prefill, decode and total times, throughput (vectorized)."""
     p = step_points(dep).join(point_sums(ops), on=["dep", "phase", "point"], how="left").join(
-        dep.select("dep", "step_prefill_us", "step_decode_us", "decode_points"), on="dep")
+        dep.select("dep", "step_prefill_us", "step_decode_us", "decode_points", "pp"), on="dep")
+    # PP: the prefill's steps (token-budget chunks) flow through the stages as micro-batches
+    # (vLLM V1 keeps up to pp batches in flight): each stage does 1/pp of every step's work,
+    # and the pipeline's fill and drain add (pp - 1) stage times of the longest step. The
+    # attention and the LM head (points of their own) are shared among the steps in
+    # proportion to their linear work. With one step, or pp 1, this is the plain sum.
+    pp = c("pp").first().cast(pl.Float64)
+    work = (c("t_ops_us") * c("count")).sum()
+    lin = (c("t_ops_us") * c("count")).filter(c("steps") > 0).sum()
+    longest = (c("t_ops_us").filter(c("steps") > 0).max().fill_null(0.0)
+               * pl.when(lin > 0).then(work / lin).otherwise(1.0))
     pre = p.filter(c("phase") == "prefill").group_by("dep").agg(
-        ((c("t_ops_us") * c("count")).sum()
+        (work / pp + (pp - 1) / pp * longest
          + (c("count") * c("steps") * c("step_prefill_us")).sum()).alias("prefill_us"),
         c("missing").any().alias("m1"), c("missing_op").drop_nulls().first().alias("o1"))
     d = p.filter(c("phase") == "decode").with_columns(
