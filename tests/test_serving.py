@@ -501,6 +501,10 @@ def test_issue35e_unequal_prompts_cost_their_sum_of_squares():
         lin.filter(pl.col("dep") == 1)["t_us"].to_list()
     assert res["decode_step_ms"][0] == pytest.approx(res["decode_step_ms"][1])
     assert res["prefill_ms"][1] > res["prefill_ms"][0]
+    # the explanation (and `tsbatch serve explain --prompt-len-rms`) takes it too
+    e = explain_deployment("meta-llama/Llama-3.1-8B", "h100", batch=16, prompt_len=2197,
+                           output_len=8, prompt_len_rms=rms)
+    assert e.result["prefill_ms"] == pytest.approx(res["prefill_ms"][1])
     with pytest.raises(InputError, match="prompt_len_rms"):
         predict(pl.DataFrame({**base, "prompt_len_rms": [2000, 0]}))  # below the mean
     with pytest.raises(InputError, match="prompt_len_rms"):

@@ -105,11 +105,12 @@ class ServingExplanation:
 
 def explain_deployment(model, system, *, tp=1, pp=1, ep=1, dp=1, weights="bf16",
                        engine="vllm", batch=1, prompt_len=1024, output_len=128,
-                       chunk_tokens=0) -> ServingExplanation:
+                       chunk_tokens=0, prompt_len_rms=0) -> ServingExplanation:
     """Predict one deployment and keep its per-op breakdown."""
     row = dict(model=[str(model)], system=[str(system)], tp=[tp], pp=[pp], ep=[ep], dp=[dp],
                weights=[weights], engine=[engine], batch=[batch], prompt_len=[prompt_len],
-               output_len=[output_len], chunk_tokens=[chunk_tokens])
+               output_len=[output_len], chunk_tokens=[chunk_tokens],
+               prompt_len_rms=[prompt_len_rms])
     res, ops = predict(pl.DataFrame(row), return_ops=True)
     from tsbatch.serving.deploy import resolve
     from tsbatch.serving.predict import step_points

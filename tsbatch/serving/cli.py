@@ -25,7 +25,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                                   "(tsbatch serve models lists the shipped ones)")
     e.add_argument("--system", required=True, help="hw/systems name or a GPU (tsbatch hw)")
     for k, d in (("tp", 1), ("pp", 1), ("ep", 1), ("dp", 1), ("batch", 1),
-                 ("prompt-len", 1024), ("output-len", 128), ("chunk-tokens", 0)):
+                 ("prompt-len", 1024), ("output-len", 128), ("chunk-tokens", 0),
+                 ("prompt-len-rms", 0)):
         e.add_argument(f"--{k}", type=int, default=d)
     e.add_argument("--weights", default="bf16", help="bf16 or fp8")
     e.add_argument("--engine", default="vllm", help="engine profile: vllm or tuned")
@@ -56,7 +57,8 @@ def _explain(args) -> int:
     e = explain_deployment(args.model, args.system, tp=args.tp, pp=args.pp, ep=args.ep,
                            dp=args.dp, weights=args.weights, engine=args.engine,
                            batch=args.batch, prompt_len=args.prompt_len,
-                           output_len=args.output_len, chunk_tokens=args.chunk_tokens)
+                           output_len=args.output_len, chunk_tokens=args.chunk_tokens,
+                           prompt_len_rms=args.prompt_len_rms)
     print(e)
     if args.png and e.result["feasible"]:
         print(f"wrote {e.plot(args.png)}")
