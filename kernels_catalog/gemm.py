@@ -104,7 +104,8 @@ COLUMNS = (
            "col (along M), zorder, persistent (grouped order, one program per slot)",
            required=False, default="grouped", choices=tuple(ORDER_NAMES)),
     Column("split_k", "int", "splits of the reduction across blocks (partials reduced "
-           "with fp32 atomics)", required=False, default=1, positive=True),
+           "with fp32 atomics; a library row's partials, when they fit the library's "
+           "workspace, by a second reduction kernel)", required=False, default=1, positive=True),
     Column("triton_version", "str", "Triton release the kernels are compiled with "
            "(major.minor, e.g. '3.1'; a patch or local suffix is ignored); it selects the "
            "code generation where releases differ: before 3.3 a TF32 operand that is "
@@ -178,6 +179,16 @@ LIBRARY_TILES["cdna2"] = LIBRARY_TILES["ampere"]
 #: swizzle row (as the FP8 tiles' K = 128 below). A library row of 4-byte
 #: elements (float32, IEEE or TF32) takes ``block_k * LIBRARY_TILE_BYTES / 4``.
 LIBRARY_TILE_BYTES = 2
+
+#: The library's workspace per architecture (bytes): cuBLAS's documented
+#: recommendation for ``cublasSetWorkspace`` / the cuBLASLt preference, which
+#: PyTorch follows (4 MiB before Hopper, 32 MiB from Hopper on; PyTorch PR
+#: #120925). A split-K call whose ``split_k`` fp32 partial C's fit in it
+#: reduces them with a second kernel (:func:`_library_split_reduction`); a
+#: larger one cannot keep its partials there and reduces in place, priced as
+#: the tiles' own read-modify-write of C (the epilogue of every split-K row).
+LIBRARY_WORKSPACE_BYTES = {"ampere": 4 << 20, "cdna2": 4 << 20, "hopper": 32 << 20,
+                           "blackwell": 32 << 20}
 
 #: Library tile catalog for float8 rows, per architecture (same tuple layout).
 #: Hopper FP8 GEMMs (cuBLASLt's sm90 e4m3/e5m2 kernels, CUTLASS 3.x
@@ -973,6 +984,7 @@ def lower(cols: dict, hw) -> TilePlan:
 
     cyc = 1.0 / clock_mhz
     path_code = np.where(use_wgmma, 2, on_tc.astype(np.int64))
+    post = _library_split_reduction(hw, lib, split, m, n, ob_tab[dcode], rate[:, R_DRAM], rate[:, R_L2])
     group = clamp_group(group, g0)
     return TilePlan(
         g0=g0, g1=g1, g2=split, order=order, group=group, ksteps=ksteps,
@@ -998,8 +1010,33 @@ def lower(cols: dict, hw) -> TilePlan:
             "mma_path": np.array(["fma", "mma_sync", "wgmma"], dtype=object)[path_code],
             "register_spill": spill,
             "tiles": tiles,
+            **({"post_us": post} if post is not None else {}),
         },
     )
+
+
+def _library_split_reduction(hw, lib, split, m, n, ob, dram_rate, l2_rate):
+    """Per-row time (us) of a library split-K call's second kernel, 0 elsewhere;
+    None when no row has one.
+
+    cuBLASLt reduces split-K partials outside the GEMM kernel unless it asks for
+    in-place reduction (``cublasLtReductionScheme_t``: COMPUTE_TYPE / OUTPUT_TYPE
+    keep the partials in the workspace, the reason the library asks for 4 MiB on
+    Ampere and 32 MiB on Hopper), and CUTLASS's parallel split-K is the GEMM
+    kernel writing ``split_k`` partial C's followed by a reduction kernel
+    (``cutlass::reduction::kernel::ReduceSplitK``). That kernel is a second
+    launch in the same stream: its launch-to-start latency (``[launch]
+    launch_overhead_us``, the spec value, not the harness floor of the first
+    kernel), one memory latency, and a stream over the ``split_k`` fp32
+    partials read and C written at the DRAM rate.
+    """
+    mn = m.astype(np.float64) * n
+    ws = LIBRARY_WORKSPACE_BYTES.get(hw.arch, LIBRARY_WORKSPACE_BYTES["ampere"])
+    sel = lib & (split > 1) & (split * 4.0 * mn <= ws)
+    if not sel.any():
+        return None
+    return np.where(sel, float(hw.launch_overhead_us) + hw.cal("mem_latency_us")
+                    + split * 4.0 * mn / l2_rate + ob * mn / dram_rate, 0.0)
 
 
 def _fma_chain(hw, mma, spill, smem_block, regs, threads, warps, flops_iter, fp32_rate,
