@@ -513,6 +513,14 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         # (AccelerateMatmul.cpp, warpsPerTileV3), so 8 warps on a 64-row tile still
         # issue wgmma, as two warpgroups side by side along N
         wg = wgmma_ok and tc and w >= wgmma_min and w % 4 == 0 and bmi % 64 == 0
+        # global loads vectorized to the alignment of the operand rows' starts
+        # (vector_bytes): Triton's, and the library's too, whose kernels come in
+        # operand alignments of 16 bytes down to one element (CUTLASS generates
+        # each tile at several, e.g. alignment_constraints = [8, 4, 2] for the
+        # sm80 16-bit tensor-op list, [4, 2, 1] for TF32) and are picked by the
+        # alignment the leading dimensions allow
+        va = vector_bytes(k[i] if a_rm[i] else m[i], eb)
+        vb = vector_bytes(n[i] if b_rm[i] else k[i], eb)
         if wg and lib[i] and dcode[i] == f32_code and not a_rm[i] and b_rm[i]:
             # library TF32 with both operands M/N-contiguous (A column-major, B
             # row-major): wgmma reads 32-bit operands from shared memory K-major only
@@ -539,12 +547,9 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         # Triton pipelines a load only from 32 bits a thread (cp.async moves 4,
         # 8 or 16 bytes; AssignLatencies.cpp isSmallLoad): an operand whose rows
         # start at a 2-byte alignment (a 16-bit operand with an odd leading
-        # dimension) is loaded into registers inside the iteration that uses it
-        va = 16
-        vb = 16
-        if not lib[i]:
-            va = vector_bytes(k[i] if a_rm[i] else m[i], eb)
-            vb = vector_bytes(n[i] if b_rm[i] else k[i], eb)
+        # dimension) is loaded into registers inside the iteration that uses it;
+        # so is the library's (no cp.async of 2 bytes: CUTLASS's alignment-1
+        # 16-bit kernels stage through registers)
         a_sync = va < 4
         b_sync = vb < 4
         if (a_sync or b_sync) and not staged:
@@ -1030,6 +1035,8 @@ def _library_split_reduction(hw, lib, split, m, n, ob, dram_rate, l2_rate):
     kernel), one memory latency, and a stream over the ``split_k`` fp32
     partials read and C written at the DRAM rate.
     """
+    if not lib.any():
+        return None
     mn = m.astype(np.float64) * n
     ws = LIBRARY_WORKSPACE_BYTES.get(hw.arch, LIBRARY_WORKSPACE_BYTES["ampere"])
     sel = lib & (split > 1) & (split * 4.0 * mn <= ws)
