@@ -953,6 +953,13 @@ def lower(cols: dict, hw) -> TilePlan:
                 _DTYPE_CODE["float16"], scode, b8(fast), lib, hw.mma == "wgmma", b8(staged_mn),
                 pipe_stages, copy_smem, sms), even_bounds(rows))
 
+    lse = hw.cal("library_store_efficiency")
+    if lse != 1.0 and lib.any():
+        # the library's tensor-core kernels write C at their own share of the
+        # DRAM rate (hw.py CALIBRATION_DEFAULTS; its SIMT SGEMM at the full one)
+        lst = lib & on_tc
+        work_epi[lst, R_DRAM] /= lse
+
     # power-limited tensor clock: tc_efficiency is the sustained share of the
     # tensor-core peak when every SM issues MMAs (the ceiling of measured GEMM
     # throughput: the chip holds its power limit by lowering the clock). Dynamic

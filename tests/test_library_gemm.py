@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 
 from kernels_catalog import gemm
-from tsbatch.kernels.envelope import R_SMEM
+from tsbatch.kernels.envelope import R_DRAM, R_SMEM
 from tsbatch.engine.evaluate import evaluate
 from tsbatch.hw import get_hw
 from tsbatch.boundary.schema import validate
@@ -199,3 +199,31 @@ def test_library_operand_alignment(hw):
     assert aligned.stages[0] == 4 and four.stages[0] == 4
     assert odd.stages[0] == 1
     assert odd.work_iter[0, R_SMEM] > four.work_iter[0, R_SMEM] > aligned.work_iter[0, R_SMEM]
+
+
+def test_library_store_efficiency():
+    """A library tensor-core row's C store moves its DRAM bytes at
+    library_store_efficiency of the DRAM rate (its epilogue DRAM work divided by
+    it); the library's SIMT SGEMM (IEEE FP32) and Triton rows store as before."""
+    import dataclasses
+
+    spec = get_hw("a100")
+    assert spec.cal("library_store_efficiency") < 1.0  # a100.toml declares it
+    unit = dataclasses.replace(spec, calibration={**spec.calibration,
+                                                  "library_store_efficiency": 1.0})
+    tile = dict(m=8192, n=8192, k=8, block_m=128, block_n=128, block_k=32, num_stages=4,
+                num_warps=4, split_k=1, a_row_major=True, b_row_major=True)
+
+    def epi(hw, backend, dtype, tf32):
+        row = dict(tile, dtype=dtype, tf32=tf32)
+        cols, _ = validate(pl.DataFrame([row]), gemm.FAMILY)
+        cols = dict(cols)
+        cols["backend"] = np.array([backend], dtype=object)
+        return gemm.lower(cols, hw).work_epi[0, R_DRAM]
+
+    lse = spec.cal("library_store_efficiency")
+    for dtype, tf32 in (("float16", False), ("bfloat16", False), ("float32", True)):
+        assert epi(spec, "cublas", dtype, tf32) == pytest.approx(
+            epi(unit, "cublas", dtype, tf32) / lse, rel=1e-12)
+        assert epi(spec, "triton", dtype, tf32) == epi(unit, "triton", dtype, tf32)
+    assert epi(spec, "cublas", "float32", False) == epi(unit, "cublas", "float32", False)
