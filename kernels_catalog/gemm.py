@@ -104,7 +104,8 @@ COLUMNS = (
            "col (along M), zorder, persistent (grouped order, one program per slot)",
            required=False, default="grouped", choices=tuple(ORDER_NAMES)),
     Column("split_k", "int", "splits of the reduction across blocks (partials reduced "
-           "with fp32 atomics)", required=False, default=1, positive=True),
+           "with fp32 atomics; a library row's partials, when they fit the library's "
+           "workspace, by a second reduction kernel)", required=False, default=1, positive=True),
     Column("triton_version", "str", "Triton release the kernels are compiled with "
            "(major.minor, e.g. '3.1'; a patch or local suffix is ignored); it selects the "
            "code generation where releases differ: before 3.3 a TF32 operand that is "
@@ -178,6 +179,16 @@ LIBRARY_TILES["cdna2"] = LIBRARY_TILES["ampere"]
 #: swizzle row (as the FP8 tiles' K = 128 below). A library row of 4-byte
 #: elements (float32, IEEE or TF32) takes ``block_k * LIBRARY_TILE_BYTES / 4``.
 LIBRARY_TILE_BYTES = 2
+
+#: The library's workspace per architecture (bytes): cuBLAS's documented
+#: recommendation for ``cublasSetWorkspace`` / the cuBLASLt preference, which
+#: PyTorch follows (4 MiB before Hopper, 32 MiB from Hopper on; PyTorch PR
+#: #120925). A split-K call whose ``split_k`` fp32 partial C's fit in it
+#: reduces them with a second kernel (:func:`_library_split_reduction`); a
+#: larger one cannot keep its partials there and reduces in place, priced as
+#: the tiles' own read-modify-write of C (the epilogue of every split-K row).
+LIBRARY_WORKSPACE_BYTES = {"ampere": 4 << 20, "cdna2": 4 << 20, "hopper": 32 << 20,
+                           "blackwell": 32 << 20}
 
 #: Library tile catalog for float8 rows, per architecture (same tuple layout).
 #: Hopper FP8 GEMMs (cuBLASLt's sm90 e4m3/e5m2 kernels, CUTLASS 3.x
@@ -502,6 +513,14 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         # (AccelerateMatmul.cpp, warpsPerTileV3), so 8 warps on a 64-row tile still
         # issue wgmma, as two warpgroups side by side along N
         wg = wgmma_ok and tc and w >= wgmma_min and w % 4 == 0 and bmi % 64 == 0
+        # global loads vectorized to the alignment of the operand rows' starts
+        # (vector_bytes): Triton's, and the library's too, whose kernels come in
+        # operand alignments of 16 bytes down to one element (CUTLASS generates
+        # each tile at several, e.g. alignment_constraints = [8, 4, 2] for the
+        # sm80 16-bit tensor-op list, [4, 2, 1] for TF32) and are picked by the
+        # alignment the leading dimensions allow
+        va = vector_bytes(k[i] if a_rm[i] else m[i], eb)
+        vb = vector_bytes(n[i] if b_rm[i] else k[i], eb)
         if wg and lib[i] and dcode[i] == f32_code and not a_rm[i] and b_rm[i]:
             # library TF32 with both operands M/N-contiguous (A column-major, B
             # row-major): wgmma reads 32-bit operands from shared memory K-major only
@@ -528,12 +547,9 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         # Triton pipelines a load only from 32 bits a thread (cp.async moves 4,
         # 8 or 16 bytes; AssignLatencies.cpp isSmallLoad): an operand whose rows
         # start at a 2-byte alignment (a 16-bit operand with an odd leading
-        # dimension) is loaded into registers inside the iteration that uses it
-        va = 16
-        vb = 16
-        if not lib[i]:
-            va = vector_bytes(k[i] if a_rm[i] else m[i], eb)
-            vb = vector_bytes(n[i] if b_rm[i] else k[i], eb)
+        # dimension) is loaded into registers inside the iteration that uses it;
+        # so is the library's (no cp.async of 2 bytes: CUTLASS's alignment-1
+        # 16-bit kernels stage through registers)
         a_sync = va < 4
         b_sync = vb < 4
         if (a_sync or b_sync) and not staged:
@@ -937,6 +953,13 @@ def lower(cols: dict, hw) -> TilePlan:
                 _DTYPE_CODE["float16"], scode, b8(fast), lib, hw.mma == "wgmma", b8(staged_mn),
                 pipe_stages, copy_smem, sms), even_bounds(rows))
 
+    lse = hw.cal("library_store_efficiency")
+    if lse != 1.0 and lib.any():
+        # the library's tensor-core kernels write C at their own share of the
+        # DRAM rate (hw.py CALIBRATION_DEFAULTS; its SIMT SGEMM at the full one)
+        lst = lib & on_tc
+        work_epi[lst, R_DRAM] /= lse
+
     # power-limited tensor clock: tc_efficiency is the sustained share of the
     # tensor-core peak when every SM issues MMAs (the ceiling of measured GEMM
     # throughput: the chip holds its power limit by lowering the clock). Dynamic
@@ -973,6 +996,7 @@ def lower(cols: dict, hw) -> TilePlan:
 
     cyc = 1.0 / clock_mhz
     path_code = np.where(use_wgmma, 2, on_tc.astype(np.int64))
+    post = _library_split_reduction(hw, lib, split, m, n, ob_tab[dcode], rate[:, R_DRAM], rate[:, R_L2])
     group = clamp_group(group, g0)
     return TilePlan(
         g0=g0, g1=g1, g2=split, order=order, group=group, ksteps=ksteps,
@@ -998,8 +1022,35 @@ def lower(cols: dict, hw) -> TilePlan:
             "mma_path": np.array(["fma", "mma_sync", "wgmma"], dtype=object)[path_code],
             "register_spill": spill,
             "tiles": tiles,
+            **({"post_us": post} if post is not None else {}),
         },
     )
+
+
+def _library_split_reduction(hw, lib, split, m, n, ob, dram_rate, l2_rate):
+    """Per-row time (us) of a library split-K call's second kernel, 0 elsewhere;
+    None when no row has one.
+
+    cuBLASLt reduces split-K partials outside the GEMM kernel unless it asks for
+    in-place reduction (``cublasLtReductionScheme_t``: COMPUTE_TYPE / OUTPUT_TYPE
+    keep the partials in the workspace, the reason the library asks for 4 MiB on
+    Ampere and 32 MiB on Hopper), and CUTLASS's parallel split-K is the GEMM
+    kernel writing ``split_k`` partial C's followed by a reduction kernel
+    (``cutlass::reduction::kernel::ReduceSplitK``). That kernel is a second
+    launch in the same stream: its launch-to-start latency (``[launch]
+    launch_overhead_us``, the spec value, not the harness floor of the first
+    kernel), one memory latency, and a stream over the ``split_k`` fp32
+    partials read and C written at the DRAM rate.
+    """
+    if not lib.any():
+        return None
+    mn = m.astype(np.float64) * n
+    ws = LIBRARY_WORKSPACE_BYTES.get(hw.arch, LIBRARY_WORKSPACE_BYTES["ampere"])
+    sel = lib & (split > 1) & (split * 4.0 * mn <= ws)
+    if not sel.any():
+        return None
+    return np.where(sel, float(hw.launch_overhead_us) + hw.cal("mem_latency_us")
+                    + split * 4.0 * mn / l2_rate + ob * mn / dram_rate, 0.0)
 
 
 def _fma_chain(hw, mma, spill, smem_block, regs, threads, warps, flops_iter, fp32_rate,

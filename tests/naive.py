@@ -770,11 +770,9 @@ def gemm_lower_one(row: dict, hw) -> dict:
     # Triton's operand loads: vectorized to the alignment of their rows' starts;
     # under 4 bytes a thread (a 16-bit operand with an odd leading dimension)
     # a load is not pipelined but issued inside the iteration into one buffer
-    lib = row.get("backend", "triton") == "cublas"
-    va = vb = 16
-    if not lib:
-        va = operand_vector_bytes(row["k"] if row["a_row_major"] else row["m"], eb)
-        vb = operand_vector_bytes(row["n"] if row["b_row_major"] else row["k"], eb)
+    # (the library's kernels come in the same operand alignments: same rule)
+    va = operand_vector_bytes(row["k"] if row["a_row_major"] else row["m"], eb)
+    vb = operand_vector_bytes(row["n"] if row["b_row_major"] else row["k"], eb)
     a_sync, b_sync = va < 4, vb < 4
     if (a_sync or b_sync) and not staged:
         pipe_stages = 1

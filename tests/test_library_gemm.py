@@ -3,7 +3,9 @@ rows only, checked by hand (issue 21, docs/gemm_accuracy.md "Library kernels").
 
 - the catalog's K extent is bytes: 4-byte elements take half the 16-bit K;
 - a library tensor-core kernel's warp fragments hold one 32-byte MMA K-step;
-- Hopper TF32 with both operands M/N-contiguous runs mma.sync, not wgmma.
+- Hopper TF32 with both operands M/N-contiguous runs mma.sync, not wgmma;
+- a split-K library call whose fp32 partials fit the library's workspace pays a
+  second (reduction) kernel (issue 35).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import polars as pl
 import pytest
 
 from kernels_catalog import gemm
+from tsbatch.kernels.envelope import R_DRAM, R_SMEM
 from tsbatch.engine.evaluate import evaluate
 from tsbatch.hw import get_hw
 from tsbatch.boundary.schema import validate
@@ -133,3 +136,94 @@ def test_library_tile_reports_the_byte_scaled_k():
     assert bk in hopper_ks and bk == 32
     out16 = evaluate(_library_frame(dtype="bfloat16"), hw)
     assert int(out16["library_tile"][0].split("x")[2].split("/")[0]) == 64
+
+
+@pytest.mark.parametrize("hw", ["a100", "h100_sxm"])
+def test_library_split_k_reduction_kernel(hw):
+    """A library split-K row whose fp32 partials fit the library's workspace pays
+    a second kernel (launch-to-start, one memory latency, the partials read at the
+    L2 rate and C written at the DRAM rate); one whose partials do not fit, an
+    unsplit library row, and a Triton split-K row (in-kernel atomics) pay none."""
+    spec = get_hw(hw)
+    tile = dict(block_m=64, block_n=64, block_k=64, num_stages=4, num_warps=4)
+    m, n = 32, 1280
+    plan = _lower_one(hw, m=m, n=n, k=1024, dtype="float16", tf32=False, split_k=4, **tile)
+    post = plan.extra["post_us"][0]
+    mn = float(m * n)
+    want = (spec.launch_overhead_us + spec.cal("mem_latency_us")
+            + 4 * 4.0 * mn / (spec.rate("l2_bw_tbps") * 1e6 * spec.cal("l2_efficiency"))
+            + 2.0 * mn / (spec.rate("dram_bw_tbps") * 1e6 * spec.cal("dram_efficiency")))
+    assert post == pytest.approx(want, rel=1e-9)
+    assert post > spec.launch_overhead_us
+    # partials larger than the workspace: reduced in place, no second kernel
+    ws = gemm.LIBRARY_WORKSPACE_BYTES[spec.arch]
+    big = int(np.sqrt(ws / 16.0)) + 64
+    assert 4 * 4 * big * big > ws
+    assert "post_us" not in _lower_one(hw, m=big, n=big, k=1024, dtype="float16", tf32=False,
+                                       split_k=4, **tile).extra
+    assert "post_us" not in _lower_one(hw, m=m, n=n, k=1024, dtype="float16", tf32=False,
+                                       split_k=1, **tile).extra
+    assert "post_us" not in _lower_one(hw, backend="triton", m=m, n=n, k=1024,
+                                       dtype="float16", tf32=False, split_k=4, **tile).extra
+
+
+def test_library_split_k_reduction_in_the_latency():
+    """evaluate adds the second kernel to the epilogue and the latency: a library
+    row's result is still launch + prologue + steady + epilogue, and a skinny
+    GEMM whose best catalog tile splits K (A100 1920 x 2 x 7552) carries its
+    reduction kernel in the epilogue."""
+    out = evaluate(_library_frame(m=1920, n=2, k=7552), "a100")
+    r = out.row(0, named=True)
+    assert r["latency_us"] == pytest.approx(
+        r["t_launch_us"] + r["t_prologue_us"] + r["t_steady_us"] + r["t_epilogue_us"], rel=1e-9)
+    bm, bn, rest = r["library_tile"].split("x", 2)
+    bk, st, w, sk = rest.split("/")
+    assert int(sk[1:]) > 1
+    plan = _lower_one("a100", m=1920, n=2, k=7552, dtype="float16", tf32=False,
+                      block_m=int(bm), block_n=int(bn), block_k=int(bk), num_stages=int(st[1:]),
+                      num_warps=int(w[1:]), split_k=int(sk[1:]))
+    assert r["t_epilogue_us"] > plan.extra["post_us"][0] > get_hw("a100").launch_overhead_us
+
+
+@pytest.mark.parametrize("hw", ["a100", "h100_sxm"])
+def test_library_operand_alignment(hw):
+    """The library's kernels load an operand as wide as its rows' alignment allows
+    (CUTLASS's alignment variants), as Triton does: an odd leading dimension of a
+    16-bit operand (2 bytes) is not pipelined and copies through L1 in more SRAM
+    passes; 8-byte alignment keeps the pipeline, with more SRAM traffic than 16."""
+    tile = dict(block_m=128, block_n=128, block_k=32, num_stages=4, num_warps=4, split_k=1,
+                dtype="float16", tf32=False, a_row_major=True, b_row_major=True)
+    aligned = _lower_one(hw, m=4096, n=4096, k=4096, **tile)
+    odd = _lower_one(hw, m=4096, n=4096, k=4095, **tile)
+    four = _lower_one(hw, m=4096, n=4096, k=4092, **tile)
+    assert aligned.stages[0] == 4 and four.stages[0] == 4
+    assert odd.stages[0] == 1
+    assert odd.work_iter[0, R_SMEM] > four.work_iter[0, R_SMEM] > aligned.work_iter[0, R_SMEM]
+
+
+def test_library_store_efficiency():
+    """A library tensor-core row's C store moves its DRAM bytes at
+    library_store_efficiency of the DRAM rate (its epilogue DRAM work divided by
+    it); the library's SIMT SGEMM (IEEE FP32) and Triton rows store as before."""
+    import dataclasses
+
+    spec = get_hw("a100")
+    assert spec.cal("library_store_efficiency") < 1.0  # a100.toml declares it
+    unit = dataclasses.replace(spec, calibration={**spec.calibration,
+                                                  "library_store_efficiency": 1.0})
+    tile = dict(m=8192, n=8192, k=8, block_m=128, block_n=128, block_k=32, num_stages=4,
+                num_warps=4, split_k=1, a_row_major=True, b_row_major=True)
+
+    def epi(hw, backend, dtype, tf32):
+        row = dict(tile, dtype=dtype, tf32=tf32)
+        cols, _ = validate(pl.DataFrame([row]), gemm.FAMILY)
+        cols = dict(cols)
+        cols["backend"] = np.array([backend], dtype=object)
+        return gemm.lower(cols, hw).work_epi[0, R_DRAM]
+
+    lse = spec.cal("library_store_efficiency")
+    for dtype, tf32 in (("float16", False), ("bfloat16", False), ("float32", True)):
+        assert epi(spec, "cublas", dtype, tf32) == pytest.approx(
+            epi(unit, "cublas", dtype, tf32) / lse, rel=1e-12)
+        assert epi(spec, "triton", dtype, tf32) == epi(unit, "triton", dtype, tf32)
+    assert epi(spec, "cublas", "float32", False) == epi(unit, "cublas", "float32", False)

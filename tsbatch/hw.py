@@ -57,6 +57,12 @@ CALIBRATION_DEFAULTS: dict[str, tuple[float, str]] = {
         1.0,
         "fraction of the measured DRAM bandwidth reached by tile loads",
     ),
+    "library_store_efficiency": (
+        1.0,
+        "fraction of dram_efficiency at which a library (cuBLAS) GEMM's epilogue "
+        "writes C to DRAM, where it differs from the Triton kernels' direct stores "
+        "on the same GPU",
+    ),
     "l2_efficiency": (
         1.0,
         "fraction of the L2 bandwidth of the hardware file that tile loads "
