@@ -997,6 +997,7 @@ def lower(cols: dict, hw) -> TilePlan:
     cyc = 1.0 / clock_mhz
     path_code = np.where(use_wgmma, 2, on_tc.astype(np.int64))
     post = _library_split_reduction(hw, lib, split, m, n, ob_tab[dcode], rate[:, R_DRAM], rate[:, R_L2])
+    pre = _library_tma_prologue(hw, lib, use_wgmma)
     group = clamp_group(group, g0)
     return TilePlan(
         g0=g0, g1=g1, g2=split, order=order, group=group, ksteps=ksteps,
@@ -1023,6 +1024,7 @@ def lower(cols: dict, hw) -> TilePlan:
             "register_spill": spill,
             "tiles": tiles,
             **({"post_us": post} if post is not None else {}),
+            **({"pre_us": pre} if pre is not None else {}),
         },
     )
 
@@ -1051,6 +1053,29 @@ def _library_split_reduction(hw, lib, split, m, n, ob, dram_rate, l2_rate):
         return None
     return np.where(sel, float(hw.launch_overhead_us) + hw.cal("mem_latency_us")
                     + split * 4.0 * mn / l2_rate + ob * mn / dram_rate, 0.0)
+
+
+def _library_tma_prologue(hw, lib, use_wgmma):
+    """Per-row time (us) a library tensor-core kernel on Hopper and later waits
+    before its first operand load, 0 elsewhere; None when no row has one.
+
+    The library's sm90 (and sm100) kernels load A and B with TMA, whose copies
+    name a tensor map (``CUtensorMap``, 128 bytes) that lives in global memory
+    (a ``__grid_constant__`` kernel parameter): the producer warp fetches it
+    (``prefetch.tensormap``, CUTLASS ``prefetch_tma_descriptor``) before its
+    first ``cp.async.bulk.tensor``, a dependent memory access the tile's first
+    load waits on, one ``mem_latency_us``. A Triton kernel (Inductor's template:
+    ``cp.async`` from addresses it computes in registers) and the library's
+    sm80 kernels (Ampere; Hopper's mma.sync TF32 and SIMT rows, which do not
+    run the wgmma path) issue their first load at once. Nothing fitted: the
+    model's own memory latency.
+    """
+    if hw.mma not in ("wgmma", "tcgen05"):
+        return None
+    sel = lib & use_wgmma
+    if not sel.any():
+        return None
+    return np.where(sel, hw.cal("mem_latency_us"), 0.0)
 
 
 def _fma_chain(hw, mma, spill, smem_block, regs, threads, warps, flops_iter, fp32_rate,

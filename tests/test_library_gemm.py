@@ -227,3 +227,36 @@ def test_library_store_efficiency():
             epi(unit, "cublas", dtype, tf32) / lse, rel=1e-12)
         assert epi(spec, "triton", dtype, tf32) == epi(unit, "triton", dtype, tf32)
     assert epi(spec, "cublas", "float32", False) == epi(unit, "cublas", "float32", False)
+
+
+def test_library_tma_descriptor_fetch(monkeypatch):
+    """A Hopper library row on the wgmma path waits one memory latency (the TMA
+    descriptor fetch) before its first load: in the prologue and the latency, by
+    exactly the hardware's mem_latency_us; a Triton row of the same tile, an
+    Ampere library row, and a Hopper library row off the TMA path (TF32 with both
+    operands M/N-contiguous: the mma.sync kernel) pay nothing."""
+    h100 = get_hw("h100_sxm")
+    tile = dict(block_m=128, block_n=128, block_k=64, num_stages=4, num_warps=8, split_k=1,
+                dtype="float16", tf32=False)
+    plan = _lower_one("h100_sxm", m=4096, n=4096, k=4096, **tile)
+    assert plan.extra["pre_us"][0] == pytest.approx(h100.cal("mem_latency_us"), rel=1e-12)
+    assert "pre_us" not in _lower_one("h100_sxm", backend="triton", m=4096, n=4096, k=4096,
+                                      **tile).extra
+    assert "pre_us" not in _lower_one("a100", m=4096, n=4096, k=4096, **tile).extra
+    mn_tf32 = _lower_one("h100_sxm", m=4096, n=4096, k=4096, dtype="float32", tf32=True,
+                         a_row_major=False, b_row_major=True, block_m=128, block_n=128,
+                         block_k=32, num_stages=4, num_warps=8, split_k=1)
+    assert "pre_us" not in mn_tf32.extra or mn_tf32.extra["pre_us"][0] == 0.0
+    # in the result: the prologue and the latency carry it, nothing else moves
+    frame = _library_frame(m=256, n=256, k=256)
+    with_fetch = evaluate(frame, "h100_sxm").row(0, named=True)
+    monkeypatch.setattr(gemm, "_library_tma_prologue", lambda *a: None)
+    without = evaluate(frame, "h100_sxm").row(0, named=True)
+    lat = h100.cal("mem_latency_us")
+    assert with_fetch["library_tile"] == without["library_tile"]
+    assert with_fetch["t_prologue_us"] == pytest.approx(without["t_prologue_us"] + lat, rel=1e-9)
+    assert with_fetch["latency_us"] == pytest.approx(without["latency_us"] + lat, rel=1e-9)
+    assert with_fetch["t_steady_us"] == pytest.approx(without["t_steady_us"], rel=1e-12)
+    assert with_fetch["latency_us"] == pytest.approx(
+        with_fetch["t_launch_us"] + with_fetch["t_prologue_us"] + with_fetch["t_steady_us"]
+        + with_fetch["t_epilogue_us"], rel=1e-9)

@@ -246,6 +246,11 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
                              plan.launch_us, share_eff=plan.share_eff, sync=plan.sync_us,
                              chain=plan.chain_us, streams=plan.streams)
     t3 = time.perf_counter()
+    pre = plan.extra.get("pre_us")
+    if pre is not None:  # a wait before the first load (a library TMA kernel's descriptor fetch)
+        env = dict(env)
+        env["latency_us"] = env["latency_us"] + pre
+        env["t_prologue_us"] = env["t_prologue_us"] + pre
     post = plan.extra.get("post_us")
     if post is not None:  # a second kernel after the tiles (a library split-K's reduction)
         env = dict(env)
