@@ -326,12 +326,15 @@ def results(source: Source, hw, fam, *, ranked: bool = False, top: float = 1.0,
         stats.kept = stats.n_rows
 
 
-def write(parts: Iterator[pl.DataFrame], out: str | Path, meta: dict, stats: Stats) -> None:
+def write(parts: Iterator[pl.DataFrame], out: str | Path, meta: dict, stats: Stats,
+          stream: bool = False) -> None:
     """Stream ``parts`` (of :func:`results`, filling ``stats``) to ``out``, written
-    atomically with the provenance ``meta``: nothing is left of a failed run."""
+    atomically with the provenance ``meta``: nothing is left of a failed run.
+    ``stream``: several parts will come, each written on a thread while the next
+    is computed (:class:`~tsbatch.boundary.io.ParquetSink`)."""
     from tsbatch.boundary.io import ParquetSink
 
-    with ParquetSink(out, meta) as sink:
+    with ParquetSink(out, meta, stream=stream) as sink:
         for part in parts:
             sink.write(part)
         sink.commit(empty_schema=stats.empty_schema)
@@ -389,7 +392,7 @@ def evaluate_file(candidates, output, hw, family=None, *, rank: bool = False, to
                             sampling=sampling, rank_bucket_rows=rank_bucket_rows,
                             spill_dir=out.parent if str(out.parent) else Path("."),
                             stats=stats, progress=progress)
-            write(parts, out, meta, stats)
+            write(parts, out, meta, stats, stream=not source.one)
             return Summary(hw=spec, out=out, stats=stats, seconds=time.perf_counter() - t0)
         except InputError as exc:
             raise named(src, exc) from None
