@@ -27,6 +27,12 @@ def _problems(rng, rows, T, u):
     return t_bytes, per_step, h15u, h2u, dramu, inv, work_iter, work_epi, tiles, ksteps
 
 
+@pytest.fixture(autouse=True)
+def _kernels_for_every_size(monkeypatch):
+    """The kernels run whatever the row count (small calls would take numpy)."""
+    monkeypatch.setattr(traffic, "KERNEL_MIN_ROWS", 0)
+
+
 @pytest.mark.parametrize("T", [0, 1, 3, 5, 7, 8, 11])
 @pytest.mark.parametrize("has_l15", [False, True])
 def test_split_traffic_matches_numpy_and_twin(T, has_l15):
@@ -70,6 +76,29 @@ def _numpy_bottleneck(util, lat, launch, min_util):
     idx = np.where(best < min_util, N_RES, idx)
     idx = np.where((best < min_util) & (launch > 0.5 * lat), N_RES + 1, idx)
     return np.where(np.isfinite(lat), idx, N_RES + 2)
+
+
+def test_small_calls_take_numpy_and_agree(monkeypatch):
+    """Below KERNEL_MIN_ROWS the numpy forms run; they give the kernels' results."""
+    rng = np.random.default_rng(5)
+    args = _problems(rng, 500, 3, 50)
+    t_bytes, per_step, h15u, h2u, dramu, inv, work_iter, work_epi, tiles, ksteps = args
+    util = rng.random((500, N_RES))
+    lat = rng.uniform(1, 10, 500)
+    monkeypatch.setattr(traffic, "KERNEL_MIN_ROWS", 501)
+    calls = []
+    monkeypatch.setattr(traffic, "run_shares", lambda *a: calls.append(a))
+    small = traffic.split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, True, work_iter,
+                                  work_epi, tiles, ksteps)
+    small_b = traffic.bottleneck_codes(util, lat, lat * 0.1, 0.6)
+    assert calls == []  # no kernel ran
+    monkeypatch.undo()
+    monkeypatch.setattr(traffic, "KERNEL_MIN_ROWS", 0)
+    big = traffic.split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, True, work_iter,
+                                work_epi, tiles, ksteps)
+    for g, w in zip(big, small):
+        assert np.array_equal(g.view(np.int64), w.view(np.int64))
+    assert np.array_equal(traffic.bottleneck_codes(util, lat, lat * 0.1, 0.6), small_b)
 
 
 def test_bottleneck_codes_match_numpy_and_twin():

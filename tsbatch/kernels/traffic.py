@@ -9,7 +9,8 @@ through ``inv`` (row -> problem), where numpy made eleven ``(n, T)``
 temporaries, three gathers and a copy of the work matrix. The arithmetic is
 numpy's, operation by operation and in the same order (a sum over the ``T < 8``
 tensors of a row is numpy's left-to-right sum; wider rows take numpy's own
-path), so results are equal to the bit.
+path), so results are equal to the bit. Calls of fewer than
+:data:`KERNEL_MIN_ROWS` rows run the numpy they replaced.
 
 :func:`bottleneck_codes` is :func:`tsbatch.engine.evaluate._bottleneck`'s
 argmax over the utilizations in one pass. Plain-Python twins: ``tests/naive.py``
@@ -26,11 +27,15 @@ from tsbatch.kernels._config import jit_exact
 from tsbatch.kernels._threads import even_bounds, run_shares
 from tsbatch.kernels.envelope import N_RES, R_DRAM, R_L15, R_L2
 
-__all__ = ["split_traffic", "bottleneck_codes", "NUMPY_PAIRWISE_MIN"]
+__all__ = ["split_traffic", "bottleneck_codes", "NUMPY_PAIRWISE_MIN", "KERNEL_MIN_ROWS"]
 
 #: numpy sums a row of at least this many elements pairwise (8 partial sums),
 #: not left to right; such rows go through numpy
 NUMPY_PAIRWISE_MIN = 8
+#: fewer rows than this go through numpy (the same results): a small call (an
+#: autotuner's thousand rows, a screening round) does not pay for loading the
+#: kernels (~5 ms each from the cache) or compiling them (~1 s each, cold)
+KERNEL_MIN_ROWS = 1 << 16
 
 _FMAX = float(np.finfo(np.float64).max)
 
@@ -109,7 +114,7 @@ def split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, 
     f64 = lambda a: np.ascontiguousarray(a, dtype=np.float64)  # noqa: E731
     i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
     rows, T = np.shape(t_bytes)
-    if T >= NUMPY_PAIRWISE_MIN:
+    if T >= NUMPY_PAIRWISE_MIN or rows < KERNEL_MIN_ROWS:
         return _split_numpy(np.asarray(t_bytes), np.asarray(per_step), np.asarray(h15u),
                             np.asarray(h2u), np.asarray(dramu), np.asarray(inv), has_l15,
                             np.asarray(work_iter), np.asarray(work_epi), np.asarray(tiles),
@@ -152,6 +157,15 @@ def _bottleneck_rows(util, lat, launch, min_util, out, lo, hi):
         out[i] = code
 
 
+def _bottleneck_numpy(util, lat, launch, min_util):
+    """The numpy form (small calls)."""
+    idx = np.argmax(np.nan_to_num(util, nan=-1.0), axis=1)
+    best = np.take_along_axis(np.nan_to_num(util, nan=0.0), idx[:, None], axis=1)[:, 0]
+    idx = np.where(best < min_util, N_RES, idx)
+    idx = np.where((best < min_util) & (launch > 0.5 * lat), N_RES + 1, idx)
+    return np.where(np.isfinite(lat), idx, N_RES + 2)
+
+
 def bottleneck_codes(util, lat, launch, min_util: float) -> np.ndarray:
     """Per row, the code of its bottleneck: the resource of the highest
     utilization (the first of equals; NaN counts as none); ``N_RES`` (latency)
@@ -161,6 +175,8 @@ def bottleneck_codes(util, lat, launch, min_util: float) -> np.ndarray:
     f64 = lambda a: np.ascontiguousarray(a, dtype=np.float64)  # noqa: E731
     util = f64(util)
     rows = util.shape[0]
+    if rows < KERNEL_MIN_ROWS:
+        return _bottleneck_numpy(util, np.asarray(lat), np.asarray(launch), min_util)
     out = np.empty(rows, dtype=np.int64)
     run_shares(_bottleneck_rows, (util, f64(lat), f64(launch), float(min_util), out),
                even_bounds(rows))
