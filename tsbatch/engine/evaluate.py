@@ -185,9 +185,17 @@ class CacheMemo:
             dst[n:n + m] = src
 
 
+#: plans of fewer rows are grouped on every key column (checking each column for a
+#: single value costs more than it saves there: ~50 us a call, a prune makes several)
+VARYING_MIN_ROWS = 1 << 16
+
+
 def _varying_columns(parts: list[np.ndarray], rows: int) -> np.ndarray:
     """The columns of ``parts`` (1-D arrays and 2-D blocks of ``rows`` rows) that
-    hold more than one value, as one int64 matrix (``(rows, 0)``: none)."""
+    hold more than one value, as one int64 matrix (``(rows, 0)``: none); every
+    column below :data:`VARYING_MIN_ROWS` rows."""
+    if rows < VARYING_MIN_ROWS:
+        return np.column_stack(parts).astype(np.int64, copy=False)
     cols = []
     for a in parts:
         for c in (a.T if a.ndim == 2 else (a,)):
