@@ -15,29 +15,71 @@ it is called (:attr:`kernels_catalog.base.Family.evaluate`).
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator, Mapping
+
 from kernels_catalog import gemm as gemm_family
 from kernels_catalog.base import Family
-from kernels_catalog.catalog import family_from_file, program_families
 from tsbatch.errors import InputError
 
 __all__ = ["FAMILIES", "get_family", "detect_family", "no_family_message", "TILE_COLUMNS"]
 
-FAMILIES: dict[str, Family] = {"gemm": gemm_family.FAMILY, **program_families()}
 
-
-def _register_optional() -> None:
+def _register_optional(into: dict) -> None:
     """Families whose modules may be absent from a partial checkout."""
     try:
         from kernels_catalog.collectives import FAMILY as collective  # noqa: PLC0415
         from kernels_catalog.fused_comm import FAMILIES as fused  # noqa: PLC0415
     except ImportError:
         return
-    FAMILIES.setdefault(collective.name, collective)
+    into.setdefault(collective.name, collective)
     for fam in (fused.values() if isinstance(fused, dict) else fused):
-        FAMILIES.setdefault(fam.name, fam)
+        into.setdefault(fam.name, fam)
 
 
-_register_optional()
+class _Families(Mapping):
+    """Every family by name, in detection order: GEMM, the catalog's tile
+    programs, the collectives, the fused families. GEMM is there at import;
+    the others are loaded on the first look-up of another name, iteration or
+    count (reading and checking the catalog's program files took ~30 ms of
+    every process start, also of the many that evaluate GEMM only)."""
+
+    def __init__(self, first: dict[str, Family]):
+        self._first = dict(first)
+        self._all: dict[str, Family] | None = None
+        self._lock = threading.Lock()
+
+    def _every(self) -> dict[str, Family]:
+        if self._all is None:
+            with self._lock:
+                if self._all is None:
+                    from kernels_catalog.catalog import program_families  # noqa: PLC0415
+
+                    every = dict(self._first)
+                    for name, fam in program_families().items():
+                        every.setdefault(name, fam)
+                    _register_optional(every)
+                    self._all = every
+        return self._all
+
+    def __getitem__(self, name: str) -> Family:
+        fam = self._first.get(name) if isinstance(name, str) else None
+        return fam if fam is not None else self._every()[name]
+
+    def __contains__(self, name) -> bool:
+        return (isinstance(name, str) and name in self._first) or name in self._every()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._every())
+
+    def __len__(self) -> int:
+        return len(self._every())
+
+    def __repr__(self) -> str:
+        return f"FAMILIES({list(self)!r})"
+
+
+FAMILIES: Mapping[str, Family] = _Families({"gemm": gemm_family.FAMILY})
 
 #: schedule columns a table may leave to the family's defaults when detecting it
 TILE_COLUMNS = ("block_m", "block_n", "block_k", "num_stages", "num_warps")
@@ -49,6 +91,8 @@ def get_family(name: "str | Family") -> Family:
     if isinstance(name, Family):
         return name
     if str(name).endswith(".toml"):
+        from kernels_catalog.catalog import family_from_file  # noqa: PLC0415
+
         return family_from_file(name)
     try:
         return FAMILIES[name]
@@ -64,9 +108,15 @@ def detect_family(columns) -> str:
     closest to (fewest required columns absent, then most present) and the
     columns it lacks, so that a file missing ``k`` says so."""
     names = set(columns)
+
+    def fits(fam: Family) -> bool:
+        return all(c.name in names for c in fam.columns if c.required and c.name not in
+                   TILE_COLUMNS)
+
+    if fits(gemm_family.FAMILY):  # the first family tried (the others not loaded yet)
+        return gemm_family.FAMILY.name
     for fam in FAMILIES.values():
-        if all(c.name in names for c in fam.columns if c.required and c.name not in
-               TILE_COLUMNS):
+        if fits(fam):
             return fam.name
     raise InputError(no_family_message(names))
 

@@ -894,3 +894,46 @@ def gemm_admit(row: dict) -> int:
         if hit:
             return j + 1
     return 0
+
+
+def split_traffic_one(t_bytes, per_step, h15, h2, dram, has_l15: bool, work_iter, work_epi,
+                      tiles: int, ksteps: int, r_l15: int, r_l2: int, r_dram: int):
+    """One row of ``tsbatch.kernels.traffic.split_traffic``: its tensors' requested
+    bytes per step split by its cache problem's hit rates (``h15``, ``h2``,
+    ``dram`` per tensor). Returns ``(work_iter, l15_hit, l2_hit, dram_bytes,
+    l2_bytes)``; sums run left to right from the first tensor."""
+    req = [float(b) if s else 0.0 for b, s in zip(t_bytes, per_step)]
+
+    def total(xs):
+        s = 0.0
+        for j, x in enumerate(xs):
+            s = x if j == 0 else s + x
+        return s
+
+    miss15 = [r * (1.0 - h) for r, h in zip(req, h15)]
+    req_tot = total(req)
+    l2_b = total(miss15)
+    dram_b = total([r * d for r, d in zip(req, dram)])
+    wi = [float(v) for v in work_iter]
+    wi[r_l15] = req_tot if has_l15 else 0.0
+    wi[r_l2] = l2_b
+    wi[r_dram] = dram_b
+    l2_hit = total([a * h for a, h in zip(miss15, h2)]) / l2_b if l2_b > 0 else 0.0
+    l15_hit = total([r * h for r, h in zip(req, h15)]) / req_tot if req_tot > 0 else 0.0
+    return (wi, l15_hit, l2_hit, float(tiles) * (float(ksteps) * dram_b + work_epi[r_dram]),
+            float(tiles) * (float(ksteps) * l2_b + work_epi[r_l2]))
+
+
+def bottleneck_one(util, lat: float, launch: float, min_util: float, n_res: int) -> int:
+    """One row of ``tsbatch.kernels.traffic.bottleneck_codes``: the index of the
+    largest utilization (the first of equals; NaN counts as -1), ``n_res`` when
+    that is below ``min_util`` (``n_res + 1`` when the launch is also over half
+    the latency), ``n_res + 2`` when the latency is not finite."""
+    if not math.isfinite(lat):
+        return n_res + 2
+    vals = [-1.0 if math.isnan(u) else u for u in util]
+    idx = vals.index(max(vals))
+    best = 0.0 if math.isnan(util[idx]) else util[idx]
+    if best < min_util:
+        return n_res + 1 if launch > 0.5 * lat else n_res
+    return idx

@@ -81,6 +81,7 @@ def _steps(tmp: Path) -> list[tuple[str, object]]:
         ("sweep tiny, sampled", lambda: _cli("sweep", "tiny", "--hw", "a100", "--wave-samples",
                                              "4", "-o", out, "-q")),
         ("evaluate --rank", lambda: _evaluate_rank(tmp)),
+        ("large-batch kernels", _large_batch),
         ("comm explain", lambda: _cli("comm", "explain", "--system", "dgx_h100", "--collective",
                                       "all_reduce", "--num-gpus", "8", "--bytes", "16777216")),
         ("simulate", lambda: _cli("simulate", "--hw", "h100", "--m", "1024", "--n", "1024",
@@ -96,6 +97,23 @@ def _prune() -> None:
 
     prune({"m": 4096, "n": 4096, "k": 4096, "dtype": "float16"}, _gemm_configs(1000),
           hw="h100", top=0.05)
+
+
+def _large_batch() -> None:
+    """The kernels only batches of ``KERNEL_MIN_ROWS`` rows or more run (their
+    wrappers make every argument the type evaluate passes)."""
+    import numpy as np
+
+    from tsbatch.kernels import traffic
+    from tsbatch.kernels.envelope import N_RES
+
+    n, T = traffic.KERNEL_MIN_ROWS, 3
+    z = np.zeros((n, T))
+    traffic.split_traffic(z, np.ones((n, T), dtype=np.int64), z, z, z,
+                          np.arange(n, dtype=np.int64), True, np.zeros((n, N_RES)),
+                          np.zeros((n, N_RES)), np.ones(n, dtype=np.int64),
+                          np.ones(n, dtype=np.int64))
+    traffic.bottleneck_codes(np.zeros((n, N_RES)), np.ones(n), np.zeros(n), 0.6)
 
 
 def _evaluate_rank(tmp: Path) -> None:

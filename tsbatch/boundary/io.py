@@ -97,12 +97,23 @@ class ParquetSink:
     costs a quarter of a second, is loaded only when a second batch arrives
     and batches must be streamed into one file.
 
+    ``stream=True`` (the caller knows several batches will come): nothing is
+    held back, and each batch is encoded on a writer thread while the caller
+    computes the next (pyarrow releases the GIL while it encodes); at most one
+    batch is being written at a time, and its error is raised by the next
+    :meth:`write` or by :meth:`commit`. The file is the same either way.
+
+    Float columns are written without dictionary encoding: their values are
+    nearly all distinct, so the dictionary is built and then dropped for plain
+    encoding, 40 % of the encoding time, and the plain pages compress smaller
+    (27 against 35 MB for 21 float columns of 1M result rows).
+
     A path ending in ``.csv`` is written as CSV instead (a header, then every
     batch's rows; no metadata: CSV has no place for it). Columns CSV cannot
     hold (lists, structs) raise :class:`InputError` and nothing is written.
     """
 
-    def __init__(self, path: str | Path, metadata: dict[str, str]):
+    def __init__(self, path: str | Path, metadata: dict[str, str], stream: bool = False):
         self.path = Path(path)
         parent = self.path.parent if str(self.path.parent) else Path(".")
         if not parent.exists():
@@ -116,6 +127,9 @@ class ParquetSink:
         self.rows = 0
         self.csv = is_csv(self.path)
         self._csv_started = False
+        self.stream = bool(stream)
+        self._job: threading.Thread | None = None  # the batch being written (stream)
+        self._job_error: BaseException | None = None
 
     def _write_csv(self, df: pl.DataFrame) -> None:
         for name, dtype in df.schema.items():
@@ -127,21 +141,45 @@ class ParquetSink:
         self._csv_started = True
 
     def _append(self, df: pl.DataFrame) -> None:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         table = df.to_arrow()
         if self.writer is None:
             md = {k.encode(): v.encode() for k, v in self.metadata.items()}
+            dict_cols = [f.name for f in table.schema if not pa.types.is_floating(f.type)]
             self.writer = pq.ParquetWriter(self.tmp, table.schema.with_metadata(md),
-                                           compression="zstd")
-        self.writer.write_table(table.cast(self.writer.schema))
+                                           compression="zstd", use_dictionary=dict_cols)
+        table = table.cast(self.writer.schema)
+        if not self.stream:
+            self.writer.write_table(table)
+            return
+        self._wait()
+
+        def run():
+            try:
+                self.writer.write_table(table)
+            except BaseException as exc:  # raised by the next write or the commit
+                self._job_error = exc
+
+        self._job = threading.Thread(target=run, name="tsbatch-parquet-write", daemon=True)
+        self._job.start()
+
+    def _wait(self) -> None:
+        """Wait for the batch being written; raise its error."""
+        if self._job is not None:
+            self._job.join()
+            self._job = None
+        if self._job_error is not None:
+            exc, self._job_error = self._job_error, None
+            raise exc
 
     def write(self, df: pl.DataFrame) -> None:
         if self.csv:
             self._write_csv(df)
             self.rows += df.height
             return
-        if self.writer is None and self.pending is None:
+        if self.writer is None and self.pending is None and not self.stream:
             self.pending = df
         else:
             if self.pending is not None:
@@ -164,11 +202,16 @@ class ParquetSink:
             df.write_parquet(self.tmp, compression="zstd", metadata=self.metadata)
             self.pending = None
         else:
+            self._wait()
             self.writer.close()
         os.replace(self.tmp, self.path)
 
     def abort(self) -> None:
         self.pending = None
+        try:
+            self._wait()
+        except BaseException:  # the run failed already; its own error is the one raised
+            pass
         if self.writer is not None:
             try:
                 self.writer.close()

@@ -25,11 +25,12 @@ from kernels_catalog.registry import FAMILIES, detect_family, get_family, no_fam
 from tsbatch.errors import InputError
 from tsbatch.hw import HwSpec, UnknownHardwareError, get_hw
 from tsbatch.kernels.envelope import (
-    N_RES, R_DRAM, R_L15, R_L2, R_NAMES, evaluate_envelopes,
+    N_RES, R_NAMES, evaluate_envelopes,
 )
 from tsbatch.kernels.occupancy import REASON_TEXT, resident_tiles
 from tsbatch.kernels.reuse import cache_hit_rates
 from tsbatch.kernels.rowhash import RowIndex, dedup_rows, grown
+from tsbatch.kernels.traffic import bottleneck_codes, split_traffic
 from tsbatch.boundary.schema import to_polars, validate
 
 __all__ = ["FAMILIES", "RESULT_COLUMNS", "CacheMemo", "evaluate", "evaluate_plan", "resolve_hw",
@@ -184,6 +185,27 @@ class CacheMemo:
             dst[n:n + m] = src
 
 
+#: plans of fewer rows are grouped on every key column (checking each column for a
+#: single value costs more than it saves there: ~50 us a call, a prune makes several)
+VARYING_MIN_ROWS = 1 << 16
+
+
+def _varying_columns(parts: list[np.ndarray], rows: int) -> np.ndarray:
+    """The columns of ``parts`` (1-D arrays and 2-D blocks of ``rows`` rows) that
+    hold more than one value, as one int64 matrix (``(rows, 0)``: none); every
+    column below :data:`VARYING_MIN_ROWS` rows."""
+    if rows < VARYING_MIN_ROWS:
+        return np.column_stack(parts).astype(np.int64, copy=False)
+    cols = []
+    for a in parts:
+        for c in (a.T if a.ndim == 2 else (a,)):
+            if rows and not (c == c[0]).all():
+                cols.append(c)
+    if not cols:
+        return np.zeros((rows, 0), dtype=np.int64)
+    return np.column_stack(cols).astype(np.int64, copy=False)
+
+
 def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: int = 8,
                   max_lookback: int = 4,
                   timings: dict | None = None, memo: "CacheMemo | None" = None) -> dict:
@@ -204,9 +226,14 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
     # bits), so rows sharing a key get exactly the results they would alone
     foot = plan.t_bytes if plan.t_foot is None else plan.t_foot
     tb = np.ascontiguousarray(foot, dtype=np.float64).view(np.int64)
-    keys = np.column_stack([plan.g0, plan.g1, plan.g2, plan.order, plan.group, conc,
-                            plan.ksteps, tb, plan.t_mask, plan.t_per_step])
-    inv, rep = dedup_rows(keys)
+    parts = [plan.g0, plan.g1, plan.g2, plan.order, plan.group, conc, plan.ksteps, tb,
+             plan.t_mask, plan.t_per_step]
+    # rows are grouped on the key columns that vary in this plan (a column of one
+    # value tells no rows apart: the groups, in order of first appearance, are
+    # the same); the memo keeps and finds whole keys, made for the groups only
+    inv, rep = dedup_rows(_varying_columns(parts, rows))
+    keys_rep = np.column_stack([a[rep] for a in parts]) if rows else \
+        np.zeros((0, 7 + 3 * plan.t_mask.shape[1]), dtype=np.int64)
     cap2 = hw.l2_bytes * hw.cal("l2_capacity_fraction")
     g15 = hw.l15_group_sms if hw.has_l15 else 0
     u = rep.shape[0]
@@ -217,7 +244,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
     todo = np.arange(u, dtype=np.int64)
     if memo is not None:
         memo.bind(hw, k_samples, wave_samples, max_lookback)
-        todo = memo.lookup(keys[rep], (h15u, h2u, dramu))
+        todo = memo.lookup(keys_rep, (h15u, h2u, dramu))
     sub = rep[todo]
     v = sub.shape[0]
     got = cache_hit_rates(
@@ -229,17 +256,15 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
     for dst, src in zip((h15u, h2u, dramu), got):
         dst[todo] = src
     if memo is not None:
-        memo.store(keys[sub], got)
-    h15, h2, dram_frac = h15u[inv], h2u[inv], dramu[inv]
+        memo.store(keys_rep[todo], got)
     t2 = time.perf_counter()
 
-    # ---- split requested bytes into L1.5 / L2 / DRAM (per step tensors)
-    per_step = plan.t_per_step.astype(bool)
-    req = np.where(per_step, plan.t_bytes, 0.0)
-    work_iter = plan.work_iter.copy()
-    work_iter[:, R_L15] = req.sum(axis=1) if hw.has_l15 else 0.0
-    work_iter[:, R_L2] = (req * (1.0 - h15)).sum(axis=1)
-    work_iter[:, R_DRAM] = (req * dram_frac).sum(axis=1)
+    # ---- split requested bytes into L1.5 / L2 / DRAM (per step tensors), each
+    # row reading its problem's hit rates (one pass: tsbatch.kernels.traffic)
+    tiles = plan.g0 * plan.g1 * plan.g2
+    work_iter, l15_hit, l2_hit, dram_bytes, l2_bytes = split_traffic(
+        plan.t_bytes, plan.t_per_step, h15u, h2u, dramu, inv, hw.has_l15, plan.work_iter,
+        plan.work_epi, tiles, plan.ksteps)
     env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, plan.g0 * plan.g1 * plan.g2,
                              sms, p, plan.ksteps, plan.stages, plan.warps, plan.warps_full,
                              plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us, plan.persistent,
@@ -257,13 +282,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
         env["latency_us"] = env["latency_us"] + post
         env["t_epilogue_us"] = env["t_epilogue_us"] + post
 
-    tiles = plan.g0 * plan.g1 * plan.g2
     feasible = p > 0
-    l2_req_b = (req * (1.0 - h15)).sum(axis=1)
-    l2_hit = np.divide((req * (1.0 - h15) * h2).sum(axis=1), l2_req_b,
-                       out=np.zeros(rows), where=l2_req_b > 0)
-    req_tot = req.sum(axis=1)
-    l15_hit = np.divide((req * h15).sum(axis=1), req_tot, out=np.zeros(rows), where=req_tot > 0)
     lat = env["latency_us"]
     out = {
         "feasible": feasible,
@@ -280,8 +299,8 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
         "pipeline_depth": np.where(feasible, np.maximum(p * (plan.stages - 1), 0), 0),
         "l15_hit": l15_hit,
         "l2_hit": l2_hit,
-        "dram_bytes": tiles * (plan.ksteps * work_iter[:, R_DRAM] + plan.work_epi[:, R_DRAM]),
-        "l2_bytes": tiles * (plan.ksteps * work_iter[:, R_L2] + plan.work_epi[:, R_L2]),
+        "dram_bytes": dram_bytes,
+        "l2_bytes": l2_bytes,
         "achieved_tflops": np.divide(plan.useful_flops, lat * 1e6, out=np.full(rows, np.nan),
                                      where=np.isfinite(lat) & (lat > 0)),
         "util": env["util"],
@@ -315,12 +334,9 @@ def _text(names, codes: np.ndarray) -> pl.Series:
 
 
 def _bottleneck(util: np.ndarray, lat: np.ndarray, launch: np.ndarray) -> np.ndarray:
-    """Per row: the code of its bottleneck in :data:`_BOTTLENECK_NAMES`."""
-    idx = np.argmax(np.nan_to_num(util, nan=-1.0), axis=1)
-    best = np.take_along_axis(np.nan_to_num(util, nan=0.0), idx[:, None], axis=1)[:, 0]
-    idx = np.where(best < _BOTTLENECK_MIN_UTIL, N_RES, idx)
-    idx = np.where((best < _BOTTLENECK_MIN_UTIL) & (launch > 0.5 * lat), N_RES + 1, idx)
-    return np.where(np.isfinite(lat), idx, N_RES + 2)
+    """Per row: the code of its bottleneck in :data:`_BOTTLENECK_NAMES` (one pass:
+    :func:`tsbatch.kernels.traffic.bottleneck_codes`)."""
+    return bottleneck_codes(util, lat, launch, _BOTTLENECK_MIN_UTIL)
 
 
 def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: int = 4,

@@ -326,12 +326,15 @@ def results(source: Source, hw, fam, *, ranked: bool = False, top: float = 1.0,
         stats.kept = stats.n_rows
 
 
-def write(parts: Iterator[pl.DataFrame], out: str | Path, meta: dict, stats: Stats) -> None:
+def write(parts: Iterator[pl.DataFrame], out: str | Path, meta: dict, stats: Stats,
+          stream: bool = False) -> None:
     """Stream ``parts`` (of :func:`results`, filling ``stats``) to ``out``, written
-    atomically with the provenance ``meta``: nothing is left of a failed run."""
+    atomically with the provenance ``meta``: nothing is left of a failed run.
+    ``stream``: several parts will come, each written on a thread while the next
+    is computed (:class:`~tsbatch.boundary.io.ParquetSink`)."""
     from tsbatch.boundary.io import ParquetSink
 
-    with ParquetSink(out, meta) as sink:
+    with ParquetSink(out, meta, stream=stream) as sink:
         for part in parts:
             sink.write(part)
         sink.commit(empty_schema=stats.empty_schema)
@@ -384,12 +387,17 @@ def evaluate_file(candidates, output, hw, family=None, *, rank: bool = False, to
             meta = provenance(spec, fam.name, {"candidates": sha256_file(src)},
                               extra={"top_fraction": str(frac), **sampling_metadata(sampling)})
             stats = Stats()
+            ranked = bool(rank or top)
             t0 = time.perf_counter()
-            parts = results(source, spec, fam, ranked=bool(rank or top), top=frac,
+            parts = results(source, spec, fam, ranked=ranked, top=frac,
                             sampling=sampling, rank_bucket_rows=rank_bucket_rows,
                             spill_dir=out.parent if str(out.parent) else Path("."),
                             stats=stats, progress=progress)
-            write(parts, out, meta, stats)
+            # several parts come from a file of several batches, evaluated in input
+            # order or bucket-ranked; a screened ranking gives one part (written by
+            # polars at the commit, without importing pyarrow)
+            several = not source.one and (not ranked or (frac >= 1.0 and fam.lower is not None))
+            write(parts, out, meta, stats, stream=several)
             return Summary(hw=spec, out=out, stats=stats, seconds=time.perf_counter() - t0)
         except InputError as exc:
             raise named(src, exc) from None

@@ -1,0 +1,123 @@
+"""tsbatch.kernels.traffic against its plain-Python twins (tests/naive.py) and
+against the numpy it replaced in evaluate_plan (equal to the bit)."""
+
+from __future__ import annotations
+
+import math
+
+import naive
+import numpy as np
+import pytest
+
+from tsbatch.kernels import traffic
+from tsbatch.kernels.envelope import N_RES, R_DRAM, R_L15, R_L2
+
+
+def _problems(rng, rows, T, u):
+    t_bytes = rng.uniform(0, 1e6, (rows, T)) * (rng.random((rows, T)) < 0.9)
+    per_step = rng.integers(0, 2, (rows, T))
+    h15u = rng.random((u, T)) * (rng.random((u, T)) < 0.7)
+    h2u = rng.random((u, T))
+    dramu = rng.random((u, T))
+    inv = rng.integers(0, u, rows)
+    work_iter = rng.uniform(0, 1e5, (rows, N_RES))
+    work_epi = rng.uniform(0, 1e5, (rows, N_RES))
+    tiles = rng.integers(1, 10**6, rows)
+    ksteps = rng.integers(1, 5000, rows)
+    return t_bytes, per_step, h15u, h2u, dramu, inv, work_iter, work_epi, tiles, ksteps
+
+
+@pytest.fixture(autouse=True)
+def _kernels_for_every_size(monkeypatch):
+    """The kernels run whatever the row count (small calls would take numpy)."""
+    monkeypatch.setattr(traffic, "KERNEL_MIN_ROWS", 0)
+
+
+@pytest.mark.parametrize("T", [0, 1, 3, 5, 7, 8, 11])
+@pytest.mark.parametrize("has_l15", [False, True])
+def test_split_traffic_matches_numpy_and_twin(T, has_l15):
+    rng = np.random.default_rng(T + 10 * has_l15)
+    rows, u = 3000, 400
+    (t_bytes, per_step, h15u, h2u, dramu, inv, work_iter, work_epi, tiles,
+     ksteps) = _problems(rng, rows, T, u)
+    got = traffic.split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter,
+                                work_epi, tiles, ksteps)
+    want = traffic._split_numpy(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter,
+                                work_epi, tiles, ksteps)
+    for g, w in zip(got, want):  # numpy's own results, to the bit
+        assert g.shape == w.shape
+        assert np.array_equal(g.view(np.int64), w.view(np.int64))
+    assert not np.shares_memory(got[0], work_iter)
+    if T >= traffic.NUMPY_PAIRWISE_MIN:
+        return  # numpy's pairwise sum: the twin's left-to-right sum is not it
+    for i in range(0, rows, 37):
+        u_i = inv[i]
+        wi, l15, l2, db, lb = naive.split_traffic_one(
+            t_bytes[i], per_step[i], h15u[u_i], h2u[u_i], dramu[u_i], has_l15, work_iter[i],
+            work_epi[i], int(tiles[i]), int(ksteps[i]), R_L15, R_L2, R_DRAM)
+        assert got[0][i].tolist() == wi
+        assert (got[1][i], got[2][i], got[3][i], got[4][i]) == (l15, l2, db, lb)
+
+
+def test_split_traffic_zero_requests_give_zero_hit_fractions():
+    rows, T = 4, 3
+    z = np.zeros((rows, T))
+    out = traffic.split_traffic(z, np.ones((rows, T), dtype=np.int64), np.ones((1, T)),
+                                np.ones((1, T)), np.zeros((1, T)), np.zeros(rows, dtype=np.int64),
+                                True, np.ones((rows, N_RES)), np.ones((rows, N_RES)),
+                                np.full(rows, 3), np.full(rows, 2))
+    assert (out[1] == 0).all() and (out[2] == 0).all()
+    assert (out[3] == 3.0).all()  # the epilogue's DRAM bytes only: 3 x (2 x 0 + 1)
+
+
+def _numpy_bottleneck(util, lat, launch, min_util):
+    idx = np.argmax(np.nan_to_num(util, nan=-1.0), axis=1)
+    best = np.take_along_axis(np.nan_to_num(util, nan=0.0), idx[:, None], axis=1)[:, 0]
+    idx = np.where(best < min_util, N_RES, idx)
+    idx = np.where((best < min_util) & (launch > 0.5 * lat), N_RES + 1, idx)
+    return np.where(np.isfinite(lat), idx, N_RES + 2)
+
+
+def test_small_calls_take_numpy_and_agree(monkeypatch):
+    """Below KERNEL_MIN_ROWS the numpy forms run; they give the kernels' results."""
+    rng = np.random.default_rng(5)
+    args = _problems(rng, 500, 3, 50)
+    t_bytes, per_step, h15u, h2u, dramu, inv, work_iter, work_epi, tiles, ksteps = args
+    util = rng.random((500, N_RES))
+    lat = rng.uniform(1, 10, 500)
+    monkeypatch.setattr(traffic, "KERNEL_MIN_ROWS", 501)
+    calls = []
+    monkeypatch.setattr(traffic, "run_shares", lambda *a: calls.append(a))
+    small = traffic.split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, True, work_iter,
+                                  work_epi, tiles, ksteps)
+    small_b = traffic.bottleneck_codes(util, lat, lat * 0.1, 0.6)
+    assert calls == []  # no kernel ran
+    monkeypatch.undo()
+    monkeypatch.setattr(traffic, "KERNEL_MIN_ROWS", 0)
+    big = traffic.split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, True, work_iter,
+                                work_epi, tiles, ksteps)
+    for g, w in zip(big, small):
+        assert np.array_equal(g.view(np.int64), w.view(np.int64))
+    assert np.array_equal(traffic.bottleneck_codes(util, lat, lat * 0.1, 0.6), small_b)
+
+
+def test_bottleneck_codes_match_numpy_and_twin():
+    rng = np.random.default_rng(3)
+    rows = 5000
+    util = rng.random((rows, N_RES))
+    util[rng.random((rows, N_RES)) < 0.1] = np.nan
+    util[rng.random((rows, N_RES)) < 0.05] = 0.7  # ties: the first wins
+    util[rng.random((rows, N_RES)) < 0.01] = np.inf
+    util[rng.random(rows) < 0.05] = np.nan  # infeasible rows: all NaN
+    util[rng.random(rows) < 0.2] *= 0.3  # rows under the threshold
+    lat = rng.uniform(1, 100, rows)
+    lat[rng.random(rows) < 0.05] = np.nan
+    lat[rng.random(rows) < 0.02] = np.inf
+    launch = rng.uniform(0, 100, rows)
+    got = traffic.bottleneck_codes(util, lat, launch, 0.6)
+    assert np.array_equal(got, _numpy_bottleneck(util, lat, launch, 0.6))
+    for i in range(0, rows, 7):
+        assert got[i] == naive.bottleneck_one(util[i].tolist(), float(lat[i]), float(launch[i]),
+                                              0.6, N_RES)
+    assert set(got.tolist()) >= {0, N_RES, N_RES + 1, N_RES + 2}
+    assert not math.isnan(float(got.sum()))

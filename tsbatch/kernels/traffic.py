@@ -1,0 +1,183 @@
+"""The cache model's hit rates applied to a plan's traffic, and each row's bottleneck.
+
+:func:`split_traffic` is the step of :func:`tsbatch.engine.evaluate.evaluate_plan`
+between the cache model and the envelope: each row's requested bytes per
+reduction step are split into the L1.5, L2 and DRAM work of its iteration,
+and the row's hit fractions and byte totals are formed. It is one pass over
+the rows (in shares on the thread pool) reading the solved cache problems
+through ``inv`` (row -> problem), where numpy made eleven ``(n, T)``
+temporaries, three gathers and a copy of the work matrix. The arithmetic is
+numpy's, operation by operation and in the same order (a sum over the ``T < 8``
+tensors of a row is numpy's left-to-right sum; wider rows take numpy's own
+path), so results are equal to the bit. Calls of fewer than
+:data:`KERNEL_MIN_ROWS` rows run the numpy they replaced.
+
+:func:`bottleneck_codes` is :func:`tsbatch.engine.evaluate._bottleneck`'s
+argmax over the utilizations in one pass. Plain-Python twins: ``tests/naive.py``
+(``split_traffic_one``, ``bottleneck_one``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tsbatch.kernels._config import jit_exact
+from tsbatch.kernels._threads import even_bounds, run_shares
+from tsbatch.kernels.envelope import N_RES, R_DRAM, R_L15, R_L2
+
+__all__ = ["split_traffic", "bottleneck_codes", "NUMPY_PAIRWISE_MIN", "KERNEL_MIN_ROWS"]
+
+#: numpy sums a row of at least this many elements pairwise (8 partial sums),
+#: not left to right; such rows go through numpy
+NUMPY_PAIRWISE_MIN = 8
+#: fewer rows than this go through numpy (the same results): a small call (an
+#: autotuner's thousand rows, a screening round) does not pay for loading the
+#: kernels (~5 ms each from the cache) or compiling them (~1 s each, cold)
+KERNEL_MIN_ROWS = 1 << 16
+
+_FMAX = float(np.finfo(np.float64).max)
+
+
+@jit_exact
+def _split_rows(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, work_epi,
+                tiles, ksteps, out_wi, out_l15_hit, out_l2_hit, out_dram_b, out_l2_b, lo, hi):
+    T = t_bytes.shape[1]
+    R = work_iter.shape[1]
+    for i in range(lo, hi):
+        u = inv[i]
+        for r in range(R):
+            out_wi[i, r] = work_iter[i, r]
+        req_tot = 0.0
+        l2_b = 0.0
+        dram_b = 0.0
+        l2_hit_b = 0.0
+        l15_hit_b = 0.0
+        for t in range(T):
+            req = t_bytes[i, t] if per_step[i, t] != 0 else 0.0
+            h15 = h15u[u, t]
+            a = req * (1.0 - h15)
+            if t == 0:
+                req_tot = req
+                l2_b = a
+                dram_b = req * dramu[u, t]
+                l2_hit_b = a * h2u[u, t]
+                l15_hit_b = req * h15
+            else:
+                req_tot += req
+                l2_b += a
+                dram_b += req * dramu[u, t]
+                l2_hit_b += a * h2u[u, t]
+                l15_hit_b += req * h15
+        out_wi[i, R_L15] = req_tot if has_l15 else 0.0
+        out_wi[i, R_L2] = l2_b
+        out_wi[i, R_DRAM] = dram_b
+        out_l2_hit[i] = l2_hit_b / l2_b if l2_b > 0 else 0.0
+        out_l15_hit[i] = l15_hit_b / req_tot if req_tot > 0 else 0.0
+        tf = float(tiles[i])
+        kf = float(ksteps[i])
+        out_dram_b[i] = tf * (kf * dram_b + work_epi[i, R_DRAM])
+        out_l2_b[i] = tf * (kf * l2_b + work_epi[i, R_L2])
+
+
+def _split_numpy(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, work_epi,
+                 tiles, ksteps):
+    """The numpy form (rows of :data:`NUMPY_PAIRWISE_MIN` tensors or more)."""
+    h15, h2, dram_frac = h15u[inv], h2u[inv], dramu[inv]
+    req = np.where(per_step.astype(bool), t_bytes, 0.0)
+    wi = work_iter.copy()
+    wi[:, R_L15] = req.sum(axis=1) if has_l15 else 0.0
+    wi[:, R_L2] = (req * (1.0 - h15)).sum(axis=1)
+    wi[:, R_DRAM] = (req * dram_frac).sum(axis=1)
+    rows = t_bytes.shape[0]
+    l2_req_b = (req * (1.0 - h15)).sum(axis=1)
+    l2_hit = np.divide((req * (1.0 - h15) * h2).sum(axis=1), l2_req_b,
+                       out=np.zeros(rows), where=l2_req_b > 0)
+    req_tot = req.sum(axis=1)
+    l15_hit = np.divide((req * h15).sum(axis=1), req_tot, out=np.zeros(rows), where=req_tot > 0)
+    dram_b = tiles * (ksteps * wi[:, R_DRAM] + work_epi[:, R_DRAM])
+    l2_b = tiles * (ksteps * wi[:, R_L2] + work_epi[:, R_L2])
+    return wi, l15_hit, l2_hit, dram_b, l2_b
+
+
+def split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, work_epi,
+                  tiles, ksteps):
+    """Per row: the work matrix with its L1.5, L2 and DRAM columns set from the
+    hit rates, and the L1.5 and L2 hit fractions and DRAM and L2 bytes.
+
+    ``t_bytes`` and ``per_step`` are ``(n, T)``; ``h15u``, ``h2u``, ``dramu``
+    ``(u, T)``, the results of the distinct cache problems, row ``i`` taking
+    problem ``inv[i]``. ``work_iter`` is not changed (a new matrix is made).
+    Returns ``(work_iter, l15_hit, l2_hit, dram_bytes, l2_bytes)``.
+    """
+    f64 = lambda a: np.ascontiguousarray(a, dtype=np.float64)  # noqa: E731
+    i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
+    rows, T = np.shape(t_bytes)
+    if T >= NUMPY_PAIRWISE_MIN or rows < KERNEL_MIN_ROWS:
+        return _split_numpy(np.asarray(t_bytes), np.asarray(per_step), np.asarray(h15u),
+                            np.asarray(h2u), np.asarray(dramu), np.asarray(inv), has_l15,
+                            np.asarray(work_iter), np.asarray(work_epi), np.asarray(tiles),
+                            np.asarray(ksteps))
+    work_iter = f64(work_iter)
+    out_wi = np.empty_like(work_iter)
+    outs = tuple(np.empty(rows) for _ in range(4))
+    run_shares(_split_rows, (f64(t_bytes), i64(per_step), f64(h15u), f64(h2u), f64(dramu),
+                             i64(inv), bool(has_l15), work_iter, f64(work_epi), i64(tiles),
+                             i64(ksteps), out_wi) + outs, even_bounds(rows))
+    return (out_wi,) + outs
+
+
+@jit_exact
+def _bottleneck_rows(util, lat, launch, min_util, out, lo, hi):
+    R = util.shape[1]
+    for i in range(lo, hi):
+        # np.argmax over nan_to_num(util, nan=-1): the first largest
+        idx = 0
+        best_v = -1.0
+        for r in range(R):
+            v = util[i, r]
+            if math.isnan(v):
+                v = -1.0
+            elif math.isinf(v):  # as nan_to_num: the largest finite value of its sign
+                v = _FMAX if v > 0 else -_FMAX
+            if r == 0 or v > best_v:
+                idx = r
+                best_v = v
+        best = util[i, idx]
+        if math.isnan(best):
+            best = 0.0
+        code = idx
+        if best < min_util:
+            code = N_RES
+            if launch[i] > 0.5 * lat[i]:
+                code = N_RES + 1
+        if not math.isfinite(lat[i]):
+            code = N_RES + 2
+        out[i] = code
+
+
+def _bottleneck_numpy(util, lat, launch, min_util):
+    """The numpy form (small calls)."""
+    idx = np.argmax(np.nan_to_num(util, nan=-1.0), axis=1)
+    best = np.take_along_axis(np.nan_to_num(util, nan=0.0), idx[:, None], axis=1)[:, 0]
+    idx = np.where(best < min_util, N_RES, idx)
+    idx = np.where((best < min_util) & (launch > 0.5 * lat), N_RES + 1, idx)
+    return np.where(np.isfinite(lat), idx, N_RES + 2)
+
+
+def bottleneck_codes(util, lat, launch, min_util: float) -> np.ndarray:
+    """Per row, the code of its bottleneck: the resource of the highest
+    utilization (the first of equals; NaN counts as none); ``N_RES`` (latency)
+    when that is below ``min_util``, ``N_RES + 1`` (launch) when besides the
+    launch is over half the latency; ``N_RES + 2`` when the latency is not
+    finite."""
+    f64 = lambda a: np.ascontiguousarray(a, dtype=np.float64)  # noqa: E731
+    util = f64(util)
+    rows = util.shape[0]
+    if rows < KERNEL_MIN_ROWS:
+        return _bottleneck_numpy(util, np.asarray(lat), np.asarray(launch), min_util)
+    out = np.empty(rows, dtype=np.int64)
+    run_shares(_bottleneck_rows, (util, f64(lat), f64(launch), float(min_util), out),
+               even_bounds(rows))
+    return out
