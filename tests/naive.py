@@ -330,6 +330,18 @@ def resident_one(smem_block, regs_thread, threads, warp_size, sm_smem, smem_bloc
 # ----------------------------------------------------------------------
 # envelope and waves (tsbatch/kernels/envelope.py docstring, Eq. 2-5, Alg. 2)
 # ----------------------------------------------------------------------
+def ring_queue(z: float, dem: float, n: int) -> float:
+    """Exact mean-value analysis of ``n`` customers through a delay ``z`` and one
+    queue of demand ``dem``: the time per completion, ``1 / X(n)``."""
+    queue = 0.0
+    through = 0.0
+    for c in range(1, n + 1):
+        resp = dem * (1.0 + queue)
+        through = c / (z + resp)
+        queue = through * resp
+    return 1.0 / through if through > 0.0 else 0.0
+
+
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0,
                  sync=0.0, chain=0.0, streams=1.0):
@@ -371,6 +383,8 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     d = max(p * (stages - 1), 0)
     lat_bound = (lat + mem) / d if d > 0 else (lat + mem + comp) / p
     steady = max(comp, mem, lat_bound)
+    if d > 0 and mem > 0.0:  # the ring's p * stages slots queue at the memory
+        steady = max(steady, ring_queue(lat + comp, mem, d + p))
     # first load: latency + transfer; last compute ends the loop; between them
     # N - 1 steady iterations (no latency bound when every load is in flight)
     step = max(comp, mem) if 0 < N <= d else steady

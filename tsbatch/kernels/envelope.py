@@ -140,6 +140,21 @@ def _rate_on_sm(rr, is_shared, is_compute, is_tc, active, f, shared_units, share
 
 
 @jit_scalar
+def _ring_queue(z, dem, n):
+    """Time per iteration of ``n`` customers cycling through a delay ``z`` and a
+    queue of demand ``dem`` (exact mean-value analysis, Reiser and Lavenberg
+    1980): ``1 / X(n)``, which tends to ``max(dem, (z + dem) / n)`` far from the
+    knee and lies above both near it."""
+    q = 0.0
+    x = 0.0
+    for c in range(1, n + 1):
+        r = dem * (1.0 + q)
+        x = c / (z + r)
+        q = x * r
+    return 1.0 / x if x > 0.0 else 0.0
+
+
+@jit_scalar
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0, sync=0.0,
                  chain=0.0, streams=1.0):
@@ -224,6 +239,14 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         lat_bound = (lat + mem + comp) / p
     if lat_bound > steady:
         steady = lat_bound
+    if d > 0 and mem > 0.0:
+        # the ring's p * stages slots queue at the memory system, which serves
+        # the requests of every SM in turn: exact mean-value analysis of a closed
+        # loop of those slots through the load latency and this SM's compute
+        # (delays) and the memory (a queue of demand `mem` per iteration)
+        qm = _ring_queue(lat + comp, mem, d + p)
+        if qm > steady:
+            steady = qm
     # the first load lands after one latency and its transfer, the last
     # iteration's compute ends the loop, and the n_it - 1 iterations between
     # run at the steady rate; a loop no longer than the loads in flight has
