@@ -339,6 +339,8 @@ def ring_queue(z: float, dem: float, n: int) -> float:
         resp = dem * (1.0 + queue)
         through = c / (z + resp)
         queue = through * resp
+        if through * dem > 1.0 - 1e-9:
+            break  # saturated: 1 / X = dem from here on
     return 1.0 / through if through > 0.0 else 0.0
 
 

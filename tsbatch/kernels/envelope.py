@@ -151,6 +151,8 @@ def _ring_queue(z, dem, n):
         r = dem * (1.0 + q)
         x = c / (z + r)
         q = x * r
+        if x * dem > 1.0 - 1e-9:
+            break  # saturated: the rest of the customers only queue, 1 / X = dem
     return 1.0 / x if x > 0.0 else 0.0
 
 
@@ -239,11 +241,12 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         lat_bound = (lat + mem + comp) / p
     if lat_bound > steady:
         steady = lat_bound
-    if d > 0 and mem > 0.0:
+    if d > 0 and mem > 0.0 and steady < lat + comp + mem:
         # the ring's p * stages slots queue at the memory system, which serves
         # the requests of every SM in turn: exact mean-value analysis of a closed
         # loop of those slots through the load latency and this SM's compute
-        # (delays) and the memory (a queue of demand `mem` per iteration)
+        # (delays) and the memory (a queue of demand `mem` per iteration); never
+        # longer than one slot's whole cycle, so not solved where the bounds reach it
         qm = _ring_queue(lat + comp, mem, d + p)
         if qm > steady:
             steady = qm
