@@ -24,6 +24,14 @@ compute run back to back and only the tiles interleave:
 ``stages p - 1`` with a ``(L + memory + compute)`` numerator (Eq. 3),
 which let two-stage pipelines hide twice the latency they can: measured
 two-stage 128x128x32 tiles ran 1.17x (A100) and 1.29x (H100) above it.
+Near the knee of those bounds (the loads in flight barely cover the latency)
+the ring's ``p * stages`` slots wait for each other at the memory system,
+which serves every SM's requests in turn: the steady iteration is at least
+the time per completion of exact mean-value analysis of those slots cycling
+through a delay ``L + compute`` and a queue of the busiest memory resource's
+demand ``memory`` (:func:`_ring_queue`); far from the knee that is the bound
+itself (memory-bound H100/H200 Triton GEMMs ran 12-20 % above the bare
+maximum; docs/gemm_accuracy.md, "Triton accuracy, session 2").
 The first load lands after ``T_pro = L + memory``; the ``N - 1`` iterations
 after it run at ``T_steady`` (at ``max(compute, memory)`` when ``N <= d``:
 every load of the loop is then in flight from its start, so no latency
