@@ -971,6 +971,24 @@ def lower(cols: dict, hw) -> TilePlan:
     t_per_step = np.tile(np.array([int(t.cadence == "step") for t in tens], dtype=np.int64),
                          (rows, 1))
 
+    # the DRAM's access: a contiguous run of a tile load shorter than
+    # dram_access_bytes costs a whole access of DRAM time (its row-buffer
+    # locality is lost between the runs of the many concurrent tile streams);
+    # t_bytes counts its 32-byte sectors. A tile spanning the whole contiguous
+    # extent of its operand (k <= BK of a K-contiguous one) reads its rows back
+    # to back: one run
+    t_dram_scale = None
+    g_dram = hw.cal("dram_access_bytes")
+    if g_dram > 32.0:
+        eb = eb_tab[dcode].astype(np.float64)
+        bm_, bn_, bk_ = i64(cols["block_m"]), i64(cols["block_n"]), i64(cols["block_k"])
+        a_run = np.where(b8(cols["a_row_major"]), np.where(k <= bk_, k * bm_, bk_),
+                         np.where(m <= bm_, m * bk_, bm_)) * eb
+        b_run = np.where(b8(cols["b_row_major"]), np.where(n <= bn_, n * bk_, bn_),
+                         np.where(k <= bk_, k * bn_, bk_)) * eb
+        t_dram_scale = np.ones((rows, 3), dtype=np.float64)
+        for j, run in ((0, a_run), (1, b_run)):
+            t_dram_scale[:, j] = np.ceil(run / g_dram) * g_dram / (np.ceil(run / 32.0) * 32.0)
     cyc = 1.0 / clock_mhz
     path_code = np.where(use_wgmma, 2, on_tc.astype(np.int64))
     group = clamp_group(group, g0)
@@ -979,6 +997,7 @@ def lower(cols: dict, hw) -> TilePlan:
         stages=pipe_stages, smem_block=smem_block, regs_thread=regs,
         threads=threads, warps=i64(cols["num_warps"]),
         t_mask=t_mask, t_per_step=t_per_step, t_bytes=t_bytes, t_foot=t_foot,
+        t_dram_scale=t_dram_scale,
         work_iter=work_iter, work_epi=work_epi, rate=rate, warps_full=4.0,
         lat_us=np.full(rows, hw.cal("mem_latency_us")),
         ovh_iter_us=np.full(rows, hw.cal("iter_overhead_cycles") * cyc),

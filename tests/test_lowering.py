@@ -340,3 +340,42 @@ def test_admit_kernel_matches_twin(rows):
                         else np.int64) for c in rows[0]}
     got = gemm.admit(cols)
     assert got.tolist() == [naive.gemm_admit(r) for r in rows]
+
+
+def test_dram_access_runs_by_hand():
+    """A contiguous run of a tile load shorter than the GPU's dram_access_bytes
+    costs a whole access of DRAM time (H100 128 B, A100 64 B): the DRAM share of
+    each operand's bytes is scaled by ceil(run / access) x access over its
+    32-byte sectors; a tile spanning its operand's whole contiguous extent (k <=
+    BK) reads its rows back to back as one run; 32 B (the default) scales
+    nothing. Only the DRAM column moves: L2 and L1.5 traffic stay the sectors."""
+    import dataclasses
+
+    base = dict(m=8, n=129792, k=4096, block_m=16, block_n=32, num_stages=3, num_warps=2,
+                split_k=1, dtype="float32", tf32=True, a_row_major=True)
+    rows = [dict(base, block_k=16, b_row_major=False),   # B runs BK x 4 = 64 B
+            dict(base, block_k=32, b_row_major=False),   # 128 B
+            dict(base, block_k=16, b_row_major=True),    # BN x 4 = 128 B
+            dict(base, block_k=16, b_row_major=False, dtype="float16", tf32=False),  # 32 B
+            dict(base, block_k=16, b_row_major=False, k=8)]  # k <= BK: one run of 8 x 32 x 4
+    cols, _ = validate(pl.DataFrame(rows), get_family("gemm"))
+    # A (16 x BK, row-major): runs of BK x 4 = 64 / 128 B, 32 B for fp16 BK 16;
+    # k = 8 <= BK: 8 x 16 x 4 = 512 B
+    want = {"h100_sxm": ([2.0, 1.0, 1.0, 4.0, 1.0], [2.0, 1.0, 2.0, 4.0, 1.0]),
+            "a100": ([1.0, 1.0, 1.0, 2.0, 1.0], [1.0, 1.0, 1.0, 2.0, 1.0])}
+    for gpu, (b_scale, a_scale) in want.items():
+        hw = get_hw(gpu)
+        plan = gemm.lower(cols, hw)
+        np.testing.assert_array_equal(plan.t_dram_scale[:, 1], b_scale)
+        np.testing.assert_array_equal(plan.t_dram_scale[:, 0], a_scale)
+        np.testing.assert_array_equal(plan.t_dram_scale[:, 2], 1.0)  # C: once per tile
+        flat = dataclasses.replace(hw, calibration={**hw.calibration, "dram_access_bytes": 32.0})
+        assert gemm.lower(cols, flat).t_dram_scale is None
+        frame = pl.DataFrame(rows)
+        got, ref = evaluate(frame, hw), evaluate(frame, flat)
+        # the same cache split (hit rates), so the DRAM bytes scale by operand
+        np.testing.assert_array_equal(got["l2_hit"], ref["l2_hit"])
+        assert (got["dram_bytes"] >= ref["dram_bytes"]).all()
+        moved = np.array(b_scale) * np.array(a_scale) > 1.0
+        assert ((got["dram_bytes"] > ref["dram_bytes"]).to_numpy() == moved).all()
+        assert (got["latency_us"] >= ref["latency_us"]).all()

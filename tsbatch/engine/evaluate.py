@@ -239,7 +239,8 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
     work_iter = plan.work_iter.copy()
     work_iter[:, R_L15] = req.sum(axis=1) if hw.has_l15 else 0.0
     work_iter[:, R_L2] = (req * (1.0 - h15)).sum(axis=1)
-    work_iter[:, R_DRAM] = (req * dram_frac).sum(axis=1)
+    dreq = req if plan.t_dram_scale is None else req * plan.t_dram_scale
+    work_iter[:, R_DRAM] = (dreq * dram_frac).sum(axis=1)
     env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, plan.g0 * plan.g1 * plan.g2,
                              sms, p, plan.ksteps, plan.stages, plan.warps, plan.warps_full,
                              plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us, plan.persistent,
