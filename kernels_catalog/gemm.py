@@ -455,7 +455,7 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
                 tc_eff, wg_share, g0, g1, ksteps, tiles, smem_block, threads, regs, spill, use_wg,
                 on_tc, t_bytes, t_foot, work_iter, work_epi, rate, share_eff, useful_flops, smem_bpc,
                 f8_code, f16_code, scode, fast, lib, hopper_wg, staged_mn, pipe_stages,
-                copy_smem, sms, lo, hi):
+                copy_smem, sms, g_dram, t_dram_scale, lo, hi):
     """One pass over rows ``lo:hi`` (a share; :func:`lower` runs the shares on the
     thread pool): every per-row quantity of :func:`lower` (the
     docstring there); ``tc_tab[d]`` is dtype ``d``'s tensor-core rate per SM
@@ -620,6 +620,20 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         b_eff = math.ceil(b_run / 32.0) * 32.0 / b_run
         a_fetch = a_bytes * a_eff
         b_fetch = b_bytes * b_eff
+        # the DRAM's access: a run shorter than g_dram (dram_access_bytes) costs a
+        # whole access of DRAM time, over the sectors counted above (a tile that
+        # spans its operand's whole contiguous extent reads its rows as one run)
+        if a_rm[i]:
+            ra = (k[i] * bmi if k[i] <= bki else bki) * eb
+        else:
+            ra = (m[i] * bki if m[i] <= bmi else bmi) * eb
+        if b_rm[i]:
+            rb = (n[i] * bki if n[i] <= bni else bni) * eb
+        else:
+            rb = (k[i] * bni if k[i] <= bki else bki) * eb
+        t_dram_scale[i, 0] = math.ceil(ra / g_dram) * g_dram / (math.ceil(ra / 32.0) * 32.0)
+        t_dram_scale[i, 1] = math.ceil(rb / g_dram) * g_dram / (math.ceil(rb / 32.0) * 32.0)
+        t_dram_scale[i, 2] = 1.0
         # the cache model's blocks: the same fetch at the full tile size, so that
         # a problem's cache key does not change with m and n within one grid
         # (the traffic above counts in-bound rows only)
@@ -916,6 +930,10 @@ def lower(cols: dict, hw) -> TilePlan:
     useful_flops = np.empty(rows, dtype=np.float64)
     pipe_stages = np.empty(rows, dtype=np.int64)
     copy_smem = np.empty(rows, dtype=np.float64)
+    # DRAM time per byte of each operand's DRAM share (1 where dram_access_bytes
+    # is one sector: the plan then carries none)
+    g_dram = max(hw.cal("dram_access_bytes"), 32.0)
+    t_dram_scale = np.empty((rows, 3), dtype=np.float64)
     # the release matters only to Hopper's TF32 rows: parse it for those alone
     staged_mn = np.zeros(rows, dtype=np.bool_)
     if hw.mma == "wgmma" and "triton_version" in cols:
@@ -935,7 +953,7 @@ def lower(cols: dict, hw) -> TilePlan:
                 threads, regs, spill, use_wgmma, on_tc, t_bytes, t_foot, work_iter, work_epi, rate,
                 share_eff, useful_flops, float(hw.smem_bytes_per_clk), _DTYPE_CODE["float8"],
                 _DTYPE_CODE["float16"], scode, b8(fast), lib, hw.mma == "wgmma", b8(staged_mn),
-                pipe_stages, copy_smem, sms), even_bounds(rows))
+                pipe_stages, copy_smem, sms, g_dram, t_dram_scale), even_bounds(rows))
 
     # power-limited tensor clock: tc_efficiency is the sustained share of the
     # tensor-core peak when every SM issues MMAs (the ceiling of measured GEMM
@@ -971,24 +989,6 @@ def lower(cols: dict, hw) -> TilePlan:
     t_per_step = np.tile(np.array([int(t.cadence == "step") for t in tens], dtype=np.int64),
                          (rows, 1))
 
-    # the DRAM's access: a contiguous run of a tile load shorter than
-    # dram_access_bytes costs a whole access of DRAM time (its row-buffer
-    # locality is lost between the runs of the many concurrent tile streams);
-    # t_bytes counts its 32-byte sectors. A tile spanning the whole contiguous
-    # extent of its operand (k <= BK of a K-contiguous one) reads its rows back
-    # to back: one run
-    t_dram_scale = None
-    g_dram = hw.cal("dram_access_bytes")
-    if g_dram > 32.0:
-        eb = eb_tab[dcode].astype(np.float64)
-        bm_, bn_, bk_ = i64(cols["block_m"]), i64(cols["block_n"]), i64(cols["block_k"])
-        a_run = np.where(b8(cols["a_row_major"]), np.where(k <= bk_, k * bm_, bk_),
-                         np.where(m <= bm_, m * bk_, bm_)) * eb
-        b_run = np.where(b8(cols["b_row_major"]), np.where(n <= bn_, n * bk_, bn_),
-                         np.where(k <= bk_, k * bn_, bk_)) * eb
-        t_dram_scale = np.ones((rows, 3), dtype=np.float64)
-        for j, run in ((0, a_run), (1, b_run)):
-            t_dram_scale[:, j] = np.ceil(run / g_dram) * g_dram / (np.ceil(run / 32.0) * 32.0)
     cyc = 1.0 / clock_mhz
     path_code = np.where(use_wgmma, 2, on_tc.astype(np.int64))
     group = clamp_group(group, g0)
@@ -997,7 +997,7 @@ def lower(cols: dict, hw) -> TilePlan:
         stages=pipe_stages, smem_block=smem_block, regs_thread=regs,
         threads=threads, warps=i64(cols["num_warps"]),
         t_mask=t_mask, t_per_step=t_per_step, t_bytes=t_bytes, t_foot=t_foot,
-        t_dram_scale=t_dram_scale,
+        t_dram_scale=t_dram_scale if g_dram > 32.0 else None,
         work_iter=work_iter, work_epi=work_epi, rate=rate, warps_full=4.0,
         lat_us=np.full(rows, hw.cal("mem_latency_us")),
         ovh_iter_us=np.full(rows, hw.cal("iter_overhead_cycles") * cyc),
