@@ -611,8 +611,16 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         # a tile moves min(BM, m) rows on average over the grid, m / ceil(m / BM)
         rows_a = m[i] / a if m[i] < a * bmi else float(bmi)
         cols_b = n[i] / b if n[i] < b * bni else float(bni)
-        a_bytes = rows_a * bki * eb
-        b_bytes = bki * cols_b * eb
+        # and along K, for Triton: a loop of ks steps over its k / split_k
+        # elements moves that many, not ks x BK (tl.load's mask k < K: the tail of
+        # the last step issues nothing). Library rows keep whole BK steps: which
+        # kernel cuBLAS runs for a small K is not the tile modelled here (its
+        # small-K rows ran 1.25-1.48x slower than predicted already; the library
+        # lowering's subject, docs/gemm_accuracy.md "session 2, continued")
+        kdim = _cdiv(k[i], sk)
+        kk = kdim / ks if kdim < ks * bki and not lib[i] else float(bki)
+        a_bytes = rows_a * kk * eb
+        b_bytes = kk * cols_b * eb
         # sector efficiency of the contiguous runs of each load (32-byte sectors)
         a_run = (bki if a_rm[i] else bmi) * eb
         b_run = (bni if b_rm[i] else bki) * eb

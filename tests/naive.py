@@ -746,8 +746,12 @@ def gemm_lower_one(row: dict, hw) -> dict:
     b_run = (bn if row["b_row_major"] else bk) * eb
     # edge tiles move only their in-bounds rows / columns: m / ceil(m / BM) on average
     rows_a, cols_b = row["m"] / g0, row["n"] / g1
-    a_fetch = rows_a * bk * eb * (math.ceil(a_run / 32) * 32 / a_run)
-    b_fetch = bk * cols_b * eb * (math.ceil(b_run / 32) * 32 / b_run)
+    # and along K (Triton's masked loads): ksteps steps over ceil(k / split)
+    # elements move that many; library rows fetch whole BK steps
+    kdim = _ceil_div(row["k"], split)
+    kk = kdim / ksteps if kdim < ksteps * bk and row.get("backend", "triton") != "cublas" else bk
+    a_fetch = rows_a * kk * eb * (math.ceil(a_run / 32) * 32 / a_run)
+    b_fetch = kk * cols_b * eb * (math.ceil(b_run / 32) * 32 / b_run)
     blocks = bk / 128
     nb = _ceil_div(bn, 128)
     # the cache model sees every block at its full tile size

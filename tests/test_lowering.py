@@ -380,3 +380,22 @@ def test_dram_access_runs_by_hand():
         moved = np.array(b_scale) * np.array(a_scale) > 1.0
         assert ((got["dram_bytes"] > ref["dram_bytes"]).to_numpy() == moved).all()
         assert (got["latency_us"] >= ref["latency_us"]).all()
+
+
+def test_k_tail_is_not_fetched_by_hand():
+    """Triton's masked loads fetch only the k / split_k elements of K a tile's
+    ksteps steps cover (on average k / ksteps a step), not ksteps x BK; library
+    rows keep whole BK steps. 8 x 76672 x 2 with BK = 16: A moves 8 rows x 2 x 2
+    B (sector efficiency of its 32-byte rows: 1), B 2 x 32 x 2 B a step; k = 40,
+    BK = 16: 3 steps of 40 / 3."""
+    base = dict(m=8, n=76672, block_m=16, block_n=32, block_k=16, num_stages=3, num_warps=2,
+                split_k=1, dtype="float16", tf32=False, a_row_major=True, b_row_major=True)
+    rows = [dict(base, k=2), dict(base, k=40), dict(base, k=48), dict(base, k=2, backend="cublas")]
+    cols, _ = validate(pl.DataFrame(rows), get_family("gemm"))
+    plan = gemm.lower(cols, get_hw("h100_sxm"))
+    assert plan.ksteps.tolist() == [1, 3, 3, 1]
+    kk = [2.0, 40 / 3, 16.0, 16.0]
+    np.testing.assert_allclose(plan.t_bytes[:, 0], [8 * x * 2 for x in kk], rtol=1e-15)
+    np.testing.assert_allclose(plan.t_bytes[:, 1], [x * 32 * 2 for x in kk], rtol=1e-15)
+    # the cache model's blocks stay whole tiles
+    np.testing.assert_allclose(plan.t_foot[:, 1], 16 * 32 * 2, rtol=1e-15)
