@@ -887,8 +887,10 @@ def lower(cols: dict, hw) -> TilePlan:
     ``max(stages - 1, 1)`` ring slots of the A and B tiles; registers from
     the accumulator, the MMA fragments and a fixed base, capped by the SM's
     registers per thread (the excess spills); per iteration the MMA FLOPs,
-    the A and B tile bytes rounded up to 32-byte sectors of their contiguous
-    runs, the shared-memory traffic (with the spilled registers' loads and
+    the A and B tile bytes (the in-bound rows of edge tiles and, for Triton,
+    the K the loop covers) rounded up to 32-byte sectors of their contiguous
+    runs, with the DRAM time of runs shorter than ``dram_access_bytes`` at a
+    whole access (``t_dram_scale``), the shared-memory traffic (with the spilled registers' loads and
     stores at every MMA step along ``BK``, through L1); per tile the C store (fp32 atomics,
     read and written, under split-K).
     """
