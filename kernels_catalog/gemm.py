@@ -629,8 +629,10 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         a_fetch = a_bytes * a_eff
         b_fetch = b_bytes * b_eff
         # the DRAM's access: a run shorter than g_dram (dram_access_bytes) costs a
-        # whole access of DRAM time, over the sectors counted above (a tile that
-        # spans its operand's whole contiguous extent reads its rows as one run)
+        # whole access of DRAM time, over the sectors counted above, and at most
+        # twice them (H100: 32 B and 64 B runs measured alike, 1.65 / 1.66 against
+        # 1.19-1.21 for 128-256 B; docs/gemm_accuracy.md); a tile that spans its
+        # operand's whole contiguous extent reads its rows as one run
         if a_rm[i]:
             ra = (k[i] * bmi if k[i] <= bki else bki) * eb
         else:
@@ -639,8 +641,8 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
             rb = (n[i] * bki if n[i] <= bni else bni) * eb
         else:
             rb = (k[i] * bni if k[i] <= bki else bki) * eb
-        t_dram_scale[i, 0] = math.ceil(ra / g_dram) * g_dram / (math.ceil(ra / 32.0) * 32.0)
-        t_dram_scale[i, 1] = math.ceil(rb / g_dram) * g_dram / (math.ceil(rb / 32.0) * 32.0)
+        t_dram_scale[i, 0] = min(math.ceil(ra / g_dram) * g_dram / (math.ceil(ra / 32.0) * 32.0), 2.0)
+        t_dram_scale[i, 1] = min(math.ceil(rb / g_dram) * g_dram / (math.ceil(rb / 32.0) * 32.0), 2.0)
         t_dram_scale[i, 2] = 1.0
         # the cache model's blocks: the same fetch at the full tile size, so that
         # a problem's cache key does not change with m and n within one grid

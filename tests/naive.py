@@ -758,13 +758,15 @@ def gemm_lower_one(row: dict, hw) -> dict:
     a_foot = bm * bk * eb * (math.ceil(a_run / 32) * 32 / a_run)
     b_foot = bk * bn * eb * (math.ceil(b_run / 32) * 32 / b_run)
     # DRAM time of each operand's DRAM share: a contiguous run shorter than the
-    # DRAM's access (dram_access_bytes) costs a whole access; a tile spanning the
+    # DRAM's access (dram_access_bytes) costs a whole access, at most twice its
+    # sectors; a tile spanning the
     # operand's whole contiguous extent reads its rows back to back as one run
     g_dram = max(hw.cal("dram_access_bytes"), 32.0)
     m_, n_, k_ = row["m"], row["n"], row["k"]
     ra = ((k_ * bm if k_ <= bk else bk) if row["a_row_major"] else (m_ * bk if m_ <= bm else bm)) * eb
     rb = ((n_ * bk if n_ <= bn else bn) if row["b_row_major"] else (k_ * bn if k_ <= bk else bk)) * eb
-    dram_scale = tuple(math.ceil(r / g_dram) * g_dram / (math.ceil(r / 32) * 32) for r in (ra, rb)) + (1.0,)
+    dram_scale = tuple(min(math.ceil(r / g_dram) * g_dram / (math.ceil(r / 32) * 32), 2.0)
+                       for r in (ra, rb)) + (1.0,)
     if f8 and mode == "block":  # fp32 1x128 (A) and 128x128 (B) scales
         a_fetch += rows_a * 4.0 * blocks
         b_fetch += max(nb * 4.0, 32.0) * blocks
