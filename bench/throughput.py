@@ -168,7 +168,8 @@ def naive_rows_per_s(cand: pl.DataFrame, hw, budget_s: float = 20.0, seed: int =
             req = [plan.t_bytes[i][t] if plan.t_per_step[i][t] else 0.0 for t in range(3)]
             wi[R_L15] = sum(req) if g15 else 0.0
             wi[R_L2] = sum(r * (1 - a) for r, a in zip(req, h15))
-            wi[R_DRAM] = sum(r * d for r, d in zip(req, dram))
+            sc = [1.0] * 3 if plan.t_dram_scale is None else list(plan.t_dram_scale[i])
+            wi[R_DRAM] = sum(r * d * s for r, d, s in zip(req, dram, sc))
             naive.wave_time(wi, list(plan.work_epi[i]), list(plan.rate[i]), list(SHARED),
                             list(COMPUTE), int(plan.g0[i] * plan.g1[i] * plan.g2[i]),
                             hw.sm_count, p, int(plan.ksteps[i]), int(plan.stages[i]),

@@ -102,6 +102,9 @@ class TilePlan:
     #: the cache model takes every block at its full size, so that problems of
     #: one grid share their cache results whatever m and n (None: ``t_bytes``)
     t_foot: np.ndarray | None = None
+    #: per-row DRAM time per byte of each tensor's DRAM traffic relative to its
+    #: ``t_bytes`` (runs shorter than the DRAM access; None: 1)
+    t_dram_scale: np.ndarray | None = None
     #: per-row flag: the row broke a rule checked before lowering (sizes the model
     #: cannot represent, what the backend cannot build) and was lowered from
     #: placeholder values; its numbers mean nothing and results leave them null

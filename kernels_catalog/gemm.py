@@ -466,7 +466,7 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
                 tc_eff, wg_share, g0, g1, ksteps, tiles, smem_block, threads, regs, spill, use_wg,
                 on_tc, t_bytes, t_foot, work_iter, work_epi, rate, share_eff, useful_flops, smem_bpc,
                 f8_code, f16_code, scode, fast, lib, hopper_wg, staged_mn, pipe_stages,
-                copy_smem, sms, lo, hi):
+                copy_smem, sms, g_dram, t_dram_scale, lo, hi):
     """One pass over rows ``lo:hi`` (a share; :func:`lower` runs the shares on the
     thread pool): every per-row quantity of :func:`lower` (the
     docstring there); ``tc_tab[d]`` is dtype ``d``'s tensor-core rate per SM
@@ -627,8 +627,16 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         # a tile moves min(BM, m) rows on average over the grid, m / ceil(m / BM)
         rows_a = m[i] / a if m[i] < a * bmi else float(bmi)
         cols_b = n[i] / b if n[i] < b * bni else float(bni)
-        a_bytes = rows_a * bki * eb
-        b_bytes = bki * cols_b * eb
+        # and along K, for Triton: a loop of ks steps over its k / split_k
+        # elements moves that many, not ks x BK (tl.load's mask k < K: the tail of
+        # the last step issues nothing). Library rows keep whole BK steps: which
+        # kernel cuBLAS runs for a small K is not the tile modelled here (its
+        # small-K rows ran 1.25-1.48x slower than predicted already; the library
+        # lowering's subject, docs/gemm_accuracy.md "session 2, continued")
+        kdim = _cdiv(k[i], sk)
+        kk = kdim / ks if kdim < ks * bki and not lib[i] else float(bki)
+        a_bytes = rows_a * kk * eb
+        b_bytes = kk * cols_b * eb
         # sector efficiency of the contiguous runs of each load (32-byte sectors)
         a_run = (bki if a_rm[i] else bmi) * eb
         b_run = (bni if b_rm[i] else bki) * eb
@@ -636,6 +644,22 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         b_eff = math.ceil(b_run / 32.0) * 32.0 / b_run
         a_fetch = a_bytes * a_eff
         b_fetch = b_bytes * b_eff
+        # the DRAM's access: a run shorter than g_dram (dram_access_bytes) costs a
+        # whole access of DRAM time, over the sectors counted above, and at most
+        # twice them (H100: 32 B and 64 B runs measured alike, 1.65 / 1.66 against
+        # 1.19-1.21 for 128-256 B; docs/gemm_accuracy.md); a tile that spans its
+        # operand's whole contiguous extent reads its rows as one run
+        if a_rm[i]:
+            ra = (k[i] * bmi if k[i] <= bki else bki) * eb
+        else:
+            ra = (m[i] * bki if m[i] <= bmi else bmi) * eb
+        if b_rm[i]:
+            rb = (n[i] * bki if n[i] <= bni else bni) * eb
+        else:
+            rb = (k[i] * bni if k[i] <= bki else bki) * eb
+        t_dram_scale[i, 0] = min(math.ceil(ra / g_dram) * g_dram / (math.ceil(ra / 32.0) * 32.0), 2.0)
+        t_dram_scale[i, 1] = min(math.ceil(rb / g_dram) * g_dram / (math.ceil(rb / 32.0) * 32.0), 2.0)
+        t_dram_scale[i, 2] = 1.0
         # the cache model's blocks: the same fetch at the full tile size, so that
         # a problem's cache key does not change with m and n within one grid
         # (the traffic above counts in-bound rows only)
@@ -881,8 +905,10 @@ def lower(cols: dict, hw) -> TilePlan:
     ``max(stages - 1, 1)`` ring slots of the A and B tiles; registers from
     the accumulator, the MMA fragments and a fixed base, capped by the SM's
     registers per thread (the excess spills); per iteration the MMA FLOPs,
-    the A and B tile bytes rounded up to 32-byte sectors of their contiguous
-    runs, the shared-memory traffic (with the spilled registers' loads and
+    the A and B tile bytes (the in-bound rows of edge tiles and, for Triton,
+    the K the loop covers) rounded up to 32-byte sectors of their contiguous
+    runs, with the DRAM time of runs shorter than ``dram_access_bytes`` at a
+    whole access (``t_dram_scale``), the shared-memory traffic (with the spilled registers' loads and
     stores at every MMA step along ``BK``, through L1); per tile the C store (fp32 atomics,
     read and written, under split-K).
     """
@@ -932,6 +958,10 @@ def lower(cols: dict, hw) -> TilePlan:
     useful_flops = np.empty(rows, dtype=np.float64)
     pipe_stages = np.empty(rows, dtype=np.int64)
     copy_smem = np.empty(rows, dtype=np.float64)
+    # DRAM time per byte of each operand's DRAM share (1 where dram_access_bytes
+    # is one sector: the plan then carries none)
+    g_dram = max(hw.cal("dram_access_bytes"), 32.0)
+    t_dram_scale = np.empty((rows, 3), dtype=np.float64)
     # the release matters only to Hopper's TF32 rows: parse it for those alone
     staged_mn = np.zeros(rows, dtype=np.bool_)
     if hw.mma == "wgmma" and "triton_version" in cols:
@@ -951,7 +981,7 @@ def lower(cols: dict, hw) -> TilePlan:
                 threads, regs, spill, use_wgmma, on_tc, t_bytes, t_foot, work_iter, work_epi, rate,
                 share_eff, useful_flops, float(hw.smem_bytes_per_clk), _DTYPE_CODE["float8"],
                 _DTYPE_CODE["float16"], scode, b8(fast), lib, hw.mma == "wgmma", b8(staged_mn),
-                pipe_stages, copy_smem, sms), even_bounds(rows))
+                pipe_stages, copy_smem, sms, g_dram, t_dram_scale), even_bounds(rows))
 
     lse = hw.cal("library_store_efficiency")
     if lse != 1.0 and lib.any():
@@ -1004,6 +1034,7 @@ def lower(cols: dict, hw) -> TilePlan:
         stages=pipe_stages, smem_block=smem_block, regs_thread=regs,
         threads=threads, warps=i64(cols["num_warps"]),
         t_mask=t_mask, t_per_step=t_per_step, t_bytes=t_bytes, t_foot=t_foot,
+        t_dram_scale=t_dram_scale if g_dram > 32.0 else None,
         work_iter=work_iter, work_epi=work_epi, rate=rate, warps_full=4.0,
         lat_us=np.full(rows, hw.cal("mem_latency_us")),
         ovh_iter_us=np.full(rows, hw.cal("iter_overhead_cycles") * cyc),

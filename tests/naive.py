@@ -330,6 +330,20 @@ def resident_one(smem_block, regs_thread, threads, warp_size, sm_smem, smem_bloc
 # ----------------------------------------------------------------------
 # envelope and waves (tsbatch/kernels/envelope.py docstring, Eq. 2-5, Alg. 2)
 # ----------------------------------------------------------------------
+def ring_queue(z: float, dem: float, n: int) -> float:
+    """Exact mean-value analysis of ``n`` customers through a delay ``z`` and one
+    queue of demand ``dem``: the time per completion, ``1 / X(n)``."""
+    queue = 0.0
+    through = 0.0
+    for c in range(1, n + 1):
+        resp = dem * (1.0 + queue)
+        through = c / (z + resp)
+        queue = through * resp
+        if through * dem > 1.0 - 1e-9:
+            break  # saturated: 1 / X = dem from here on
+    return 1.0 / through if through > 0.0 else 0.0
+
+
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0,
                  sync=0.0, chain=0.0, streams=1.0):
@@ -371,6 +385,8 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     d = max(p * (stages - 1), 0)
     lat_bound = (lat + mem) / d if d > 0 else (lat + mem + comp) / p
     steady = max(comp, mem, lat_bound)
+    if d > 0 and mem > 0.0:  # the ring's p * stages slots queue at the memory
+        steady = max(steady, ring_queue(lat + comp, mem, d + p))
     # first load: latency + transfer; last compute ends the loop; between them
     # N - 1 steady iterations (no latency bound when every load is in flight)
     step = max(comp, mem) if 0 < N <= d else steady
@@ -730,13 +746,27 @@ def gemm_lower_one(row: dict, hw) -> dict:
     b_run = (bn if row["b_row_major"] else bk) * eb
     # edge tiles move only their in-bounds rows / columns: m / ceil(m / BM) on average
     rows_a, cols_b = row["m"] / g0, row["n"] / g1
-    a_fetch = rows_a * bk * eb * (math.ceil(a_run / 32) * 32 / a_run)
-    b_fetch = bk * cols_b * eb * (math.ceil(b_run / 32) * 32 / b_run)
+    # and along K (Triton's masked loads): ksteps steps over ceil(k / split)
+    # elements move that many; library rows fetch whole BK steps
+    kdim = _ceil_div(row["k"], split)
+    kk = kdim / ksteps if kdim < ksteps * bk and row.get("backend", "triton") != "cublas" else bk
+    a_fetch = rows_a * kk * eb * (math.ceil(a_run / 32) * 32 / a_run)
+    b_fetch = kk * cols_b * eb * (math.ceil(b_run / 32) * 32 / b_run)
     blocks = bk / 128
     nb = _ceil_div(bn, 128)
     # the cache model sees every block at its full tile size
     a_foot = bm * bk * eb * (math.ceil(a_run / 32) * 32 / a_run)
     b_foot = bk * bn * eb * (math.ceil(b_run / 32) * 32 / b_run)
+    # DRAM time of each operand's DRAM share: a contiguous run shorter than the
+    # DRAM's access (dram_access_bytes) costs a whole access, at most twice its
+    # sectors; a tile spanning the
+    # operand's whole contiguous extent reads its rows back to back as one run
+    g_dram = max(hw.cal("dram_access_bytes"), 32.0)
+    m_, n_, k_ = row["m"], row["n"], row["k"]
+    ra = ((k_ * bm if k_ <= bk else bk) if row["a_row_major"] else (m_ * bk if m_ <= bm else bm)) * eb
+    rb = ((n_ * bk if n_ <= bn else bn) if row["b_row_major"] else (k_ * bn if k_ <= bk else bk)) * eb
+    dram_scale = tuple(min(math.ceil(r / g_dram) * g_dram / (math.ceil(r / 32) * 32), 2.0)
+                       for r in (ra, rb)) + (1.0,)
     if f8 and mode == "block":  # fp32 1x128 (A) and 128x128 (B) scales
         a_fetch += rows_a * 4.0 * blocks
         b_fetch += max(nb * 4.0, 32.0) * blocks
@@ -844,6 +874,7 @@ def gemm_lower_one(row: dict, hw) -> dict:
         "chain_us": chain,
         "t_bytes": (a_fetch, b_fetch, c_bytes),
         "t_foot": (a_foot, b_foot, float(bm * bn * ob)),
+        "t_dram_scale": dram_scale,
         "l2_epi": l2_epi,
         "dram_epi": bm * bn * 4.0 if split > 1 else c_bytes,
         "cuda_epi": cuda_epi,
@@ -897,10 +928,12 @@ def gemm_admit(row: dict) -> int:
 
 
 def split_traffic_one(t_bytes, per_step, h15, h2, dram, has_l15: bool, work_iter, work_epi,
-                      tiles: int, ksteps: int, r_l15: int, r_l2: int, r_dram: int):
+                      tiles: int, ksteps: int, r_l15: int, r_l2: int, r_dram: int,
+                      dram_scale=None):
     """One row of ``tsbatch.kernels.traffic.split_traffic``: its tensors' requested
     bytes per step split by its cache problem's hit rates (``h15``, ``h2``,
-    ``dram`` per tensor). Returns ``(work_iter, l15_hit, l2_hit, dram_bytes,
+    ``dram`` per tensor); ``dram_scale`` (per tensor, or None) multiplies each
+    tensor's bytes on their way to DRAM only. Returns ``(work_iter, l15_hit, l2_hit, dram_bytes,
     l2_bytes)``; sums run left to right from the first tensor."""
     req = [float(b) if s else 0.0 for b, s in zip(t_bytes, per_step)]
 
@@ -913,7 +946,8 @@ def split_traffic_one(t_bytes, per_step, h15, h2, dram, has_l15: bool, work_iter
     miss15 = [r * (1.0 - h) for r, h in zip(req, h15)]
     req_tot = total(req)
     l2_b = total(miss15)
-    dram_b = total([r * d for r, d in zip(req, dram)])
+    dreq = req if dram_scale is None else [r * float(s) for r, s in zip(req, dram_scale)]
+    dram_b = total([r * d for r, d in zip(dreq, dram)])
     wi = [float(v) for v in work_iter]
     wi[r_l15] = req_tot if has_l15 else 0.0
     wi[r_l2] = l2_b

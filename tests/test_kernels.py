@@ -622,6 +622,30 @@ def test_envelope_one_matches_twin(c, active):
     assert_allclose(got, want, rtol=FASTMATH_RTOL, atol=FASTMATH_RTOL * abs(want[0]))
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0.0, 10.0), st.floats(1e-3, 10.0), st.integers(1, 64))
+def test_ring_queue_lies_above_its_bounds_and_tends_to_them(z, dem, n):
+    """The ring's slots queueing at the memory (exact mean-value analysis): one
+    slot takes the whole cycle ``z + dem``; ``n`` slots never beat either bound,
+    ``dem`` (the queue busy) or ``(z + dem) / n`` (every slot in flight), and
+    never take longer than one slot alone; more slots never slow it; far past
+    the knee it is the queue's demand. The numba kernel agrees with the twin."""
+    t = naive.ring_queue(z, dem, n)
+    assert_allclose(envelope._ring_queue(z, dem, n), t, rtol=FASTMATH_RTOL, atol=0)
+    assert t >= max(dem, (z + dem) / n) * (1 - 1e-12)
+    assert t <= (z + dem) * (1 + 1e-12)
+    assert naive.ring_queue(z, dem, n + 1) <= t * (1 + 1e-12)
+    if n == 1:
+        assert_allclose(t, z + dem, rtol=1e-12)
+    # two slots by hand: q1 = dem / (z + dem), X2 = 2 / (z + dem (1 + q1))
+    two = (z + dem * (1 + dem / (z + dem))) / 2
+    # (to 1e-9: the recursion stops once the queue is saturated, X x dem > 1 - 1e-9,
+    # and answers dem; z = 1e-12, dem = 1 gives 1 against 1 + 1e-12 by hand)
+    assert_allclose(naive.ring_queue(z, dem, 2), two, rtol=1e-9)
+    far = int(20 * (z + dem) / dem) + 1  # twenty times the knee's slots
+    assert_allclose(envelope._ring_queue(z, dem, far), dem, rtol=0.06)
+
+
 @settings(max_examples=150, deadline=None)
 @given(envelope_cases(), st.integers(2, 8))
 def test_loop_barrier_stall_is_hidden_by_other_resident_tiles(c, p):

@@ -52,6 +52,7 @@ def _check(rows: list[dict], hw) -> None:
             "tensor_core": plan.work_iter[i, R_TC], "cuda_core": plan.work_iter[i, R_CUDA],
             "l2_iter": plan.work_iter[i, R_L2], "smem": plan.work_iter[i, R_SMEM],
             "t_bytes": tuple(plan.t_bytes[i]), "t_foot": tuple(plan.t_foot[i]), "l2_epi": plan.work_epi[i, R_L2],
+            "t_dram_scale": (1.0, 1.0, 1.0) if plan.t_dram_scale is None else tuple(plan.t_dram_scale[i]),
             "dram_epi": plan.work_epi[i, R_DRAM], "cuda_epi": plan.work_epi[i, R_CUDA],
             "tc_rate": plan.rate[i, R_TC], "share_eff": plan.share_eff[i],
             "useful_flops": plan.useful_flops[i],
@@ -340,3 +341,61 @@ def test_admit_kernel_matches_twin(rows):
                         else np.int64) for c in rows[0]}
     got = gemm.admit(cols)
     assert got.tolist() == [naive.gemm_admit(r) for r in rows]
+
+
+def test_dram_access_runs_by_hand():
+    """A contiguous run of a tile load shorter than the GPU's dram_access_bytes
+    costs a whole access of DRAM time (H100 128 B, A100 64 B), at most twice its
+    sectors: the DRAM share of each operand's bytes is scaled by
+    min(ceil(run / access) x access over its 32-byte sectors, 2); a tile spanning its operand's whole contiguous extent (k <=
+    BK) reads its rows back to back as one run; 32 B (the default) scales
+    nothing. Only the DRAM column moves: L2 and L1.5 traffic stay the sectors."""
+    import dataclasses
+
+    base = dict(m=8, n=129792, k=4096, block_m=16, block_n=32, num_stages=3, num_warps=2,
+                split_k=1, dtype="float32", tf32=True, a_row_major=True)
+    rows = [dict(base, block_k=16, b_row_major=False),   # B runs BK x 4 = 64 B
+            dict(base, block_k=32, b_row_major=False),   # 128 B
+            dict(base, block_k=16, b_row_major=True),    # BN x 4 = 128 B
+            dict(base, block_k=16, b_row_major=False, dtype="float16", tf32=False),  # 32 B
+            dict(base, block_k=16, b_row_major=False, k=8)]  # k <= BK: one run of 8 x 32 x 4
+    cols, _ = validate(pl.DataFrame(rows), get_family("gemm"))
+    # A (16 x BK, row-major): runs of BK x 4 = 64 / 128 B, 32 B for fp16 BK 16;
+    # k = 8 <= BK: 8 x 16 x 4 = 512 B
+    want = {"h100_sxm": ([2.0, 1.0, 1.0, 2.0, 1.0], [2.0, 1.0, 2.0, 2.0, 1.0]),
+            "a100": ([1.0, 1.0, 1.0, 2.0, 1.0], [1.0, 1.0, 1.0, 2.0, 1.0])}
+    for gpu, (b_scale, a_scale) in want.items():
+        hw = get_hw(gpu)
+        plan = gemm.lower(cols, hw)
+        np.testing.assert_array_equal(plan.t_dram_scale[:, 1], b_scale)
+        np.testing.assert_array_equal(plan.t_dram_scale[:, 0], a_scale)
+        np.testing.assert_array_equal(plan.t_dram_scale[:, 2], 1.0)  # C: once per tile
+        flat = dataclasses.replace(hw, calibration={**hw.calibration, "dram_access_bytes": 32.0})
+        assert gemm.lower(cols, flat).t_dram_scale is None
+        frame = pl.DataFrame(rows)
+        got, ref = evaluate(frame, hw), evaluate(frame, flat)
+        # the same cache split (hit rates), so the DRAM bytes scale by operand
+        np.testing.assert_array_equal(got["l2_hit"], ref["l2_hit"])
+        assert (got["dram_bytes"] >= ref["dram_bytes"]).all()
+        moved = np.array(b_scale) * np.array(a_scale) > 1.0
+        assert ((got["dram_bytes"] > ref["dram_bytes"]).to_numpy() == moved).all()
+        assert (got["latency_us"] >= ref["latency_us"]).all()
+
+
+def test_k_tail_is_not_fetched_by_hand():
+    """Triton's masked loads fetch only the k / split_k elements of K a tile's
+    ksteps steps cover (on average k / ksteps a step), not ksteps x BK; library
+    rows keep whole BK steps. 8 x 76672 x 2 with BK = 16: A moves 8 rows x 2 x 2
+    B (sector efficiency of its 32-byte rows: 1), B 2 x 32 x 2 B a step; k = 40,
+    BK = 16: 3 steps of 40 / 3."""
+    base = dict(m=8, n=76672, block_m=16, block_n=32, block_k=16, num_stages=3, num_warps=2,
+                split_k=1, dtype="float16", tf32=False, a_row_major=True, b_row_major=True)
+    rows = [dict(base, k=2), dict(base, k=40), dict(base, k=48), dict(base, k=2, backend="cublas")]
+    cols, _ = validate(pl.DataFrame(rows), get_family("gemm"))
+    plan = gemm.lower(cols, get_hw("h100_sxm"))
+    assert plan.ksteps.tolist() == [1, 3, 3, 1]
+    kk = [2.0, 40 / 3, 16.0, 16.0]
+    np.testing.assert_allclose(plan.t_bytes[:, 0], [8 * x * 2 for x in kk], rtol=1e-15)
+    np.testing.assert_allclose(plan.t_bytes[:, 1], [x * 32 * 2 for x in kk], rtol=1e-15)
+    # the cache model's blocks stay whole tiles
+    np.testing.assert_allclose(plan.t_foot[:, 1], 16 * 32 * 2, rtol=1e-15)

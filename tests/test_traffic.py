@@ -35,15 +35,24 @@ def _kernels_for_every_size(monkeypatch):
 
 @pytest.mark.parametrize("T", [0, 1, 3, 5, 7, 8, 11])
 @pytest.mark.parametrize("has_l15", [False, True])
-def test_split_traffic_matches_numpy_and_twin(T, has_l15):
-    rng = np.random.default_rng(T + 10 * has_l15)
+@pytest.mark.parametrize("scaled", [False, True])
+def test_split_traffic_matches_numpy_and_twin(T, has_l15, scaled):
+    rng = np.random.default_rng(T + 10 * has_l15 + 100 * scaled)
     rows, u = 3000, 400
     (t_bytes, per_step, h15u, h2u, dramu, inv, work_iter, work_epi, tiles,
      ksteps) = _problems(rng, rows, T, u)
+    # short DRAM runs: some tensors' DRAM bytes cost up to twice their time
+    scale = np.where(rng.random((rows, T)) < 0.5, 1.0, rng.uniform(1.0, 2.0, (rows, T))) \
+        if scaled else None
     got = traffic.split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter,
-                                work_epi, tiles, ksteps)
+                                work_epi, tiles, ksteps, scale)
     want = traffic._split_numpy(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter,
-                                work_epi, tiles, ksteps)
+                                work_epi, tiles, ksteps, scale)
+    if scaled and T:  # the scale reaches the DRAM column and bytes, nothing else
+        plain = traffic._split_numpy(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15,
+                                     work_iter, work_epi, tiles, ksteps)
+        assert np.array_equal(plain[1], want[1]) and np.array_equal(plain[4], want[4])
+        assert (want[3] >= plain[3]).all() and (want[3] > plain[3]).any()
     for g, w in zip(got, want):  # numpy's own results, to the bit
         assert g.shape == w.shape
         assert np.array_equal(g.view(np.int64), w.view(np.int64))
@@ -54,7 +63,8 @@ def test_split_traffic_matches_numpy_and_twin(T, has_l15):
         u_i = inv[i]
         wi, l15, l2, db, lb = naive.split_traffic_one(
             t_bytes[i], per_step[i], h15u[u_i], h2u[u_i], dramu[u_i], has_l15, work_iter[i],
-            work_epi[i], int(tiles[i]), int(ksteps[i]), R_L15, R_L2, R_DRAM)
+            work_epi[i], int(tiles[i]), int(ksteps[i]), R_L15, R_L2, R_DRAM,
+            None if scale is None else scale[i])
         assert got[0][i].tolist() == wi
         assert (got[1][i], got[2][i], got[3][i], got[4][i]) == (l15, l2, db, lb)
 

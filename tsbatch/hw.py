@@ -97,6 +97,15 @@ CALIBRATION_DEFAULTS: dict[str, tuple[float, str]] = {
         "fixed SM cycles per tile outside the loop (index math, epilogue "
         "conversion, store issue)",
     ),
+    "dram_access_bytes": (
+        32.0,
+        "bytes of DRAM time one contiguous run of a GEMM tile load costs at "
+        "least: a run shorter than the DRAM's access (a K-contiguous operand "
+        "with BK x element size < it, an M/N-contiguous one with BM or BN x "
+        "element size < it) pays a whole access, at most twice its sectors, its "
+        "row-buffer locality lost between the runs of the many concurrent tile "
+        "streams; 32 (one sector): nothing beyond the sectors",
+    ),
     "mem_latency_us": (
         0.6,
         "latency of one global-memory tile load on an idle chip (fill cost of "

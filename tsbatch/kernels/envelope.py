@@ -24,6 +24,14 @@ compute run back to back and only the tiles interleave:
 ``stages p - 1`` with a ``(L + memory + compute)`` numerator (Eq. 3),
 which let two-stage pipelines hide twice the latency they can: measured
 two-stage 128x128x32 tiles ran 1.17x (A100) and 1.29x (H100) above it.
+Near the knee of those bounds (the loads in flight barely cover the latency)
+the ring's ``p * stages`` slots wait for each other at the memory system,
+which serves every SM's requests in turn: the steady iteration is at least
+the time per completion of exact mean-value analysis of those slots cycling
+through a delay ``L + compute`` and a queue of the busiest memory resource's
+demand ``memory`` (:func:`_ring_queue`); far from the knee that is the bound
+itself (memory-bound H100/H200 Triton GEMMs ran 12-20 % above the bare
+maximum; docs/gemm_accuracy.md, "Triton accuracy, session 2").
 The first load lands after ``T_pro = L + memory``; the ``N - 1`` iterations
 after it run at ``T_steady`` (at ``max(compute, memory)`` when ``N <= d``:
 every load of the loop is then in flight from its start, so no latency
@@ -140,6 +148,23 @@ def _rate_on_sm(rr, is_shared, is_compute, is_tc, active, f, shared_units, share
 
 
 @jit_scalar
+def _ring_queue(z, dem, n):
+    """Time per iteration of ``n`` customers cycling through a delay ``z`` and a
+    queue of demand ``dem`` (exact mean-value analysis, Reiser and Lavenberg
+    1980): ``1 / X(n)``, which tends to ``max(dem, (z + dem) / n)`` far from the
+    knee and lies above both near it."""
+    q = 0.0
+    x = 0.0
+    for c in range(1, n + 1):
+        r = dem * (1.0 + q)
+        x = c / (z + r)
+        q = x * r
+        if x * dem > 1.0 - 1e-9:
+            break  # saturated: the rest of the customers only queue, 1 / X = dem
+    return 1.0 / x if x > 0.0 else 0.0
+
+
+@jit_scalar
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0, sync=0.0,
                  chain=0.0, streams=1.0):
@@ -224,6 +249,15 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         lat_bound = (lat + mem + comp) / p
     if lat_bound > steady:
         steady = lat_bound
+    if d > 0 and mem > 0.0 and steady < lat + comp + mem:
+        # the ring's p * stages slots queue at the memory system, which serves
+        # the requests of every SM in turn: exact mean-value analysis of a closed
+        # loop of those slots through the load latency and this SM's compute
+        # (delays) and the memory (a queue of demand `mem` per iteration); never
+        # longer than one slot's whole cycle, so not solved where the bounds reach it
+        qm = _ring_queue(lat + comp, mem, d + p)
+        if qm > steady:
+            steady = qm
     # the first load lands after one latency and its transfer, the last
     # iteration's compute ends the loop, and the n_it - 1 iterations between
     # run at the steady rate; a loop no longer than the loads in flight has

@@ -42,7 +42,8 @@ _FMAX = float(np.finfo(np.float64).max)
 
 @jit_exact
 def _split_rows(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, work_epi,
-                tiles, ksteps, out_wi, out_l15_hit, out_l2_hit, out_dram_b, out_l2_b, lo, hi):
+                tiles, ksteps, dram_scale, has_scale, out_wi, out_l15_hit, out_l2_hit, out_dram_b,
+                out_l2_b, lo, hi):
     T = t_bytes.shape[1]
     R = work_iter.shape[1]
     for i in range(lo, hi):
@@ -58,16 +59,17 @@ def _split_rows(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, wo
             req = t_bytes[i, t] if per_step[i, t] != 0 else 0.0
             h15 = h15u[u, t]
             a = req * (1.0 - h15)
+            dreq = req * dram_scale[i, t] if has_scale else req
             if t == 0:
                 req_tot = req
                 l2_b = a
-                dram_b = req * dramu[u, t]
+                dram_b = dreq * dramu[u, t]
                 l2_hit_b = a * h2u[u, t]
                 l15_hit_b = req * h15
             else:
                 req_tot += req
                 l2_b += a
-                dram_b += req * dramu[u, t]
+                dram_b += dreq * dramu[u, t]
                 l2_hit_b += a * h2u[u, t]
                 l15_hit_b += req * h15
         out_wi[i, R_L15] = req_tot if has_l15 else 0.0
@@ -82,14 +84,15 @@ def _split_rows(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, wo
 
 
 def _split_numpy(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, work_epi,
-                 tiles, ksteps):
+                 tiles, ksteps, dram_scale=None):
     """The numpy form (rows of :data:`NUMPY_PAIRWISE_MIN` tensors or more)."""
     h15, h2, dram_frac = h15u[inv], h2u[inv], dramu[inv]
     req = np.where(per_step.astype(bool), t_bytes, 0.0)
     wi = work_iter.copy()
     wi[:, R_L15] = req.sum(axis=1) if has_l15 else 0.0
     wi[:, R_L2] = (req * (1.0 - h15)).sum(axis=1)
-    wi[:, R_DRAM] = (req * dram_frac).sum(axis=1)
+    dreq = req if dram_scale is None else req * dram_scale
+    wi[:, R_DRAM] = (dreq * dram_frac).sum(axis=1)
     rows = t_bytes.shape[0]
     l2_req_b = (req * (1.0 - h15)).sum(axis=1)
     l2_hit = np.divide((req * (1.0 - h15) * h2).sum(axis=1), l2_req_b,
@@ -102,13 +105,15 @@ def _split_numpy(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, w
 
 
 def split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, work_epi,
-                  tiles, ksteps):
+                  tiles, ksteps, dram_scale=None):
     """Per row: the work matrix with its L1.5, L2 and DRAM columns set from the
     hit rates, and the L1.5 and L2 hit fractions and DRAM and L2 bytes.
 
     ``t_bytes`` and ``per_step`` are ``(n, T)``; ``h15u``, ``h2u``, ``dramu``
     ``(u, T)``, the results of the distinct cache problems, row ``i`` taking
-    problem ``inv[i]``. ``work_iter`` is not changed (a new matrix is made).
+    problem ``inv[i]``. ``dram_scale`` (``(n, T)`` or None): each tensor's DRAM
+    time per requested byte (:attr:`TilePlan.t_dram_scale`, short contiguous
+    runs), applied to the DRAM column and bytes only. ``work_iter`` is not changed (a new matrix is made).
     Returns ``(work_iter, l15_hit, l2_hit, dram_bytes, l2_bytes)``.
     """
     f64 = lambda a: np.ascontiguousarray(a, dtype=np.float64)  # noqa: E731
@@ -118,13 +123,15 @@ def split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, 
         return _split_numpy(np.asarray(t_bytes), np.asarray(per_step), np.asarray(h15u),
                             np.asarray(h2u), np.asarray(dramu), np.asarray(inv), has_l15,
                             np.asarray(work_iter), np.asarray(work_epi), np.asarray(tiles),
-                            np.asarray(ksteps))
+                            np.asarray(ksteps), dram_scale)
     work_iter = f64(work_iter)
     out_wi = np.empty_like(work_iter)
     outs = tuple(np.empty(rows) for _ in range(4))
     run_shares(_split_rows, (f64(t_bytes), i64(per_step), f64(h15u), f64(h2u), f64(dramu),
                              i64(inv), bool(has_l15), work_iter, f64(work_epi), i64(tiles),
-                             i64(ksteps), out_wi) + outs, even_bounds(rows))
+                             i64(ksteps),
+                             f64(dram_scale) if dram_scale is not None else np.ones((1, 1)),
+                             dram_scale is not None, out_wi) + outs, even_bounds(rows))
     return (out_wi,) + outs
 
 
