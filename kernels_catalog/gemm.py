@@ -616,7 +616,30 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
             cap = max_regs
         regs[i] = want if want < cap else cap
         sp = want - cap if want > cap else 0
-        spill[i] = sp
+        # the loop-carried pointer tensors of a tensor-core Triton tile (a_ptrs,
+        # b_ptrs += BK each step): one 64-bit pointer (2 registers) per vector
+        # a thread loads, BM x BK / threads / (v / eb) of them for A. REGS_BASE
+        # covers them at 16-byte vectors; an operand loaded narrower (an
+        # unaligned leading dimension: vector_bytes) keeps eb / v of them per
+        # element, 2 x 64 of them per operand for 128x128x64 on 4 warps at 2
+        # bytes. Only where the loop iterates (ksteps > 1): with the sizes
+        # compile-time constants a one-step loop is straight-line code and its
+        # pointers die at their load. Spilled pointers are reloaded and stored
+        # once per iteration, not once per MMA step as the accumulator is. The
+        # FMA dot's registers are estimated from its own ptxas footprints
+        # (_fma_layout) and do not take this term
+        px = 0
+        if tc and not lib[i] and ksteps[i] > 1:
+            ea = (bmi * bki) // th1
+            eb_ = (bki * bni) // th1
+            if va < 16:
+                px += 2 * (ea * eb // va - ea * eb // 16)
+            if vb < 16:
+                px += 2 * (eb_ * eb // vb - eb_ * eb // 16)
+        want += px
+        regs[i] = want if want < cap else cap
+        sp_ptr = (want - cap if want > cap else 0) - sp
+        spill[i] = sp + sp_ptr
         # resource vector per iteration (Eq. 1), before the cache split
         flops = 2.0 * bmi * bni * bki
         work_iter[i, R_TC] = flops if tc else 0.0
@@ -703,7 +726,7 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         # the tile copies: once through the SRAM at 16 bytes a thread, three
         # times and in whole wavefronts when narrower (sram_passes)
         copy_smem[i] = (sram_passes(va) * bmi * bki + sram_passes(vb) * bki * bni) * eb
-        work_iter[i, R_SMEM] = smem_reads + copy_smem[i] + sp * 4.0 * th * 2.0 * passes
+        work_iter[i, R_SMEM] = smem_reads + copy_smem[i] + sp * 4.0 * th * 2.0 * passes + sp_ptr * 4.0 * th * 2.0
         if a_mn or b_mn:
             # each element of an M/N-contiguous TF32 operand is written into the
             # K-major swizzled tile by a 4-byte store (STS before Triton 3.3, the

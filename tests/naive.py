@@ -806,6 +806,18 @@ def gemm_lower_one(row: dict, hw) -> dict:
     a_sync, b_sync = va < 4, vb < 4
     if (a_sync or b_sync) and not staged:
         pipe_stages = 1
+    # a tensor-core Triton tile's loop-carried pointer tensors: 2 registers per
+    # vector a thread loads, beyond what 16-byte vectors need (in REGS_BASE),
+    # where the loop iterates; their spills are reloaded once per iteration
+    ptr_spill = 0
+    if on_tc and row.get("backend", "triton") != "cublas" and ksteps > 1:
+        extra = 0
+        for v, elems in ((va, bm * bk // threads), (vb, bk * bn // threads)):
+            if v < 16:
+                extra += 2 * (elems * eb // v - elems * eb // 16)
+        ptr_spill = max(want + extra - cap, 0) - spill
+        want += extra
+        spill += ptr_spill
     flops = 2.0 * bm * bn * bk
     cuda = 0.0 if on_tc else flops
     if emul8:  # a packed fp8x2 -> f16x2 conversion per two elements read
@@ -870,7 +882,8 @@ def gemm_lower_one(row: dict, hw) -> dict:
         "l2_iter": a_fetch + b_fetch,
         "smem": smem_reads + (bm * bk * operand_sram_passes(va)
                               + bk * bn * operand_sram_passes(vb)) * eb + mn32
-        + spill * 8.0 * threads * (math.ceil(bk / (32 // eb if on_tc else 1)) if mma_kind else 1),
+        + (spill - ptr_spill) * 8.0 * threads * (math.ceil(bk / (32 // eb if on_tc else 1)) if mma_kind else 1)
+        + ptr_spill * 8.0 * threads,
         "chain_us": chain,
         "t_bytes": (a_fetch, b_fetch, c_bytes),
         "t_foot": (a_foot, b_foot, float(bm * bn * ob)),

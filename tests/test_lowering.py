@@ -399,3 +399,30 @@ def test_k_tail_is_not_fetched_by_hand():
     np.testing.assert_allclose(plan.t_bytes[:, 1], [x * 32 * 2 for x in kk], rtol=1e-15)
     # the cache model's blocks stay whole tiles
     np.testing.assert_allclose(plan.t_foot[:, 1], 16 * 32 * 2, rtol=1e-15)
+
+
+def test_narrow_operand_pointer_registers_by_hand():
+    """A tensor-core Triton tile keeps one 64-bit pointer (2 registers) per
+    vector it loads, loop-carried where the loop iterates; REGS_BASE covers
+    16-byte vectors, an operand loaded narrower adds the rest. 5376 x 5376 x 43
+    fp16, A row-major, B column-major: both leading dimensions (43) odd, 2-byte
+    vectors. 128x128x16 on 4 warps (128 threads): each operand 128 x 16 / 128
+    = 16 elements a thread, 16 pointers against 2 at 16 bytes: 2 x (16 - 2) = 28
+    registers each, 56 in all over k = 48 (aligned, same 3 steps); BK = 64
+    (one step, k = 43 <= BK) adds none; the library's rows add none."""
+    base = dict(m=5376, n=5376, block_m=128, block_n=128, block_k=16, num_stages=3,
+                num_warps=4, split_k=1, dtype="float16", tf32=False, a_row_major=True,
+                b_row_major=False)
+    rows = [dict(base, k=43), dict(base, k=48), dict(base, k=43, block_k=64),
+            dict(base, k=48, block_k=64), dict(base, k=43, backend="cublas"),
+            dict(base, k=48, backend="cublas")]
+    cols, _ = validate(pl.DataFrame(rows), get_family("gemm"))
+    hw = get_hw("h100_sxm")
+    plan = gemm.lower(cols, hw)
+    assert plan.ksteps.tolist() == [3, 3, 1, 1, 3, 3]
+    regs = plan.regs_thread.astype(np.int64)
+    spill = np.asarray(plan.extra["register_spill"], dtype=np.int64)
+    want = regs + spill  # registers asked, spilled or not
+    assert want[0] - want[1] == 56
+    assert want[2] == want[3]
+    assert want[4] == want[5]
