@@ -307,7 +307,10 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     for k, uses in enumerate(sync_work):
         for col, w in uses:
             if col == R_TC:
-                t = np.where(on_tc, w / rate[:, R_TC], w / rate[:, R_CUDA])
+                # a dtype without tensor cores has a zero rate there: its rows take
+                # the CUDA-core quotient (the other one is not used)
+                tc_rate = rate[:, R_TC]
+                t = np.where(on_tc, w / np.where(tc_rate > 0, tc_rate, 1.0), w / rate[:, R_CUDA])
             else:
                 t = w / rate[:, col] if (rate[:, col] > 0).all() else np.where(
                     rate[:, col] > 0, w / np.where(rate[:, col] > 0, rate[:, col], 1.0), 0.0)
