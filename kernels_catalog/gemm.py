@@ -31,7 +31,7 @@ from pathlib import Path
 
 from kernels_catalog.base import (
     MAX_CACHE_BLOCKS, MAX_GRID_TILES, SIZE_LIMIT, Column, Family, TilePlan, clamp_group,
-    map_codes,
+    map_codes, same_object,
 )
 from kernels_catalog.program import load_program
 from tsbatch.kernels._config import jit_exact
@@ -900,8 +900,7 @@ def admit(cols: dict, dcode: np.ndarray | None = None) -> np.ndarray:
             else np.zeros(0, dtype=np.int64)
     eb = np.array([v[0] for v in DTYPES.values()], dtype=np.float64)[dcode]
     split = i64(cols["split_k"]) if "split_k" in cols else np.ones(rows, dtype=np.int64)
-    tri = (np.asarray(cols["backend"], dtype=object) != "cublas") if "backend" in cols \
-        else np.ones(rows, dtype=np.bool_)
+    tri = ~_is_library(cols["backend"]) if "backend" in cols else np.ones(rows, dtype=np.bool_)
     code = np.zeros(rows, dtype=np.int64)
     _admit_rows(m, i64(cols["n"]), i64(cols["k"]), i64(cols["block_m"]), i64(cols["block_n"]),
                 i64(cols["block_k"]), i64(cols["num_stages"]), i64(cols["num_warps"]), split, eb,
@@ -912,6 +911,14 @@ def admit(cols: dict, dcode: np.ndarray | None = None) -> np.ndarray:
 #: the values a row not admitted is lowered with (its results are dropped)
 _PLACEHOLDER = {"m": 16, "n": 16, "k": 16, "block_m": 16, "block_n": 16, "block_k": 16,
                 "num_stages": 2, "num_warps": 4, "split_k": 1, "group_m": 1}
+
+
+def _is_library(backend) -> np.ndarray:
+    """``backend == 'cublas'`` per row; a column of one string object is one test."""
+    b = np.asarray(backend, dtype=object)
+    if b.size and type(b[0]) is str and same_object(b):
+        return np.full(b.shape[0], b[0] == "cublas", dtype=np.bool_)
+    return b == "cublas"
 
 
 def lower(cols: dict, hw) -> TilePlan:
@@ -949,8 +956,7 @@ def lower(cols: dict, hw) -> TilePlan:
     split = i64(cols["split_k"])
     group = i64(cols["group_m"])
     rows = m.shape[0]
-    lib = (np.asarray(cols["backend"], dtype=object) == "cublas") if "backend" in cols \
-        else np.zeros(rows, dtype=np.bool_)
+    lib = _is_library(cols["backend"]) if "backend" in cols else np.zeros(rows, dtype=np.bool_)
     order = map_codes(np.asarray(cols["raster"], dtype=object), ORDER_NAMES)
     # float8 options; absent when a caller lowers columns validated elsewhere
     scode = (map_codes(np.asarray(cols["scale_mode"], dtype=object), _SCALE_CODE)

@@ -426,3 +426,29 @@ def test_narrow_operand_pointer_registers_by_hand():
     assert want[0] - want[1] == 56
     assert want[2] == want[3]
     assert want[4] == want[5]
+
+
+def test_map_codes_one_value_by_identity_or_equality():
+    """The one-value shortcut of map_codes and the library test agree with the
+    per-row forms on columns of one object, of equal but distinct objects, of
+    mixed values and of non-strings."""
+    from kernels_catalog.base import map_codes, same_object
+
+    table = {"a": 3, "bb": 5}
+    one = np.array(["a"], dtype=object)[np.zeros(1000, dtype=np.int64)]
+    distinct = np.array(["".join(["b", "b"]) for _ in range(1000)], dtype=object)
+    mixed = np.array(["a", "bb"], dtype=object)[np.arange(1000) % 2]
+    assert same_object(one) and not same_object(mixed)
+    assert not same_object(distinct) and (distinct == "bb").all()
+    for v in (one, distinct, mixed, one[::3], mixed[::2]):
+        want = np.array([table[x] for x in v], dtype=np.int64)
+        np.testing.assert_array_equal(map_codes(v, table), want)
+        lib = np.where(v == "a", "cublas", "triton").astype(object)
+        np.testing.assert_array_equal(gemm._is_library(lib),
+                                      np.array([x == "cublas" for x in lib]))
+    with pytest.raises(KeyError):
+        map_codes(np.array(["zz"], dtype=object)[np.zeros(5, dtype=np.int64)], table)
+    same = np.array(["cublas"], dtype=object)[np.zeros(6, dtype=np.int64)]
+    assert same_object(same) and gemm._is_library(same).all()
+    odd = np.array([None], dtype=object)[np.zeros(4, dtype=np.int64)]
+    np.testing.assert_array_equal(gemm._is_library(odd), np.zeros(4, dtype=bool))
