@@ -748,7 +748,7 @@ def test_latency_never_falls_when_a_rate_is_lowered(c, r, factor):
     slow = dict(c, rate=list(c["rate"]))
     slow["rate"][r] *= factor
     before, after = _envelopes([c, slow])["latency_us"]
-    assert after >= before * (1 - 1e-12)
+    assert after >= before * (1 - 2e-9)  # the ring queue's precision (see below)
 
 
 @settings(max_examples=200, deadline=None)
@@ -768,7 +768,11 @@ def test_latency_never_falls_when_work_rises(c, r, factor, what):
     else:
         more["ksteps"] = c["ksteps"] + 1 + int(factor)
     before, after = _envelopes([c, more])["latency_us"]
-    assert after >= before * (1 - 1e-12)
+    # to the ring queue's precision: its mean-value recursion stops once the queue
+    # is saturated (X x demand > 1 - 1e-9, tsbatch.kernels.envelope._ring_queue),
+    # so two nearly saturated rows may swap order by up to ~1e-9 relative
+    # (hypothesis found 145.67005977 -> 145.67005969, 5.4e-10)
+    assert after >= before * (1 - 2e-9)
 
 
 def test_loop_envelope_by_hand():

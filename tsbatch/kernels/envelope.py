@@ -362,10 +362,12 @@ def _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, sta
     dem = floor / p
     if dem <= 0.0:
         return 0.0
-    t1, a1, b1, c1, _s1, st1, own1 = envelope_one(work_iter, work_epi, rate, shared, compute, 1,
-                                                  sms, ksteps, stages, warps_tile, warps_full,
-                                                  lat, ovh_iter, ovh_tile, 0, share_eff, sync,
-                                                  chain, streams)
+    # np.int64(...), not literal ints: a literal argument makes numba compile a
+    # specialization of its own (three of envelope_one instead of one)
+    t1, a1, b1, c1, _s1, st1, own1 = envelope_one(work_iter, work_epi, rate, shared, compute,
+                                                  np.int64(1), sms, ksteps, stages, warps_tile,
+                                                  warps_full, lat, ovh_iter, ovh_tile,
+                                                  np.int64(0), share_eff, sync, chain, streams)
     fl1 = resource_floor(work_iter, work_epi, rate, shared, compute, 1, sms, ksteps,
                          warps_tile, warps_full, share_eff)
     h1, hf1, _hc = _seam(a1, b1, c1, t1, st1, own1, ovh_tile, fl1)
@@ -409,8 +411,8 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     if full > 0:
         t, a, b, c, s, store, own = envelope_one(work_iter, work_epi, rate, shared, compute,
                                                  p, sms, ksteps, stages, warps_tile, warps_full,
-                                                 lat, ovh_iter, ovh_tile, 0, share_eff, sync,
-                                                 chain, streams)
+                                                 lat, ovh_iter, ovh_tile, np.int64(0), share_eff,
+                                                 sync, chain, streams)
         # stores retire asynchronously: the next wave's prologue (load latency
         # and pipeline fill) runs under the previous wave's output stores. Written
         # as one wave plus (full - 1) waves less the hidden part, not full waves
@@ -450,8 +452,8 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         pt = (tail + sms - 1) // sms
         t, a, b, c, s, _, own_t = envelope_one(work_iter, work_epi, rate, shared, compute, pt,
                                                active, ksteps, stages, warps_tile, warps_full, lat,
-                                               ovh_iter, ovh_tile, 0, share_eff, sync, chain,
-                                               streams)
+                                               ovh_iter, ovh_tile, np.int64(0), share_eff, sync,
+                                               chain, streams)
         T += t
         tp += a
         ts += b

@@ -548,8 +548,9 @@ def _group_l15(pb, sc, mm, ids, wts, lo, hi, nw, ns, sh, sslot):
                 pat_off[slot] = fill
                 pat_off[PAT_SLOTS] = fill + m
                 poff = fill
-            _memo_hits(sub_d, m, False, pb.assoc15, pb.B15, pb.unit, mm.memo15_k, mm.memo15_v,
-                       sub_d)
+            # np.bool_, not a literal: one compiled _memo_hits for both call sites
+            _memo_hits(sub_d, m, np.bool_(False), pb.assoc15, pb.B15, pb.unit, mm.memo15_k,
+                       mm.memo15_v, sub_d)
             for q in range(m):
                 v = sub_d[q]
                 h15[sub_j[q]] = v
@@ -632,7 +633,8 @@ def _hits_fast(pb, bk, sc, mm, w, valid_from, start, nw, n, nft, run):
         for j in range(n):
             hx[j] = 1.0
     else:
-        _memo_hits(sc.dist, n, True, pb.assoc2, pb.B2, pb.unit, mm.memo2_k, mm.memo2_v, hx)
+        _memo_hits(sc.dist, n, np.bool_(True), pb.assoc2, pb.B2, pb.unit, mm.memo2_k,
+                   mm.memo2_v, hx)
     _cross_wave_hits(pb, bk, mm, sc.grp, nft, sc.ids, sc.head, w, valid_from, hx)
     # per tensor (access q of every tile), in register accumulators
     for q in range(n_step):
