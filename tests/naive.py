@@ -464,13 +464,7 @@ def queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, stag
         work_iter, work_epi, rate, shared, compute, 1, sms, ksteps, warps_tile, warps_full,
         share_eff))
     delay = max(one[0] - h - hf - demand, 0.0)
-    queue = 0.0
-    throughput = 0.0
-    for n in range(1, p + 1):
-        resp = demand * (1.0 + queue)
-        throughput = n / (delay + resp)
-        queue = throughput * resp
-    return p / throughput
+    return p * ring_queue(delay, demand, p)
 
 
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,

@@ -374,13 +374,9 @@ def _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, sta
     z = t1 - h1 - hf1 - dem
     if z < 0.0:
         z = 0.0
-    q = 0.0
-    x = 0.0
-    for n in range(1, p + 1):
-        r = dem * (1.0 + q)
-        x = n / (z + r)
-        q = x * r
-    return p / x
+    # the p slots' mean-value analysis (the loop's ring queue's, with its stop at
+    # saturation): p completions per 1 / X(p)
+    return p * _ring_queue(z, dem, p)
 
 
 @jit_scalar
