@@ -444,6 +444,20 @@ def vector_bytes(ld, eb):
     return v if v < 16 else 16
 
 
+#: a contiguous run shorter than the DRAM access costs at most this many times
+#: its 32-byte sectors (H100: 32-byte runs measured as 64-byte ones)
+DRAM_SHORT_RUN_CAP = 2.0
+
+
+@jit_exact
+def dram_access_scale(run, g_dram):
+    """DRAM time per sector-rounded byte of a contiguous run of ``run`` bytes
+    when the DRAM moves ``g_dram``-byte accesses: 1 for runs of whole accesses,
+    up to :data:`DRAM_SHORT_RUN_CAP` for short ones."""
+    return min(math.ceil(run / g_dram) * g_dram / (math.ceil(run / 32.0) * 32.0),
+               DRAM_SHORT_RUN_CAP)
+
+
 @jit_exact
 def sram_passes(v):
     """Shared-memory/L1 SRAM traffic of an operand copied ``v`` bytes a thread,
@@ -614,7 +628,6 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         cap = (sm_regs // th1) // 8 * 8
         if max_regs < cap:
             cap = max_regs
-        regs[i] = want if want < cap else cap
         sp = want - cap if want > cap else 0
         # the loop-carried pointer tensors of a tensor-core Triton tile (a_ptrs,
         # b_ptrs += BK each step): one 64-bit pointer (2 registers) per vector
@@ -680,8 +693,8 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
             rb = (n[i] * bki if n[i] <= bni else bni) * eb
         else:
             rb = (k[i] * bni if k[i] <= bki else bki) * eb
-        t_dram_scale[i, 0] = min(math.ceil(ra / g_dram) * g_dram / (math.ceil(ra / 32.0) * 32.0), 2.0)
-        t_dram_scale[i, 1] = min(math.ceil(rb / g_dram) * g_dram / (math.ceil(rb / 32.0) * 32.0), 2.0)
+        t_dram_scale[i, 0] = dram_access_scale(ra, g_dram)
+        t_dram_scale[i, 1] = dram_access_scale(rb, g_dram)
         t_dram_scale[i, 2] = 1.0
         # the cache model's blocks: the same fetch at the full tile size, so that
         # a problem's cache key does not change with m and n within one grid

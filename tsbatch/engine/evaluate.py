@@ -265,22 +265,18 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
     work_iter, l15_hit, l2_hit, dram_bytes, l2_bytes = split_traffic(
         plan.t_bytes, plan.t_per_step, h15u, h2u, dramu, inv, hw.has_l15, plan.work_iter,
         plan.work_epi, tiles, plan.ksteps, plan.t_dram_scale)
-    env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, plan.g0 * plan.g1 * plan.g2,
+    env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, tiles,
                              sms, p, plan.ksteps, plan.stages, plan.warps, plan.warps_full,
                              plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us, plan.persistent,
                              plan.launch_us, share_eff=plan.share_eff, sync=plan.sync_us,
                              chain=plan.chain_us, streams=plan.streams)
     t3 = time.perf_counter()
-    pre = plan.extra.get("pre_us")
-    if pre is not None:  # a wait before the first load (a library TMA kernel's descriptor fetch)
-        env = dict(env)
-        env["latency_us"] = env["latency_us"] + pre
-        env["t_prologue_us"] = env["t_prologue_us"] + pre
-    post = plan.extra.get("post_us")
-    if post is not None:  # a second kernel after the tiles (a library split-K's reduction)
-        env = dict(env)
-        env["latency_us"] = env["latency_us"] + post
-        env["t_epilogue_us"] = env["t_epilogue_us"] + post
+    # a wait before the first load (a library TMA kernel's descriptor fetch) and a
+    # second kernel after the tiles (a library split-K's reduction)
+    for key, phase in (("pre_us", "t_prologue_us"), ("post_us", "t_epilogue_us")):
+        extra = plan.extra.get(key)
+        if extra is not None:
+            env = {**env, "latency_us": env["latency_us"] + extra, phase: env[phase] + extra}
 
     feasible = p > 0
     lat = env["latency_us"]
