@@ -1,0 +1,146 @@
+"""Where the long-K Triton GEMM error sits: measured / predicted by K steps, warps, waves, layout and row stride.
+
+    python bench/longk_breakdown.py [--data ../shared/data/gemm/a100_triton_mm.parquet] [--hw a100]
+                                    [--dtypes float16,bfloat16] [--bucket ">1ms"] [--json OUT]
+
+Issue 35's A100 lead (docs/gemm_accuracy.md, "Triton long K, session 3"):
+the model predicts the Triton rows of long reduction loops too fast. This
+predicts every Triton row of a measured GEMM file with the working tree's
+model and prints, for the problems of one time bucket (the problem's best
+measured time over all its configurations and backends, as
+``bench/regress.py`` buckets them), the median measured / predicted time and
+the row count
+
+* by warps and K steps (``ceil(k / block_k)``),
+* by warps and waves at more than 256 K steps,
+* by operand layout (``A:row B:col`` = ``a_row_major`` 1, ``b_row_major`` 0),
+* by the smaller of the two operands' row strides in bytes (log2; the
+  stride of ``A`` is ``k`` elements when it is row-major, else ``m``; of
+  ``B`` ``n`` when row-major, else ``k``),
+
+and the bytes the tiles load, ``tiles x ksteps x (BM + BN) x BK x elt``,
+over the measured and over the predicted time (TB/s), by tile and K steps.
+``--dtypes`` takes the measured file's labels (``float32`` is IEEE FP32,
+``tf32`` the TF32 rows). Nothing is fitted; the figures are read off the
+data and the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import polars as pl
+
+ROOT = Path(__file__).resolve().parent.parent
+KSTEP_EDGES = [32, 256, 1024, 4096]
+WAVE_EDGES = [1, 4, 16, 64]
+ELT = {"float16": 2, "bfloat16": 2, "float32": 4, "tf32": 4, "float8": 1}
+
+
+def _bin(col: str, edges: list[int]) -> pl.Expr:
+    """A label ``<= e0``, ``e0-e1``, ..., ``> eN`` of an integer column (sorts as text
+    in that order through a zero-padded prefix)."""
+    expr = pl.lit(f"{len(edges)}:>{edges[-1]}")
+    for i in range(len(edges) - 1, -1, -1):
+        lo = 0 if i == 0 else edges[i - 1]
+        label = f"{i}:<={edges[0]}" if i == 0 else f"{i}:{lo + 1}-{edges[i]}"
+        expr = pl.when(pl.col(col) <= edges[i]).then(pl.lit(label)).otherwise(expr)
+    return expr
+
+
+def _table(df: pl.DataFrame, rows: list[str], col: str, val: str = "ratio") -> pl.DataFrame:
+    t = (df.group_by([*rows, col])
+         .agg(pl.col(val).median().round(2).alias("v"), pl.len().alias("n"))
+         .with_columns(pl.format("{} ({})", "v", "n").alias("cell")))
+    return t.pivot(on=col, index=rows, values="cell", sort_columns=True).sort(rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=str(ROOT.parent / "shared/data/gemm/a100_triton_mm.parquet"))
+    ap.add_argument("--hw", default=None, help="GPU (default: the file's own)")
+    ap.add_argument("--dtypes", default="float16,bfloat16")
+    ap.add_argument("--bucket", default=">1ms", choices=["<20us", "20-100us", "0.1-1ms", ">1ms"])
+    ap.add_argument("--json", default=None, help="write the tables as JSON")
+    args = ap.parse_args(argv)
+    from tsbatch.engine.evaluate import evaluate
+    from tsbatch.errors import InputError
+    from tsbatch.measured.accuracy import load_measured
+
+    try:
+        loaded = load_measured([args.data], hw=args.hw)
+    except InputError as exc:
+        sys.exit(f"bench/longk_breakdown.py: {exc}")
+    frames = loaded.frames.get("gemm", [])
+    if not frames:
+        sys.exit(f"bench/longk_breakdown.py: no GEMM rows in {args.data}")
+    d = pl.concat(frames, how="vertical_relaxed")
+    best = d.group_by("_problem").agg(pl.col("measured_us").min().alias("_best"))
+    d = d.join(best, on="_problem").with_columns(
+        pl.when(pl.col("_best") < 20).then(pl.lit("<20us"))
+        .when(pl.col("_best") < 100).then(pl.lit("20-100us"))
+        .when(pl.col("_best") < 1000).then(pl.lit("0.1-1ms")).otherwise(pl.lit(">1ms")).alias("bucket"),
+        pl.when((pl.col("dtype") == "float32") & pl.col("tf32")).then(pl.lit("tf32"))
+        .otherwise(pl.col("dtype").cast(pl.String)).alias("label"))
+    dtypes = [x.strip() for x in args.dtypes.split(",") if x.strip()]
+    d = d.filter((pl.col("backend") == "triton") & pl.col("label").is_in(dtypes)
+                 & (pl.col("bucket") == args.bucket))
+    if d.height == 0:
+        sys.exit("bench/longk_breakdown.py: no Triton rows of those dtypes in that bucket")
+    out = []
+    for hw, part in d.partition_by("_hw", as_dict=True).items():
+        hw = hw[0] if isinstance(hw, tuple) else hw
+        res = evaluate(part.drop([c for c in part.columns if c.startswith("_") or c in
+                                  ("measured_us", "bucket", "label")]), hw)
+        out.append(res.select("latency_us", "feasible", "waves").with_columns(
+            part.select("m", "n", "k", "a_row_major", "b_row_major", "block_m", "block_n", "block_k",
+                        "num_warps", "measured_us", "label")))
+    r = pl.concat(out).filter(pl.col("feasible"))
+    elt = pl.col("label").replace_strict(ELT, default=2).cast(pl.Float64)
+    r = r.with_columns(
+        (pl.col("measured_us") / pl.col("latency_us")).alias("ratio"),
+        (pl.col("k") + pl.col("block_k") - 1).floordiv(pl.col("block_k")).alias("ksteps"),
+        pl.format("A:{} B:{}", pl.when(pl.col("a_row_major")).then(pl.lit("row")).otherwise(pl.lit("col")),
+                  pl.when(pl.col("b_row_major")).then(pl.lit("row")).otherwise(pl.lit("col"))).alias("layout"),
+        (pl.min_horizontal(pl.when(pl.col("a_row_major")).then(pl.col("k")).otherwise(pl.col("m")),
+                           pl.when(pl.col("b_row_major")).then(pl.col("n")).otherwise(pl.col("k")))
+         * elt).log(2).floor().cast(pl.Int64).clip(10, 18).alias("log2_stride"),
+        ((pl.col("m") + pl.col("block_m") - 1).floordiv(pl.col("block_m"))
+         * (pl.col("n") + pl.col("block_n") - 1).floordiv(pl.col("block_n"))).alias("tiles"))
+    loads = (pl.col("tiles") * pl.col("ksteps") * (pl.col("block_m") + pl.col("block_n"))
+             * pl.col("block_k") * elt)
+    r = r.with_columns(_bin("ksteps", KSTEP_EDGES).alias("ksteps_bin"),
+                       _bin("waves", WAVE_EDGES).alias("waves_bin"),
+                       (loads / pl.col("measured_us") / 1e6).alias("load_tbps_measured"),
+                       (loads / pl.col("latency_us") / 1e6).alias("load_tbps_model"),
+                       pl.format("{}x{}", "block_m", "block_n").alias("tile"))
+    tables = {
+        "measured / predicted by warps x K steps": _table(r, ["label", "num_warps"], "ksteps_bin"),
+        "measured / predicted by warps x waves, > 256 K steps":
+            _table(r.filter(pl.col("ksteps") > 256), ["num_warps", "ksteps_bin"], "waves_bin"),
+        "measured / predicted by layout, warps x K steps": _table(r, ["num_warps", "ksteps_bin"], "layout"),
+        "measured / predicted by log2 of the smaller operand row stride (bytes), warps":
+            _table(r, ["num_warps"], "log2_stride"),
+        "tile loads over the measured time, TB/s":
+            _table(r, ["num_warps", "tile"], "ksteps_bin", "load_tbps_measured"),
+        "tile loads over the predicted time, TB/s":
+            _table(r, ["num_warps", "tile"], "ksteps_bin", "load_tbps_model"),
+    }
+    pl.Config.set_tbl_rows(200)
+    pl.Config.set_tbl_cols(20)
+    pl.Config.set_fmt_str_lengths(40)
+    print(f"{args.data}: {r.height} feasible Triton rows, dtypes {dtypes}, bucket {args.bucket}; "
+          f"cells are 'median (rows)'")
+    for name, t in tables.items():
+        print(f"\n{name}")
+        print(t)
+    if args.json:
+        Path(args.json).write_text(json.dumps({k: v.to_dicts() for k, v in tables.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
