@@ -1016,13 +1016,25 @@ def lower(cols: dict, hw) -> TilePlan:
         if sel.size:
             staged_mn[sel] = (triton_release(np.asarray(cols["triton_version"], dtype=object)[sel])
                               < TRITON_PIPELINED_MN32)
+    # an operand one element wide along N with its rows along N (B row-major
+    # with n = 1; A column-major with m = 1, its transpose) has both strides 1
+    # (the leading dimension is that one element): the same memory as the
+    # K-contiguous layout, which the kernel runs as and which is lowered here.
+    # Measured: the A100 rows of 9984 x 1 x 4480 fp32 (B row-major 3.0-3.7x
+    # faster predicted than measured, the column-major twin 1.0-1.3) and the
+    # n = 1 fp16 problems of shared/data/gemm/a100_triton_mm.parquet take the
+    # same time under both flags (median ratio 1.000-1.001 over 150
+    # configuration pairs). k = 1 (A row-major / B column-major) is left as it
+    # is (docs/gemm_accuracy.md, session 3 continued)
+    a_rm = b8(np.where(b8(cols["a_row_major"]), True, m == 1))
+    b_rm = b8(np.where(b8(cols["b_row_major"]), n != 1, False))
     # the power-limited boost's ceiling on the per-clock rates (below)
     clk_cap = hw.max_clock_mhz / clock_mhz if hw.max_clock_mhz > 0 else 0.0
     # rows in shares on the thread pool (the kernel releases the GIL)
     run_shares(_lower_rows, (
                 m, n, k, i64(cols["block_m"]), i64(cols["block_n"]), i64(cols["block_k"]),
                 i64(cols["num_stages"]), i64(cols["num_warps"]), split, dcode,
-                b8(cols["tf32"]), b8(cols["a_row_major"]), b8(cols["b_row_major"]), eb_tab,
+                b8(cols["tf32"]), a_rm, b_rm, eb_tab,
                 ob_tab, tc_tab, _DTYPE_CODE["float32"], hw.mma in ("wgmma", "tcgen05"),
                 float(hw.cal("wgmma_min_warps")), int(hw.max_registers_per_thread),
                 int(hw.sm_registers), float(hw.mma_sync_fraction), float(hw.cal("tc_efficiency")),

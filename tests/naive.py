@@ -686,6 +686,13 @@ def gemm_lower_one(row: dict, hw) -> dict:
 
     ``row``: m, n, k, block_m, block_n, block_k, num_stages, num_warps,
     split_k, dtype, tf32, a_row_major, b_row_major (positive sizes)."""
+    # B row-major with n = 1 (A column-major with m = 1) has both strides 1:
+    # the same memory as the K-contiguous layout, lowered as that one
+    row = dict(row)
+    if not row["a_row_major"] and row["m"] == 1:
+        row["a_row_major"] = True
+    if row["b_row_major"] and row["n"] == 1:
+        row["b_row_major"] = False
     bm, bn, bk = row["block_m"], row["block_n"], row["block_k"]
     warps, split = row["num_warps"], row["split_k"]
     eb, ob, tc_key = GEMM_DTYPES[row["dtype"]]

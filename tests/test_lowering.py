@@ -481,3 +481,26 @@ def test_power_limited_boost_capped_at_max_clock_by_hand():
     tc0 = hw.tc_tflops("float16") * 1e6 / sms * hw.mma_sync_fraction * eff
     assert plan.rate[2, R_TC] == pytest.approx(tc0 * sms / 96.0, rel=1e-12)
     assert plan.rate[2, R_CUDA] == pytest.approx(cuda0 * cap, rel=1e-12)
+
+
+def test_one_wide_operand_lowered_as_its_k_contiguous_layout():
+    """B row-major with n = 1 (A column-major with m = 1) has both strides 1:
+    the same memory as the K-contiguous layout, lowered identically to it;
+    with n > 1 the two layouts differ (the FMA dot's shared loads)."""
+    hw = get_hw("a100")
+    base = {"k": 4480, "block_m": 64, "block_n": 16, "block_k": 32, "num_stages": 3,
+            "num_warps": 4, "split_k": 1, "dtype": "float32", "tf32": False,
+            "triton_version": "3.0"}
+    rows = [dict(base, m=9984, n=1, a_row_major=False, b_row_major=True),
+            dict(base, m=9984, n=1, a_row_major=False, b_row_major=False),
+            dict(base, m=1, n=9984, block_m=16, block_n=64, a_row_major=False, b_row_major=True),
+            dict(base, m=1, n=9984, block_m=16, block_n=64, a_row_major=True, b_row_major=True),
+            dict(base, m=9984, n=2, a_row_major=False, b_row_major=True),
+            dict(base, m=9984, n=2, a_row_major=False, b_row_major=False)]
+    cols, _ = validate(pl.DataFrame(rows), get_family("gemm"))
+    plan = gemm.lower(cols, hw)
+    for a, b in ((0, 1), (2, 3)):
+        np.testing.assert_array_equal(plan.work_iter[a], plan.work_iter[b])
+        np.testing.assert_array_equal(plan.t_bytes[a], plan.t_bytes[b])
+        assert plan.chain_us[a] == plan.chain_us[b]
+    assert plan.work_iter[4, R_SMEM] != plan.work_iter[5, R_SMEM]
