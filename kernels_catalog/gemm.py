@@ -480,7 +480,7 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
                 tc_eff, wg_share, g0, g1, ksteps, tiles, smem_block, threads, regs, spill, use_wg,
                 on_tc, t_bytes, t_foot, work_iter, work_epi, rate, share_eff, useful_flops, smem_bpc,
                 f8_code, f16_code, scode, fast, lib, hopper_wg, staged_mn, pipe_stages,
-                copy_smem, sms, g_dram, t_dram_scale, lo, hi):
+                copy_smem, sms, g_dram, t_dram_scale, clk_cap, lo, hi):
     """One pass over rows ``lo:hi`` (a share; :func:`lower` runs the shares on the
     thread pool): every per-row quantity of :func:`lower` (the
     docstring there); ``tc_tab[d]`` is dtype ``d``'s tensor-core rate per SM
@@ -799,6 +799,11 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
             if boost > 1.0 / tc_eff:
                 boost = 1.0 / tc_eff
             rate[i, R_TC] *= boost
+            # the CUDA-core and shared-memory rates are per-clock figures at the
+            # measured clock: they rise with the clock up to its maximum
+            # (clk_cap = max_clock_mhz / measured clock; 0: no maximum given)
+            if clk_cap > 0.0 and boost > clk_cap:
+                boost = clk_cap if clk_cap > 1.0 else 1.0
             rate[i, R_CUDA] *= boost
             rate[i, R_SMEM] *= boost
 
@@ -1011,11 +1016,25 @@ def lower(cols: dict, hw) -> TilePlan:
         if sel.size:
             staged_mn[sel] = (triton_release(np.asarray(cols["triton_version"], dtype=object)[sel])
                               < TRITON_PIPELINED_MN32)
+    # an operand one element wide along N with its rows along N (B row-major
+    # with n = 1; A column-major with m = 1, its transpose) has both strides 1
+    # (the leading dimension is that one element): the same memory as the
+    # K-contiguous layout, which the kernel runs as and which is lowered here.
+    # Measured: the A100 rows of 9984 x 1 x 4480 fp32 (B row-major 3.0-3.7x
+    # faster predicted than measured, the column-major twin 1.0-1.3) and the
+    # n = 1 fp16 problems of shared/data/gemm/a100_triton_mm.parquet take the
+    # same time under both flags (median ratio 1.000-1.001 over 150
+    # configuration pairs). k = 1 (A row-major / B column-major) is left as it
+    # is (docs/gemm_accuracy.md, session 3 continued)
+    a_rm = b8(np.where(b8(cols["a_row_major"]), True, m == 1))
+    b_rm = b8(np.where(b8(cols["b_row_major"]), n != 1, False))
+    # the power-limited boost's ceiling on the per-clock rates (below)
+    clk_cap = hw.max_clock_mhz / clock_mhz if hw.max_clock_mhz > 0 else 0.0
     # rows in shares on the thread pool (the kernel releases the GIL)
     run_shares(_lower_rows, (
                 m, n, k, i64(cols["block_m"]), i64(cols["block_n"]), i64(cols["block_k"]),
                 i64(cols["num_stages"]), i64(cols["num_warps"]), split, dcode,
-                b8(cols["tf32"]), b8(cols["a_row_major"]), b8(cols["b_row_major"]), eb_tab,
+                b8(cols["tf32"]), a_rm, b_rm, eb_tab,
                 ob_tab, tc_tab, _DTYPE_CODE["float32"], hw.mma in ("wgmma", "tcgen05"),
                 float(hw.cal("wgmma_min_warps")), int(hw.max_registers_per_thread),
                 int(hw.sm_registers), float(hw.mma_sync_fraction), float(hw.cal("tc_efficiency")),
@@ -1023,7 +1042,7 @@ def lower(cols: dict, hw) -> TilePlan:
                 threads, regs, spill, use_wgmma, on_tc, t_bytes, t_foot, work_iter, work_epi, rate,
                 share_eff, useful_flops, float(hw.smem_bytes_per_clk), _DTYPE_CODE["float8"],
                 _DTYPE_CODE["float16"], scode, b8(fast), lib, hw.mma == "wgmma", b8(staged_mn),
-                pipe_stages, copy_smem, sms, g_dram, t_dram_scale), even_bounds(rows))
+                pipe_stages, copy_smem, sms, g_dram, t_dram_scale, clk_cap), even_bounds(rows))
 
     lse = hw.cal("library_store_efficiency")
     if lse != 1.0 and lib.any():
@@ -1046,7 +1065,12 @@ def lower(cols: dict, hw) -> TilePlan:
     # resources alike (CUDA cores, shared memory), which rise with it: that
     # 128x128x128 FP8 tile moves 80 KiB of shared memory per 128-deep step,
     # 142 B/clk at the measured 1730 MHz against the SM's 128 B/clk, so it runs
-    # at that speed only at a higher clock
+    # at that speed only at a higher clock. The tensor-core rate so boosted is
+    # bounded by its measured peak; the CUDA-core and shared-memory rates are
+    # per-clock figures at the measured clock (not reduced by tc_efficiency on a
+    # full grid), so their boost is bounded by the GPU's maximum clock instead:
+    # min(boost, max_clock_mhz / measured clock_mhz) (A100 1410 / 1387 = 1.017,
+    # GH100 1980 / 1730 = 1.145; uncapped where the hw file gives no maximum)
     # (applied per row in _lower_rows: rate[:, R_TC / R_CUDA / R_SMEM] x boost)
 
     # a Triton FMA-dot warp's own shared loads per iteration: the shared-memory

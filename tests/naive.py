@@ -686,6 +686,13 @@ def gemm_lower_one(row: dict, hw) -> dict:
 
     ``row``: m, n, k, block_m, block_n, block_k, num_stages, num_warps,
     split_k, dtype, tf32, a_row_major, b_row_major (positive sizes)."""
+    # B row-major with n = 1 (A column-major with m = 1) has both strides 1:
+    # the same memory as the K-contiguous layout, lowered as that one
+    row = dict(row)
+    if not row["a_row_major"] and row["m"] == 1:
+        row["a_row_major"] = True
+    if row["b_row_major"] and row["n"] == 1:
+        row["b_row_major"] = False
     bm, bn, bk = row["block_m"], row["block_n"], row["block_k"]
     warps, split = row["num_warps"], row["split_k"]
     eb, ob, tc_key = GEMM_DTYPES[row["dtype"]]
@@ -833,6 +840,10 @@ def gemm_lower_one(row: dict, hw) -> dict:
     eff = hw.cal("tc_efficiency")
     # power-limited clock: fewer busy SMs than the chip run up to the full rate
     boost = min(1.0 / eff, hw.sm_count / max(min(g0 * g1 * split, hw.sm_count), 1)) if eff < 1.0 else 1.0
+    # the CUDA cores' (per-clock) rate rises with the clock, up to its maximum
+    cuda_boost = boost
+    if hw.max_clock_mhz > 0:
+        cuda_boost = min(boost, max(hw.max_clock_mhz / hw.rate("clock_mhz"), 1.0))
     # Triton's FMA dot: a warp's chain of one iteration, its FFMAs at one
     # scheduler's FP32 rate and its own shared-load wavefronts in series, plus one
     # L2 wait per spilled word where the spills do not fit the L1 that the
@@ -848,7 +859,7 @@ def gemm_lower_one(row: dict, hw) -> dict:
         smem_block = ((1 if (staged and a_mn) or a_sync else st) * bm * bk
                       + (1 if (staged and b_mn) or b_sync else st) * bk * bn) * eb
     if not mma_kind:
-        sched_rate = hw.rate("fp32_tflops") * 1e6 / hw.sm_count * boost / hw.warp_schedulers
+        sched_rate = hw.rate("fp32_tflops") * 1e6 / hw.sm_count * cuda_boost / hw.warp_schedulers
         chain = (flops / row["num_warps"]) / sched_rate \
             + smem_reads / 128.0 / row["num_warps"] / hw.rate("clock_mhz")
     if not mma_kind and spill > 0:
@@ -887,6 +898,8 @@ def gemm_lower_one(row: dict, hw) -> dict:
         "cuda_epi": cuda_epi,
         "tc_rate": (hw.tc_tflops("float16" if emul8 else tc_key) * 1e6 / hw.sm_count * path
                     * eff * boost),
+        "cuda_rate": hw.rate("fp32_tflops") * 1e6 / hw.sm_count * cuda_boost,
+        "smem_rate": hw.smem_bytes_per_clk * hw.rate("clock_mhz") * cuda_boost,
         "share_eff": hw.cal("wgmma_share_efficiency") if wgmma else 1.0,
         "useful_flops": 2.0 * row["m"] * row["n"] * row["k"],
     }

@@ -396,7 +396,12 @@ def test_loaded_sources_cover_every_numeric_field(spec: HwSpec):
     # one spec source per numeric HwSpec field, so nothing numeric came in unsourced
     numeric_fields = [f for f in dataclasses.fields(HwSpec) if f.type in ("int", "float")]
     spec_sources = [k for k in spec.sources if k.split(".")[0] in ("sm", "compute", "memory", "launch")]
-    assert len(spec_sources) == len(numeric_fields)
+    # an optional key the file leaves out keeps its default and has no source;
+    # one it gives has a source (counted above)
+    absent = [f for f in ("max_clock_mhz",) if "sm." + f not in spec.sources]
+    for f in absent:
+        assert getattr(spec, f) == 0.0, f
+    assert len(spec_sources) == len(numeric_fields) - len(absent)
     for key in spec.measured:
         assert spec.sources[f"measured.{key}"].strip(), key
     for key in spec.calibration:
@@ -436,3 +441,19 @@ def test_system_intra_node_faster_than_inter_node(path: Path):
     inter = [l["bw_unidir_gbps"]["value"] for l in links if l["scope"] == "inter_node"]
     if inter:
         assert min(intra) > max(inter)
+
+
+def test_max_clock_is_optional_and_checked(tmp_path):
+    """[sm] max_clock_mhz may be left out (0: no maximum) and, when given, is
+    at least the spec clock_mhz: one clear error otherwise."""
+    from tsbatch.hw import HwFileError, hw_dir, load_hw_file
+    text = (hw_dir() / "a100.toml").read_text()
+    assert load_hw_file(hw_dir() / "a100.toml").max_clock_mhz == 1410.0
+    import re
+    without = re.sub(r"(?m)^max_clock_mhz = .*\n", "", text)
+    p = tmp_path / "x.toml"
+    p.write_text(without)
+    assert load_hw_file(p).max_clock_mhz == 0.0
+    p.write_text(text.replace("max_clock_mhz = { value = 1410", "max_clock_mhz = { value = 1300"))
+    with pytest.raises(HwFileError, match="max_clock_mhz"):
+        load_hw_file(p)

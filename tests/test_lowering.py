@@ -55,6 +55,7 @@ def _check(rows: list[dict], hw) -> None:
             "t_dram_scale": (1.0, 1.0, 1.0) if plan.t_dram_scale is None else tuple(plan.t_dram_scale[i]),
             "dram_epi": plan.work_epi[i, R_DRAM], "cuda_epi": plan.work_epi[i, R_CUDA],
             "tc_rate": plan.rate[i, R_TC], "share_eff": plan.share_eff[i],
+            "cuda_rate": plan.rate[i, R_CUDA], "smem_rate": plan.rate[i, R_SMEM],
             "useful_flops": plan.useful_flops[i],
             "chain_us": 0.0 if plan.chain_us is None else plan.chain_us[i],
         }
@@ -452,3 +453,54 @@ def test_map_codes_one_value_by_identity_or_equality():
     assert same_object(same) and gemm._is_library(same).all()
     odd = np.array([None], dtype=object)[np.zeros(4, dtype=np.int64)]
     np.testing.assert_array_equal(gemm._is_library(odd), np.zeros(4, dtype=bool))
+
+
+def test_power_limited_boost_capped_at_max_clock_by_hand():
+    """A grid of fewer tiles than SMs boosts the tensor-core rate up to the
+    measured peak (1 / tc_efficiency) and the CUDA-core and shared-memory rates,
+    per-clock figures at the measured clock, only up to max_clock_mhz / clock."""
+    hw = get_hw("a100")
+    base = {"m": 6144, "n": 16, "k": 45696, "block_k": 32, "num_stages": 3,
+            "num_warps": 4, "split_k": 1, "dtype": "float32", "tf32": False,
+            "a_row_major": True, "b_row_major": True, "triton_version": "3.0"}
+    rows = [dict(base, block_m=64, block_n=16),   # 96 tiles on 108 SMs: boosted
+            dict(base, block_m=32, block_n=16),   # 192 tiles: no boost
+            dict(base, block_m=64, block_n=16, dtype="float16")]
+    cols, _ = validate(pl.DataFrame(rows), get_family("gemm"))
+    plan = gemm.lower(cols, hw)
+    sms, eff = hw.sm_count, hw.cal("tc_efficiency")
+    cap = 1410.0 / 1387.0
+    assert hw.max_clock_mhz == 1410.0 and hw.rate("clock_mhz") == 1387.0
+    cuda0 = hw.rate("fp32_tflops") * 1e6 / sms
+    smem0 = hw.smem_bytes_per_clk * 1387.0
+    assert plan.rate[0, R_CUDA] == pytest.approx(cuda0 * cap, rel=1e-12)
+    assert plan.rate[0, R_SMEM] == pytest.approx(smem0 * cap, rel=1e-12)
+    assert plan.rate[1, R_CUDA] == pytest.approx(cuda0, rel=1e-12)
+    assert plan.rate[1, R_SMEM] == pytest.approx(smem0, rel=1e-12)
+    # the tensor-core rate keeps the full boost: 108 / 96 = 1.125 < 1 / 0.85
+    tc0 = hw.tc_tflops("float16") * 1e6 / sms * hw.mma_sync_fraction * eff
+    assert plan.rate[2, R_TC] == pytest.approx(tc0 * sms / 96.0, rel=1e-12)
+    assert plan.rate[2, R_CUDA] == pytest.approx(cuda0 * cap, rel=1e-12)
+
+
+def test_one_wide_operand_lowered_as_its_k_contiguous_layout():
+    """B row-major with n = 1 (A column-major with m = 1) has both strides 1:
+    the same memory as the K-contiguous layout, lowered identically to it;
+    with n > 1 the two layouts differ (the FMA dot's shared loads)."""
+    hw = get_hw("a100")
+    base = {"k": 4480, "block_m": 64, "block_n": 16, "block_k": 32, "num_stages": 3,
+            "num_warps": 4, "split_k": 1, "dtype": "float32", "tf32": False,
+            "triton_version": "3.0"}
+    rows = [dict(base, m=9984, n=1, a_row_major=False, b_row_major=True),
+            dict(base, m=9984, n=1, a_row_major=False, b_row_major=False),
+            dict(base, m=1, n=9984, block_m=16, block_n=64, a_row_major=False, b_row_major=True),
+            dict(base, m=1, n=9984, block_m=16, block_n=64, a_row_major=True, b_row_major=True),
+            dict(base, m=9984, n=2, a_row_major=False, b_row_major=True),
+            dict(base, m=9984, n=2, a_row_major=False, b_row_major=False)]
+    cols, _ = validate(pl.DataFrame(rows), get_family("gemm"))
+    plan = gemm.lower(cols, hw)
+    for a, b in ((0, 1), (2, 3)):
+        np.testing.assert_array_equal(plan.work_iter[a], plan.work_iter[b])
+        np.testing.assert_array_equal(plan.t_bytes[a], plan.t_bytes[b])
+        assert plan.chain_us[a] == plan.chain_us[b]
+    assert plan.work_iter[4, R_SMEM] != plan.work_iter[5, R_SMEM]

@@ -175,6 +175,11 @@ _MEMORY_KEYS = (
     "dram_bw_tbps",
 )
 _LAUNCH_KEYS = ("launch_overhead_us",)
+#: keys a section may give (with a source, like every other): what is left out
+#: keeps its HwSpec default. ``max_clock_mhz``: the highest SM clock the GPU
+#: runs at (its maximum boost), the ceiling of the power-limited boost of the
+#: per-clock rates (kernels_catalog/gemm.py)
+_OPTIONAL = {"sm": ("max_clock_mhz",)}
 _REQUIRED = {
     "sm": _SM_KEYS,
     "compute": _COMPUTE_KEYS,
@@ -251,6 +256,10 @@ class HwSpec:
     dram_bytes: int
     dram_bw_tbps: float
     launch_overhead_us: float
+    #: the SM's maximum clock (its maximum boost, MHz); 0 where the file gives
+    #: none. A grid that keeps fewer SMs busy than the chip has may run its SMs
+    #: above the measured (power-limited) clock, up to this one
+    max_clock_mhz: float = 0.0
     measured: Mapping[str, float] = field(default_factory=dict)
     calibration: Mapping[str, float] = field(default_factory=dict)
     sources: Mapping[str, str] = field(default_factory=dict)
@@ -379,7 +388,13 @@ def load_hw_file(path: str | Path) -> HwSpec:
             ) else k
             values[fname] = v
             sources[f"{section}.{k}"] = s
-        extra = set(sec) - set(keys)
+        opt = _OPTIONAL.get(section, ())
+        for k in opt:
+            if k in sec:
+                v, s = _num(path, section, k, sec[k])
+                values[k] = v
+                sources[f"{section}.{k}"] = s
+        extra = set(sec) - set(keys) - set(opt)
         if extra:
             raise HwFileError(f"{path}: [{section}] has unknown keys {sorted(extra)}")
 
@@ -410,6 +425,11 @@ def load_hw_file(path: str | Path) -> HwSpec:
         "l2_line_bytes", "l15_bytes", "l15_group_sms", "l15_assoc", "dram_bytes",
     }
     kwargs = {k: (int(v) if k in ints else float(v)) for k, v in values.items()}
+    if 0 < kwargs.get("max_clock_mhz", 0.0) < kwargs["clock_mhz"]:
+        raise HwFileError(
+            f"{path}: [sm] max_clock_mhz ({kwargs['max_clock_mhz']:g}) must be at least "
+            f"clock_mhz ({kwargs['clock_mhz']:g}): it is the SM's highest clock"
+        )
     if kwargs["l1_smem_bytes"] < kwargs["sm_smem_bytes"]:
         raise HwFileError(
             f"{path}: [sm] l1_smem_bytes ({kwargs['l1_smem_bytes']}) must be at least "
