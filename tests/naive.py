@@ -340,7 +340,8 @@ def ring_queue(z: float, dem: float, n: int) -> float:
         through = c / (z + resp)
         queue = through * resp
         if through * dem > 1.0 - 1e-9:
-            break  # saturated: 1 / X = dem from here on
+            # saturated: dem / (1 - 1e-9) from here on, never above one customer's cycle
+            return min(dem / (1.0 - 1e-9), z + dem)
     return 1.0 / through if through > 0.0 else 0.0
 
 
@@ -469,10 +470,11 @@ def queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, stag
 
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
-              chain=0.0, streams=1.0):
+              chain=0.0, streams=1.0, queue=True):
     """``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``: full waves
     of ``sms * p`` tiles, then a tail of fewer tiles on fewer SMs (recomputed);
-    a persistent grid is one run of ``ceil(tiles / sms)`` tiles per SM."""
+    a persistent grid is one run of ``ceil(tiles / sms)`` tiles per SM.
+    ``queue=False``: without the queued-wave term (the screen's bound)."""
     conc = sms * p
     args = (work_iter, work_epi, rate, shared, compute)
     if persistent:
@@ -499,7 +501,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         if p > 1 and full > 1:  # out-of-step slots work under (1 - 1/p) of the rest
             inc = min(inc, max(floor, inc - (1.0 - 1.0 / p) * (store - h - hf)))
             # ... and queue for a memory resource fed in bursts (once-per-tile work)
-            if beta > 0.0:
+            if queue and beta > 0.0:
                 qd = queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                  stages, warps_tile, warps_full, lat, ovh_iter, ovh_tile,
                                  share_eff, sync, chain, streams, floor)

@@ -124,7 +124,8 @@ def lower_bound(plan: TilePlan, p: np.ndarray, hw: HwSpec, *, own: bool = False)
     env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, plan.g0 * plan.g1 * plan.g2,
                              hw.sm_count, p, plan.ksteps, plan.stages, plan.warps,
                              plan.warps_full, plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us,
-                             plan.persistent, plan.launch_us, latency_only=True, **kw)
+                             plan.persistent, plan.launch_us, latency_only=True, queue=False,
+                             **kw)
     return env["latency_us"]
 
 

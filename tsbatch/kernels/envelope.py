@@ -147,20 +147,32 @@ def _rate_on_sm(rr, is_shared, is_compute, is_tc, active, f, shared_units, share
     return rr
 
 
+#: utilisation at which :func:`_ring_queue` stops its recursion
+RING_SATURATED = 1e-9
+
+
 @jit_scalar
 def _ring_queue(z, dem, n):
     """Time per iteration of ``n`` customers cycling through a delay ``z`` and a
     queue of demand ``dem`` (exact mean-value analysis, Reiser and Lavenberg
     1980): ``1 / X(n)``, which tends to ``max(dem, (z + dem) / n)`` far from the
-    knee and lies above both near it."""
+    knee and lies above both near it. Returned as ``min(max(1 / X(n), dem / (1 -
+    RING_SATURATED)), z + dem)`` (within 1e-9 of ``1 / X(n)``), so that the
+    recursion can stop at saturation and the answer stays non-decreasing in
+    ``z`` and ``dem``."""
     q = 0.0
     x = 0.0
     for c in range(1, n + 1):
         r = dem * (1.0 + q)
         x = c / (z + r)
         q = x * r
-        if x * dem > 1.0 - 1e-9:
-            break  # saturated: the rest of the customers only queue, 1 / X = dem
+        if x * dem > 1.0 - RING_SATURATED:
+            # saturated (the utilisation only grows with the customers): the
+            # answer is then dem / (1 - RING_SATURATED), never more than one
+            # customer's cycle; this keeps it non-decreasing in z and dem
+            # (1 / X(c) at the stop would fall when z grows and the stop moves on)
+            s = dem / (1.0 - RING_SATURATED)
+            return s if s < z + dem else z + dem
     return 1.0 / x if x > 0.0 else 0.0
 
 
@@ -382,10 +394,17 @@ def _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, sta
 @jit_scalar
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
-              chain=0.0, streams=1.0):
+              chain=0.0, streams=1.0, queue=1):
     """Whole-grid time by waves (Algorithm 2): full waves plus a recomputed tail.
 
     Returns ``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``.
+    ``queue=0`` leaves out the out-of-step slots' queueing for a burst-fed
+    busiest resource (:func:`_queued_wave`), which only ever adds time: the
+    rest is non-decreasing in every work entry (prologue, loop, epilogue and
+    the seams between waves are maxima and minima of non-decreasing terms,
+    docs/gemm_accuracy.md, "Speed, session 3"), so the screen's lower bound
+    takes it out; with it the latency can fall where the busiest resource's
+    loop work grows (its burst share ``beta`` shrinks).
     """
     conc = sms * p
     if persistent != 0:
@@ -430,7 +449,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
             # but where the busiest resource is a memory one fed in bursts (once per
             # tile), the out-of-step slots queue for it: that share of its demand
             # waits as in a closed queue of p slots, never less than the above
-            if beta > 0.0:
+            if queue != 0 and beta > 0.0:
                 qd = _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                   stages, warps_tile, warps_full, lat, ovh_iter, ovh_tile,
                                   share_eff, sync, chain, streams, floor)
@@ -469,7 +488,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
 @jit_serial
 def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
                warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff, sync,
-               chain, streams, out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util,
+               chain, streams, queue, out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util,
                lo, hi):
     R = work_iter.shape[1] if want_util else 0
     for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: no wraparound check per access
@@ -488,7 +507,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
                                           tiles[i], sms, p[i], ksteps[i], stages[i],
                                           warps_tile[i], warps_full, lat[i], ovh_iter[i],
                                           ovh_tile[i], persistent[i], share_eff[i], sync[i],
-                                          chain[i], streams[i])
+                                          chain[i], streams[i], queue)
         total = t + launch[i]
         out_t[i] = total
         out_pro[i] = a
@@ -511,7 +530,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
 
 def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages, warps_tile,
                        warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff=None, sync=None,
-                       latency_only=False, chain=None, streams=None):
+                       latency_only=False, chain=None, streams=None, queue=True):
     """Batched :func:`wave_time` plus launch time and per-resource utilization.
 
     ``work_iter``, ``work_epi``, ``rate`` are ``(n, N_RES)``; rates in work
@@ -527,6 +546,9 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
     Returns a dict of arrays: ``latency_us, t_prologue_us, t_steady_us,
     t_epilogue_us, t_steady_iter_us, waves, tail_tiles, util`` (n, N_RES);
     ``latency_only=True`` leaves out ``util`` (the other arrays are the same).
+    ``queue=False`` leaves out the queued-wave term of :func:`wave_time` (a
+    latency never above the model's, non-decreasing in every work entry: the
+    screen's lower bound).
     """
     n = np.shape(tiles)[0]
     f = lambda a: np.ascontiguousarray(np.broadcast_to(a, (n,)), dtype=np.float64)  # noqa: E731
@@ -543,7 +565,7 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
             f(lat), f(ovh_iter), f(ovh_tile), i(persistent), f(launch),
             f(1.0 if share_eff is None else share_eff), f(0.0 if sync is None else sync),
             f(0.0 if chain is None else chain), f(1.0 if streams is None else streams),
-            out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
+            np.int64(1 if queue else 0), out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
             out["t_steady_iter_us"], waves, tail, util, not latency_only)
     run_shares(_envelopes, args, even_bounds(n))
     out["waves"] = waves
