@@ -147,6 +147,14 @@ def _rate_on_sm(rr, is_shared, is_compute, is_tc, active, f, shared_units, share
     return rr
 
 
+#: :func:`wave_time`'s ``queue`` bits: the out-of-step slots' queued wave, and the
+#: ring's queue at the memory in the loop (the model keeps both)
+QUEUE_WAVE = 1
+QUEUE_RING = 2
+#: instead of the ring's queue, a lower bound of it (:func:`_ring_queue_floor`)
+QUEUE_RING_FLOOR = 4
+#: mean-value steps of :func:`_ring_queue_floor`
+RING_FLOOR_STEPS = 1
 #: utilisation at which :func:`_ring_queue` stops its recursion
 RING_SATURATED = 1e-9
 
@@ -176,10 +184,28 @@ def _ring_queue(z, dem, n):
     return 1.0 / x if x > 0.0 else 0.0
 
 
+@jit_scalar
+def _ring_queue_floor(z, dem, n, steps):
+    """A lower bound of :func:`_ring_queue` in at most ``steps + 1`` steps: the
+    mean-value recursion run from customer ``m = max(n - steps, 1)`` only, from
+    ``R(m) >= dem (1 + (m - 1) dem / (z + dem))`` (exact for ``m = 1``): the
+    queue met by an arrival, ``Q(c - 1) = (c - 1) R(c - 1) / (z + R(c - 1))``, is
+    increasing in ``R(c - 1) >= dem``, so each step keeps ``R(c)`` at or below the
+    exact one; ``(z + R(n)) / n`` less a relative 1e-9 (the exact recursion's
+    rounding, and its answer at saturation, ``dem / (1 - 1e-9)``, lie above)."""
+    m = n - steps
+    if m < 1:
+        m = 1
+    r = dem * (1.0 + (m - 1) * dem / (z + dem))
+    for c in range(m + 1, n + 1):
+        r = dem * (1.0 + (c - 1) * r / (z + r))
+    return (z + r) / n * (1.0 - 1e-9)
+
+
 @jit_scalar_call  # not IR-inlined: four call sites (cold compile 14 s -> ~4 s)
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0, sync=0.0,
-                 chain=0.0, streams=1.0):
+                 chain=0.0, streams=1.0, ring=1):
     """Envelope of one SM's share of one wave (or of a persistent run).
 
     Returns ``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store,
@@ -194,6 +220,8 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     critical path of one iteration in one issue stream at the SM's full rates
     (0: none beyond the resource sums) and ``streams`` the issue streams per
     tile; the ``p * streams`` streams on the SM interleave their chains.
+    ``ring=0`` leaves out the ring's queueing at the memory (:func:`_ring_queue`),
+    which only ever raises the steady iteration: a lower bound (the screen's).
     """
     f = p * warps_tile / warps_full
     shared_units = f > 1.0  # several issue groups share the tensor cores
@@ -261,13 +289,16 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         lat_bound = (lat + mem + comp) / p
     if lat_bound > steady:
         steady = lat_bound
-    if d > 0 and mem > 0.0 and steady < lat + comp + mem:
+    if ring != 0 and d > 0 and mem > 0.0 and steady < lat + comp + mem:
         # the ring's p * stages slots queue at the memory system, which serves
         # the requests of every SM in turn: exact mean-value analysis of a closed
         # loop of those slots through the load latency and this SM's compute
         # (delays) and the memory (a queue of demand `mem` per iteration); never
         # longer than one slot's whole cycle, so not solved where the bounds reach it
-        qm = _ring_queue(lat + comp, mem, d + p)
+        if ring == 1:
+            qm = _ring_queue(lat + comp, mem, d + p)
+        else:
+            qm = _ring_queue_floor(lat + comp, mem, d + p, RING_FLOOR_STEPS)
         if qm > steady:
             steady = qm
     # the first load lands after one latency and its transfer, the last
@@ -379,7 +410,8 @@ def _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, sta
     t1, a1, b1, c1, _s1, st1, own1 = envelope_one(work_iter, work_epi, rate, shared, compute,
                                                   np.int64(1), sms, ksteps, stages, warps_tile,
                                                   warps_full, lat, ovh_iter, ovh_tile,
-                                                  np.int64(0), share_eff, sync, chain, streams)
+                                                  np.int64(0), share_eff, sync, chain, streams,
+                                                  np.int64(1))
     fl1 = resource_floor(work_iter, work_epi, rate, shared, compute, 1, sms, ksteps,
                          warps_tile, warps_full, share_eff)
     h1, hf1, _hc = _seam(a1, b1, c1, t1, st1, own1, ovh_tile, fl1)
@@ -394,26 +426,32 @@ def _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, sta
 @jit_scalar
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
-              chain=0.0, streams=1.0, queue=1):
+              chain=0.0, streams=1.0, queue=3):
     """Whole-grid time by waves (Algorithm 2): full waves plus a recomputed tail.
 
     Returns ``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``.
-    ``queue=0`` leaves out the out-of-step slots' queueing for a burst-fed
-    busiest resource (:func:`_queued_wave`), which only ever adds time: the
-    rest is non-decreasing in every work entry (prologue, loop, epilogue and
-    the seams between waves are maxima and minima of non-decreasing terms,
-    docs/gemm_accuracy.md, "Speed, session 3"), so the screen's lower bound
-    takes it out; with it the latency can fall where the busiest resource's
-    loop work grows (its burst share ``beta`` shrinks).
+    ``queue`` (bits :data:`QUEUE_WAVE`, :data:`QUEUE_RING`; the model: both)
+    keeps the queueing terms, which only ever add time: the out-of-step slots'
+    queueing for a burst-fed busiest resource between waves
+    (:func:`_queued_wave`) and the ring's slots' queueing at the memory in the
+    loop (:func:`_ring_queue`, ``ring`` of :func:`envelope_one`). The rest is
+    non-decreasing in every work entry and in each wave's steady iteration
+    (prologue, loop, epilogue and the seams between waves are maxima and minima
+    of non-decreasing terms, docs/gemm_accuracy.md, "Speed, session 3"), so the
+    screen's lower bound takes them out. With the queued wave the latency can
+    fall where the busiest resource's loop work grows (its burst share
+    ``beta`` shrinks); the ring queue is non-decreasing in its delay and
+    demand, but costs ~40 % of the bound's envelope for ~0.3 % of its rows.
     """
     conc = sms * p
+    ring = 1 if (queue & QUEUE_RING) != 0 else (2 if (queue & QUEUE_RING_FLOOR) != 0 else 0)
     if persistent != 0:
         per_sm = (tiles + sms - 1) // sms
         active = sms if tiles > sms else tiles
         t, a, b, c, s, _, _ = envelope_one(work_iter, work_epi, rate, shared, compute, p,
                                            active, ksteps, stages, warps_tile, warps_full, lat,
                                            ovh_iter, ovh_tile, per_sm, share_eff, sync, chain,
-                                           streams)
+                                           streams, ring)
         return t, a, b, c, s, (tiles + conc - 1) // conc, tiles % conc
     full = tiles // conc
     tail = tiles - full * conc
@@ -427,7 +465,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         t, a, b, c, s, store, own = envelope_one(work_iter, work_epi, rate, shared, compute,
                                                  p, sms, ksteps, stages, warps_tile, warps_full,
                                                  lat, ovh_iter, ovh_tile, np.int64(0), share_eff,
-                                                 sync, chain, streams)
+                                                 sync, chain, streams, ring)
         # stores retire asynchronously: the next wave's prologue (load latency
         # and pipeline fill) runs under the previous wave's output stores. Written
         # as one wave plus (full - 1) waves less the hidden part, not full waves
@@ -449,7 +487,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
             # but where the busiest resource is a memory one fed in bursts (once per
             # tile), the out-of-step slots queue for it: that share of its demand
             # waits as in a closed queue of p slots, never less than the above
-            if queue != 0 and beta > 0.0:
+            if (queue & QUEUE_WAVE) != 0 and beta > 0.0:
                 qd = _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                   stages, warps_tile, warps_full, lat, ovh_iter, ovh_tile,
                                   share_eff, sync, chain, streams, floor)
@@ -468,7 +506,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         t, a, b, c, s, _, own_t = envelope_one(work_iter, work_epi, rate, shared, compute, pt,
                                                active, ksteps, stages, warps_tile, warps_full, lat,
                                                ovh_iter, ovh_tile, np.int64(0), share_eff, sync,
-                                               chain, streams)
+                                               chain, streams, ring)
         T += t
         tp += a
         ts += b
@@ -546,9 +584,10 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
     Returns a dict of arrays: ``latency_us, t_prologue_us, t_steady_us,
     t_epilogue_us, t_steady_iter_us, waves, tail_tiles, util`` (n, N_RES);
     ``latency_only=True`` leaves out ``util`` (the other arrays are the same).
-    ``queue=False`` leaves out the queued-wave term of :func:`wave_time` (a
+    ``queue=False`` (or 0) leaves out the queueing terms of :func:`wave_time` (a
     latency never above the model's, non-decreasing in every work entry: the
-    screen's lower bound).
+    screen's lower bound); an int keeps the terms of its bits
+    (:data:`QUEUE_WAVE`, :data:`QUEUE_RING`).
     """
     n = np.shape(tiles)[0]
     f = lambda a: np.ascontiguousarray(np.broadcast_to(a, (n,)), dtype=np.float64)  # noqa: E731
@@ -565,7 +604,7 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
             f(lat), f(ovh_iter), f(ovh_tile), i(persistent), f(launch),
             f(1.0 if share_eff is None else share_eff), f(0.0 if sync is None else sync),
             f(0.0 if chain is None else chain), f(1.0 if streams is None else streams),
-            np.int64(1 if queue else 0), out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
+            np.int64(QUEUE_WAVE | QUEUE_RING if queue is True else int(queue)), out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
             out["t_steady_iter_us"], waves, tail, util, not latency_only)
     run_shares(_envelopes, args, even_bounds(n))
     out["waves"] = waves
