@@ -483,15 +483,15 @@ def queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, stag
 
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
-              chain=0.0, streams=1.0, queue=3):
+              chain=0.0, streams=1.0, terms=11):
     """``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``: full waves
     of ``sms * p`` tiles, then a tail of fewer tiles on fewer SMs (recomputed);
     a persistent grid is one run of ``ceil(tiles / sms)`` tiles per SM.
-    ``queue``: bit 1 the queued wave, bit 2 the ring's queue in the loop, bit 4
-    (without bit 2) a floor of that queue (the screen's bound: 4)."""
+    ``terms``: bit 1 the queued wave, bit 2 the ring's queue in the loop, bit 4
+    (without bit 2) a floor of that queue, bit 8 the busiest resource's floor
+    between waves (the model: 11; the screen's bound: 4)."""
     conc = sms * p
-    queue = 3 if queue is True else int(queue)
-    ring = 1 if queue & 2 else (2 if queue & 4 else 0)
+    ring = 1 if terms & 2 else (2 if terms & 4 else 0)
     args = (work_iter, work_epi, rate, shared, compute)
     if persistent:
         per_sm = math.ceil(tiles / sms)
@@ -509,7 +509,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         steady_iter = res[4]
         store = res[5]
         floor, beta = busiest(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
-                              warps_tile, warps_full, share_eff)
+                              warps_tile, warps_full, share_eff) if terms & 8 else (0.0, 0.0)
         # a wave's prologue under the stores before it, then its loop and last
         # compute step (the loop time already hiding this wave's own epilogue
         # cannot hide more), never below the busiest resource
@@ -518,7 +518,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         if p > 1 and full > 1:  # out-of-step slots work under (1 - 1/p) of the rest
             inc = min(inc, max(floor, inc - (1.0 - 1.0 / p) * (store - h - hf)))
             # ... and queue for a memory resource fed in bursts (once-per-tile work)
-            if queue & 1 and beta > 0.0:
+            if terms & 1 and beta > 0.0:
                 qd = queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                  stages, warps_tile, warps_full, lat, ovh_iter, ovh_tile,
                                  share_eff, sync, chain, streams, floor)
@@ -542,7 +542,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         pt = math.ceil(tail / sms)
         hidden, hf = seam(res, store, pt * ovh_tile, resource_floor(
             work_iter, work_epi, rate, shared, compute, pt, min(tail, sms), ksteps, warps_tile,
-            warps_full, share_eff))
+            warps_full, share_eff) if terms & 8 else 0.0)
         hf_c = min(hf, res[3])
         total[0] -= hidden + hf
         total[1] -= hidden

@@ -497,21 +497,21 @@ def envelope_cases(draw):
                 sync=float(rng.uniform(0.0, 0.2)) * draw(st.integers(0, 1)))
 
 
-def _envelopes(cases, queue=True):
+def _envelopes(cases, terms=None):
     col = lambda k: np.array([c[k] for c in cases])  # noqa: E731
     return evaluate_envelopes(col("work_iter"), col("work_epi"), col("rate"), col("tiles"),
                               cases[0]["sms"], col("p"), col("ksteps"), col("stages"),
                               col("warps_tile"), 4.0, col("lat"), col("ovh_iter"),
                               col("ovh_tile"), col("persistent"), col("launch"),
-                              share_eff=col("share_eff"), sync=col("sync"), queue=queue)
+                              share_eff=col("share_eff"), sync=col("sync"), terms=terms)
 
 
-def _twin_wave(c, queue=True):
+def _twin_wave(c, terms=envelope.MODEL_TERMS):
     return naive.wave_time(c["work_iter"], c["work_epi"], c["rate"], SHARED.tolist(),
                            COMPUTE.tolist(), c["tiles"], c["sms"], c["p"], c["ksteps"],
                            c["stages"], c["warps_tile"], c["warps_full"], c["lat"],
                            c["ovh_iter"], c["ovh_tile"], c["persistent"], c["share_eff"],
-                           c["sync"], queue=queue)
+                           c["sync"], terms=terms)
 
 
 #: a case hypothesis found (CI, session 6): 4,960 waves whose prologue is mostly
@@ -783,7 +783,8 @@ def test_latency_never_falls_when_work_rises(c, r, factor, what):
     # loop work (test_bound_envelope_never_falls_when_work_rises); to rounding (the
     # ring queue's stop at saturation answers dem / (1 - 1e-9) since session 3 of
     # issue 35, so two nearly saturated rows no longer swap order by ~1e-9)
-    before, after = _envelopes([c, more], queue=False)["latency_us"]
+    mono = envelope.TERM_RING | envelope.TERM_WAVE_FLOOR
+    before, after = _envelopes([c, more], terms=mono)["latency_us"]
     assert after >= before * (1 - 1e-12)
 
 
@@ -828,33 +829,33 @@ def _scaled(c, r, factor, epi):
        st.one_of(st.floats(1.0 + 1e-9, 1.001), st.floats(1.001, 100.0)))
 def test_bound_envelope_never_falls_when_work_rises(c, factor):
     """The screen's lower bound rests on these. Without the queued-wave term
-    (``queue=QUEUE_RING``: the ring's queue in the loop kept), the latency is
-    non-decreasing in every work entry, to rounding (1e-12 relative): the
-    prologue, the loop, the epilogue, the seams between waves (the stores
-    hidden under the next wave's prologue and loop, the out-of-step ``cut``
-    down to the busiest resource) and the tail are maxima and minima of
-    non-decreasing terms, and the ring queue's mean-value analysis is
-    non-decreasing in its delay and demand; so is it without any queueing
-    term. Each work entry, per iteration and per tile, is scaled up in turn.
-    At each point the bound's envelope (``QUEUE_RING_FLOOR``: a floor of the
-    ring's queue) lies at or below it, and it at or below the model (with the
-    queued wave, which is not monotone: its burst share falls when the busiest
-    resource's loop work grows). The twin agrees with the kernel."""
+    (the ring's queue in the loop and the busiest resource's floor between
+    waves kept), the latency is non-decreasing in every work entry, to
+    rounding (1e-12 relative): the prologue, the loop, the epilogue, the seams
+    between waves (the stores hidden under the next wave's prologue and loop,
+    the out-of-step ``cut`` down to the busiest resource) and the tail are
+    maxima and minima of non-decreasing terms, and the ring queue's mean-value
+    analysis is non-decreasing in its delay and demand; so is it without any
+    of these terms. Each work entry, per iteration and per tile, is scaled up
+    in turn. At each point the bound's envelope (``BOUND_TERMS``: a floor of
+    the ring's queue, no floor between waves) lies at or below it, and it at
+    or below the model (with the queued wave, which is not monotone: its
+    burst share falls when the busiest resource's loop work grows). The twin
+    agrees with the kernel."""
+    E = envelope
+    mono = E.TERM_RING | E.TERM_WAVE_FLOOR
     more = [_scaled(c, r, factor, epi) for epi in (False, True) for r in range(N_RES)]
-    lat = {}
-    for q in (0, envelope.QUEUE_RING, envelope.QUEUE_RING_FLOOR,
-              envelope.QUEUE_RING | envelope.QUEUE_WAVE):
-        lat[q] = _envelopes([c] + more, queue=q)["latency_us"]
-    for q in (0, envelope.QUEUE_RING):
+    lat = {q: _envelopes([c] + more, terms=q)["latency_us"]
+           for q in (0, mono, E.BOUND_TERMS, E.MODEL_TERMS)}
+    for q in (0, mono):
         assert (lat[q][1:] >= lat[q][0] * (1 - 1e-12)).all(), (q, lat[q][0], lat[q][1:].min())
     # to rounding: the seams subtract (hypothesis found a 1-ulp excess; the screen's
     # bound is taken 1e-12 under, tsbatch.engine.screen.BOUND_RTOL)
-    assert (lat[envelope.QUEUE_RING_FLOOR] <= lat[envelope.QUEUE_RING] * (1 + 1e-12)).all()
-    assert (lat[envelope.QUEUE_RING]
-            <= lat[envelope.QUEUE_RING | envelope.QUEUE_WAVE] * (1 + 1e-12)).all()
+    assert (lat[E.BOUND_TERMS] <= lat[mono] * (1 + 1e-12)).all()
+    assert (lat[mono] <= lat[E.MODEL_TERMS] * (1 + 1e-12)).all()
     for q in lat:
         for case, got in ((c, lat[q][0]), (more[R_DRAM], lat[q][1 + R_DRAM])):
-            want = _twin_wave(case, queue=q)[0] + case["launch"]
+            want = _twin_wave(case, terms=q)[0] + case["launch"]
             assert got == pytest.approx(want, rel=FASTMATH_RTOL)
 
 

@@ -68,7 +68,7 @@ from kernels_catalog.base import TilePlan
 from tsbatch.errors import InputError
 from tsbatch.engine.evaluate import CacheMemo, evaluate, get_family, residency, resolve_hw
 from tsbatch.hw import HwSpec
-from tsbatch.kernels.envelope import QUEUE_RING_FLOOR, R_DRAM, R_L15, R_L2, evaluate_envelopes
+from tsbatch.kernels.envelope import BOUND_TERMS, R_DRAM, R_L15, R_L2, evaluate_envelopes
 from tsbatch.kernels.traffic import NUMPY_PAIRWISE_MIN, compulsory_work
 from tsbatch.kernels.groupsort import group_first_k, group_lexorder
 from tsbatch.engine.rank import rank
@@ -147,13 +147,6 @@ def compulsory_fractions(plan: TilePlan, p: np.ndarray, sms: int,
     return np.where(whole[:, None] & plan.t_per_step.astype(bool), frac, 0.0)
 
 
-#: the queueing terms of the bound's envelope (tsbatch.kernels.envelope.wave_time):
-#: no queued wave (not monotone in the work), and a one-step floor of the ring's
-#: queue instead of its mean-value analysis (40 % of the envelope's time; the
-#: floor predicts 1.2 % more rows in full than the exact queue, none without it 12 %)
-BOUND_QUEUE = QUEUE_RING_FLOOR
-
-
 def bound_work_numpy(plan: TilePlan, p: np.ndarray, hw: HwSpec, wave_samples: int,
                      work_iter: np.ndarray) -> np.ndarray:
     """:func:`lower_bound`'s L1.5, L2 and DRAM columns, written into ``work_iter``
@@ -187,10 +180,15 @@ def lower_bound(plan: TilePlan, p: np.ndarray, hw: HwSpec, *, own: bool = False,
     its ``t_dram_scale`` as the model does. The envelope is evaluated without
     its queued-wave term, which only ever adds time and is the one part not
     non-decreasing in the work (its burst share falls when the busiest
-    resource's loop work grows), and with a floor of the ring's queue in the
-    loop (:data:`BOUND_QUEUE`); the envelope is non-decreasing in each wave's
-    steady iteration, so that floor keeps it below the one with the exact
-    queue, which is non-decreasing in every work entry (tests/test_kernels.py,
+    resource's loop work grows), with a floor of the ring's queue in the loop
+    and without the busiest resource's floor between waves
+    (:data:`tsbatch.kernels.envelope.BOUND_TERMS`: the floor of the ring's
+    queue takes 40 % less of the envelope's time than its mean-value analysis
+    and predicts 1.2 % more rows in full, none 27 %; the waves' floors change
+    no row of the 2M sweep and take 10 %). The envelope is non-decreasing in
+    each wave's steady iteration and its terms only add time, so this lies
+    below the envelope with the exact queue and the waves' floors, which is
+    non-decreasing in every work entry (tests/test_kernels.py,
     ``test_bound_envelope_never_falls_when_work_rises``); every other input is
     the model's, so the bound never exceeds the prediction. ``own=True``: the caller gives up
     ``plan.work_iter``, which is then overwritten instead of copied.
@@ -213,7 +211,7 @@ def lower_bound(plan: TilePlan, p: np.ndarray, hw: HwSpec, *, own: bool = False,
     env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, plan.g0 * plan.g1 * plan.g2,
                              hw.sm_count, p, plan.ksteps, plan.stages, plan.warps,
                              plan.warps_full, plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us,
-                             plan.persistent, plan.launch_us, latency_only=True, queue=BOUND_QUEUE,
+                             plan.persistent, plan.launch_us, latency_only=True, terms=BOUND_TERMS,
                              **kw)
     # 1e-12 under: the bound's arithmetic is not the prediction's (other work,
     # another queue term), so where the two agree in exact arithmetic they may

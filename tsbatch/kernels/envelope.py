@@ -147,12 +147,21 @@ def _rate_on_sm(rr, is_shared, is_compute, is_tc, active, f, shared_units, share
     return rr
 
 
-#: :func:`wave_time`'s ``queue`` bits: the out-of-step slots' queued wave, and the
-#: ring's queue at the memory in the loop (the model keeps both)
-QUEUE_WAVE = 1
-QUEUE_RING = 2
-#: instead of the ring's queue, a lower bound of it (:func:`_ring_queue_floor`)
-QUEUE_RING_FLOOR = 4
+#: :func:`wave_time`'s ``terms`` bits: the out-of-step slots' queued wave (needs
+#: TERM_WAVE_FLOOR), the ring's queue at the memory in the loop, instead of it a
+#: lower bound of it (:func:`_ring_queue_floor`), and the busiest resource's time
+#: as the floor of a wave's increment and of the tail's (between waves)
+TERM_QUEUED_WAVE = 1
+TERM_RING = 2
+TERM_RING_FLOOR = 4
+TERM_WAVE_FLOOR = 8
+#: the model's terms
+MODEL_TERMS = TERM_QUEUED_WAVE | TERM_RING | TERM_WAVE_FLOOR
+#: the screen's lower bound's: a floor of the ring's queue, nothing else. Each
+#: term only ever adds time; without the queued wave (the one term not
+#: non-decreasing in the work) the envelope is non-decreasing in every work
+#: entry and in each wave's steady iteration (tests/test_kernels.py)
+BOUND_TERMS = TERM_RING_FLOOR
 #: mean-value steps of :func:`_ring_queue_floor`
 RING_FLOOR_STEPS = 1
 #: utilisation at which :func:`_ring_queue` stops its recursion
@@ -430,15 +439,18 @@ def _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, sta
 @jit_scalar
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
-              chain=0.0, streams=1.0, queue=3):
+              chain=0.0, streams=1.0, terms=11):
     """Whole-grid time by waves (Algorithm 2): full waves plus a recomputed tail.
 
     Returns ``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``.
-    ``queue`` (bits :data:`QUEUE_WAVE`, :data:`QUEUE_RING`; the model: both)
-    keeps the queueing terms, which only ever add time: the out-of-step slots'
-    queueing for a burst-fed busiest resource between waves
-    (:func:`_queued_wave`) and the ring's slots' queueing at the memory in the
-    loop (:func:`_ring_queue`, ``ring`` of :func:`envelope_one`). The rest is
+    ``terms`` (bits :data:`TERM_QUEUED_WAVE`, :data:`TERM_RING`,
+    :data:`TERM_RING_FLOOR`, :data:`TERM_WAVE_FLOOR`; the model:
+    :data:`MODEL_TERMS`) keeps terms that only ever add time: the out-of-step
+    slots' queueing for a burst-fed busiest resource between waves
+    (:func:`_queued_wave`), the ring's slots' queueing at the memory in the
+    loop (:func:`_ring_queue`, ``ring`` of :func:`envelope_one`) or a floor of
+    it, and the busiest resource's time as the floor of the waves after the
+    first and of the tail (:func:`_busiest`, :func:`resource_floor`). The rest is
     non-decreasing in every work entry and in each wave's steady iteration
     (prologue, loop, epilogue and the seams between waves are maxima and minima
     of non-decreasing terms, docs/gemm_accuracy.md, "Speed, session 3"), so the
@@ -448,7 +460,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     demand, but costs ~40 % of the bound's envelope for ~0.3 % of its rows.
     """
     conc = sms * p
-    ring = 1 if (queue & QUEUE_RING) != 0 else (2 if (queue & QUEUE_RING_FLOOR) != 0 else 0)
+    ring = 1 if (terms & TERM_RING) != 0 else (2 if (terms & TERM_RING_FLOOR) != 0 else 0)
     if persistent != 0:
         per_sm = (tiles + sms - 1) // sms
         active = sms if tiles > sms else tiles
@@ -475,8 +487,11 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         # as one wave plus (full - 1) waves less the hidden part, not full waves
         # less (full - 1) hidden parts: the difference of two products of
         # `full` loses digits when the prologue is mostly hidden
-        floor, beta = _busiest(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
-                               warps_tile, warps_full, share_eff)
+        floor = 0.0
+        beta = 0.0
+        if (terms & TERM_WAVE_FLOOR) != 0:
+            floor, beta = _busiest(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
+                                   warps_tile, warps_full, share_eff)
         h, hf, hf_c = _seam(a, b, c, t, store, own, p * ovh_tile, floor)
         inc = t - h - hf
         if p > 1 and full > 1:
@@ -491,7 +506,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
             # but where the busiest resource is a memory one fed in bursts (once per
             # tile), the out-of-step slots queue for it: that share of its demand
             # waits as in a closed queue of p slots, never less than the above
-            if (queue & QUEUE_WAVE) != 0 and beta > 0.0:
+            if (terms & TERM_QUEUED_WAVE) != 0 and beta > 0.0:
                 qd = _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                   stages, warps_tile, warps_full, lat, ovh_iter, ovh_tile,
                                   share_eff, sync, chain, streams, floor)
@@ -517,8 +532,10 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         te += c
         if full == 0:
             s_it = s
-        floor = resource_floor(work_iter, work_epi, rate, shared, compute, pt, active, ksteps,
-                               warps_tile, warps_full, share_eff)
+        floor = 0.0
+        if (terms & TERM_WAVE_FLOOR) != 0:
+            floor = resource_floor(work_iter, work_epi, rate, shared, compute, pt, active, ksteps,
+                                   warps_tile, warps_full, share_eff)
         hidden, hf, hf_c = _seam(a, b, c, t, store, pt * ovh_tile, own_t, floor)
         T -= hidden + hf
         tp -= hidden
@@ -530,7 +547,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
 @jit_borrow
 def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
                warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff, sync,
-               chain, streams, queue, out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util,
+               chain, streams, terms, out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util,
                lo, hi):
     R = work_iter.shape[1] if want_util else 0
     for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: no wraparound check per access
@@ -549,7 +566,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
                                           tiles[i], sms, p[i], ksteps[i], stages[i],
                                           warps_tile[i], warps_full, lat[i], ovh_iter[i],
                                           ovh_tile[i], persistent[i], share_eff[i], sync[i],
-                                          chain[i], streams[i], queue)
+                                          chain[i], streams[i], terms)
         total = t + launch[i]
         out_t[i] = total
         out_pro[i] = a
@@ -572,7 +589,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
 
 def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages, warps_tile,
                        warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff=None, sync=None,
-                       latency_only=False, chain=None, streams=None, queue=True):
+                       latency_only=False, chain=None, streams=None, terms=None):
     """Batched :func:`wave_time` plus launch time and per-resource utilization.
 
     ``work_iter``, ``work_epi``, ``rate`` are ``(n, N_RES)``; rates in work
@@ -588,10 +605,9 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
     Returns a dict of arrays: ``latency_us, t_prologue_us, t_steady_us,
     t_epilogue_us, t_steady_iter_us, waves, tail_tiles, util`` (n, N_RES);
     ``latency_only=True`` leaves out ``util`` (the other arrays are the same).
-    ``queue=False`` (or 0) leaves out the queueing terms of :func:`wave_time` (a
-    latency never above the model's, non-decreasing in every work entry: the
-    screen's lower bound); an int keeps the terms of its bits
-    (:data:`QUEUE_WAVE`, :data:`QUEUE_RING`).
+    ``terms`` (default :data:`MODEL_TERMS`): :func:`wave_time`'s terms kept
+    (:data:`BOUND_TERMS`: a latency never above the model's, the screen's
+    lower bound).
     """
     n = np.shape(tiles)[0]
 
@@ -617,7 +633,7 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
             f(lat), f(ovh_iter), f(ovh_tile), i(persistent), f(launch),
             f(1.0 if share_eff is None else share_eff), f(0.0 if sync is None else sync),
             f(0.0 if chain is None else chain), f(1.0 if streams is None else streams),
-            np.int64(QUEUE_WAVE | QUEUE_RING if queue is True else int(queue)), out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
+            np.int64(MODEL_TERMS if terms is None else int(terms)), out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
             out["t_steady_iter_us"], waves, tail, util, not latency_only)
     run_shares(_envelopes, args, even_bounds(n))
     out["waves"] = waves
