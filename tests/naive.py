@@ -340,13 +340,25 @@ def ring_queue(z: float, dem: float, n: int) -> float:
         through = c / (z + resp)
         queue = through * resp
         if through * dem > 1.0 - 1e-9:
-            break  # saturated: 1 / X = dem from here on
+            # saturated: dem / (1 - 1e-9) from here on, never above one customer's cycle
+            return min(dem / (1.0 - 1e-9), z + dem)
     return 1.0 / through if through > 0.0 else 0.0
+
+
+def ring_queue_floor(z: float, dem: float, n: int, steps: int) -> float:
+    """A lower bound of :func:`ring_queue`: the mean-value recursion from customer
+    ``m = max(n - steps, 1)`` on, started at ``R(m) = dem (1 + (m - 1) dem / (z +
+    dem))``, less a relative 1e-9."""
+    m = max(n - steps, 1)
+    resp = dem * (1.0 + (m - 1) * dem / (z + dem))
+    for c in range(m + 1, n + 1):
+        resp = dem * (1.0 + (c - 1) * resp / (z + resp))
+    return (z + resp) / n * (1.0 - 1e-9)
 
 
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0,
-                 sync=0.0, chain=0.0, streams=1.0):
+                 sync=0.0, chain=0.0, streams=1.0, ring=1):
     """``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store, T_own)`` of one SM's share."""
     frac = min(1.0, p * warps_tile / warps_full)  # compute issue-slot fraction
     groups_share = p * warps_tile > warps_full  # several issue groups on the tensor cores
@@ -385,8 +397,10 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     d = max(p * (stages - 1), 0)
     lat_bound = (lat + mem) / d if d > 0 else (lat + mem + comp) / p
     steady = max(comp, mem, lat_bound)
-    if d > 0 and mem > 0.0:  # the ring's p * stages slots queue at the memory
-        steady = max(steady, ring_queue(lat + comp, mem, d + p))
+    if ring and d > 0 and mem > 0.0:  # the ring's p * stages slots queue at the memory
+        # (ring 2: a floor of that queue, the screen's bound)
+        steady = max(steady, ring_queue(lat + comp, mem, d + p) if ring == 1 else
+                     ring_queue_floor(lat + comp, mem, d + p, 1))
     # first load: latency + transfer; last compute ends the loop; between them
     # N - 1 steady iterations (no latency bound when every load is in flight)
     step = max(comp, mem) if 0 < N <= d else steady
@@ -469,16 +483,21 @@ def queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, stag
 
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
-              chain=0.0, streams=1.0):
+              chain=0.0, streams=1.0, terms=11):
     """``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``: full waves
     of ``sms * p`` tiles, then a tail of fewer tiles on fewer SMs (recomputed);
-    a persistent grid is one run of ``ceil(tiles / sms)`` tiles per SM."""
+    a persistent grid is one run of ``ceil(tiles / sms)`` tiles per SM.
+    ``terms``: bit 1 the queued wave, bit 2 the ring's queue in the loop, bit 4
+    (without bit 2) a floor of that queue, bit 8 the busiest resource's floor
+    between waves (the model: 11; the screen's bound: 4)."""
     conc = sms * p
+    ring = 1 if terms & 2 else (2 if terms & 4 else 0)
     args = (work_iter, work_epi, rate, shared, compute)
     if persistent:
         per_sm = math.ceil(tiles / sms)
         res = envelope_one(*args, p, min(sms, tiles), ksteps, stages, warps_tile, warps_full,
-                           lat, ovh_iter, ovh_tile, per_sm, share_eff, sync, chain, streams)
+                           lat, ovh_iter, ovh_tile, per_sm, share_eff, sync, chain, streams,
+                           ring=ring)
         return (*res[:5], math.ceil(tiles / conc), tiles % conc)
     full, tail = divmod(tiles, conc)
     total = [0.0, 0.0, 0.0, 0.0]
@@ -486,11 +505,11 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     store = 0.0
     if full:
         res = envelope_one(*args, p, sms, ksteps, stages, warps_tile, warps_full, lat,
-                           ovh_iter, ovh_tile, 0, share_eff, sync, chain, streams)
+                           ovh_iter, ovh_tile, 0, share_eff, sync, chain, streams, ring=ring)
         steady_iter = res[4]
         store = res[5]
         floor, beta = busiest(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
-                              warps_tile, warps_full, share_eff)
+                              warps_tile, warps_full, share_eff) if terms & 8 else (0.0, 0.0)
         # a wave's prologue under the stores before it, then its loop and last
         # compute step (the loop time already hiding this wave's own epilogue
         # cannot hide more), never below the busiest resource
@@ -499,7 +518,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         if p > 1 and full > 1:  # out-of-step slots work under (1 - 1/p) of the rest
             inc = min(inc, max(floor, inc - (1.0 - 1.0 / p) * (store - h - hf)))
             # ... and queue for a memory resource fed in bursts (once-per-tile work)
-            if beta > 0.0:
+            if terms & 1 and beta > 0.0:
                 qd = queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                  stages, warps_tile, warps_full, lat, ovh_iter, ovh_tile,
                                  share_eff, sync, chain, streams, floor)
@@ -515,7 +534,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     if tail:
         res = envelope_one(*args, math.ceil(tail / sms), min(tail, sms), ksteps, stages,
                            warps_tile, warps_full, lat, ovh_iter, ovh_tile, 0, share_eff, sync,
-                           chain, streams)
+                           chain, streams, ring=ring)
         for i in range(4):
             total[i] += res[i]
         if not full:
@@ -523,7 +542,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         pt = math.ceil(tail / sms)
         hidden, hf = seam(res, store, pt * ovh_tile, resource_floor(
             work_iter, work_epi, rate, shared, compute, pt, min(tail, sms), ksteps, warps_tile,
-            warps_full, share_eff))
+            warps_full, share_eff) if terms & 8 else 0.0)
         hf_c = min(hf, res[3])
         total[0] -= hidden + hf
         total[1] -= hidden
@@ -976,6 +995,45 @@ def split_traffic_one(t_bytes, per_step, h15, h2, dram, has_l15: bool, work_iter
     l15_hit = total([r * h for r, h in zip(req, h15)]) / req_tot if req_tot > 0 else 0.0
     return (wi, l15_hit, l2_hit, float(tiles) * (float(ksteps) * dram_b + work_epi[r_dram]),
             float(tiles) * (float(ksteps) * l2_b + work_epi[r_l2]))
+
+
+def compulsory_work_one(t_bytes, per_step, t_mask, grid, p: int, sms: int, wave_samples: int,
+                        margin: float, has_l15: bool, dram_scale, work_iter, r_l15: int,
+                        r_l2: int, r_dram: int):
+    """One row of ``tsbatch.kernels.traffic.compulsory_work`` (the screen's bound):
+    the requested bytes per step on L1.5 (on L2 without an L1.5 tier), and each
+    per-step tensor's compulsory share ``(1 - margin) / share - 1e-11`` of them
+    on L2 (L1.5 parts) and DRAM (times ``dram_scale``), ``share`` the product of
+    the grid dimensions in its reuse mask, where the launch has at most
+    ``wave_samples`` waves of ``sms * max(p, 1)`` tiles; else none."""
+    tiles = grid[0] * grid[1] * grid[2]
+    waves = -(-tiles // (sms * max(p, 1)))
+    whole = tiles > 0 and waves <= wave_samples
+    req, l2, dram = [], [], []
+    for t, (b, s, m) in enumerate(zip(t_bytes, per_step, t_mask)):
+        r = float(b) if s else 0.0
+        frac = 0.0
+        if whole and s:
+            share = 1.0
+            for d in range(3):
+                share *= float(grid[d]) if (m >> d) & 1 else 1.0
+            if share > 0.0:
+                frac = max((1.0 - margin) / share - 1e-11, 0.0)
+        req.append(r)
+        l2.append(r * frac)
+        dram.append((r if dram_scale is None else r * float(dram_scale[t])) * frac)
+
+    def total(xs):
+        s = 0.0
+        for j, x in enumerate(xs):
+            s = x if j == 0 else s + x
+        return s
+
+    wi = [float(v) for v in work_iter]
+    wi[r_l15] = total(req) if has_l15 else 0.0
+    wi[r_l2] = total(l2) if has_l15 else total(req)
+    wi[r_dram] = total(dram)
+    return wi
 
 
 def bottleneck_one(util, lat: float, launch: float, min_util: float, n_res: int) -> int:

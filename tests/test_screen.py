@@ -88,6 +88,80 @@ def test_bound_below_prediction_and_feasibility_exact(df, hw):
     assert np.isinf(lb[~feas]).all()
 
 
+@settings(max_examples=40, deadline=None)
+@given(df=ranked_inputs(), hw=st.sampled_from(["h100", "a100", "h20"]),
+       ws=st.sampled_from([1, 2, 3, 8]))
+def test_bound_below_prediction_at_any_wave_sampling(df, hw, ws):
+    """The compulsory L2/DRAM work of the bound stays below the prediction made
+    with the same ``wave_samples`` (the floor applies only to launches whose
+    waves are all analysed: few samples switch it off on more rows)."""
+    spec = resolve_hw(hw)
+    lb, infeasible = bound_rows(df, spec, wave_samples=ws)
+    res = evaluate(df, spec, wave_samples=ws)
+    feas = res["feasible"].to_numpy()
+    assert (infeasible == ~feas).all()
+    lat = res["latency_us"].fill_null(np.inf).to_numpy()
+    assert (lb[feas] <= lat[feas]).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(df=gemm_frames(min_rows=1, max_rows=8, max_size=4096, library=False),
+       hw=st.sampled_from(["h100", "a100"]), ws=st.sampled_from([1, 2, 8]))
+def test_compulsory_traffic_below_cache_model(df, hw, ws):
+    """The cache model's DRAM bytes (and L2 bytes on an L1.5 part) are never
+    below the compulsory floor of :func:`compulsory_fractions` (checked on the
+    byte totals, not through the envelope, where another resource could hide
+    a violation)."""
+    from tsbatch.boundary.schema import validate
+    from tsbatch.engine.evaluate import evaluate_plan, get_family, residency
+    from tsbatch.engine.screen import compulsory_fractions
+    from tsbatch.kernels.envelope import R_DRAM, R_L2
+
+    spec = resolve_hw(hw)
+    fam = get_family("gemm")
+    cols, _ = validate(df, fam, 0)
+    plan = fam.lower(cols, spec)
+    p, _ = residency(plan, spec)
+    out = evaluate_plan(plan, spec, wave_samples=ws)
+    frac = compulsory_fractions(plan, p, spec.sm_count, ws)
+    req = np.where(plan.t_per_step.astype(bool), plan.t_bytes, 0.0)
+    scale = 1.0 if plan.t_dram_scale is None else plan.t_dram_scale
+    tiles = (plan.g0 * plan.g1 * plan.g2).astype(float)
+    dram = tiles * (plan.ksteps * (req * scale * frac).sum(1) + plan.work_epi[:, R_DRAM])
+    ok = p > 0
+    assert (out["dram_bytes"][ok] >= dram[ok]).all()
+    if spec.has_l15:
+        l2 = tiles * (plan.ksteps * (req * frac).sum(1) + plan.work_epi[:, R_L2])
+        assert (out["l2_bytes"][ok] >= l2[ok]).all()
+
+
+def test_compulsory_fractions_by_hand():
+    """1024 x 1024 x 512 fp16 in 128 x 128 tiles: an 8 x 8 grid; A's block is
+    reused along the 8 column tiles, B's along the 8 row tiles: each read
+    from DRAM at least 1/8 per access. On 132 SMs the 64 tiles are one wave;
+    with the waves sampled (``wave_samples`` below the wave count) no floor."""
+    from tsbatch.boundary.schema import validate
+    from tsbatch.engine.evaluate import get_family
+    from tsbatch.engine.screen import COMPULSORY_MARGIN, compulsory_fractions
+
+    df = frame([{"m": 1024, "n": 1024, "k": 512, "dtype": "float16", "a_row_major": True,
+                 "b_row_major": True, "tf32": False, "backend": "triton", "block_m": 128,
+                 "block_n": 128, "block_k": 64, "num_stages": 3, "num_warps": 4,
+                 "group_m": 8}])
+    fam = get_family("gemm")
+    spec = resolve_hw("h100")
+    cols, _ = validate(df, fam, 0)
+    plan = fam.lower(cols, spec)
+    frac = compulsory_fractions(plan, np.array([1]), 132, 8)[0]
+    step = plan.t_per_step[0].astype(bool)
+    assert step.sum() == 2
+    assert np.allclose(frac[step], (1 - COMPULSORY_MARGIN) / 8 - 1e-11, rtol=0, atol=1e-15)
+    assert (frac[~step] == 0).all()
+    # 64 tiles on 2 SMs' worth of slots: 32 waves, more than 8 are sampled
+    assert (compulsory_fractions(plan, np.array([1]), 2, 8) == 0).all()
+    assert (compulsory_fractions(plan, np.array([1]), 2, 32)[0][step] > 0).all()
+
+
 @settings(max_examples=20, deadline=None)
 @given(df=ranked_inputs(), chunk=st.integers(1, 9))
 def test_bound_in_slices_equals_one_slice(df, chunk):
@@ -215,8 +289,8 @@ def _check_with_bounds(df: pl.DataFrame, frac, top: float, batch: int | None,
     frac = np.asarray(frac, dtype=np.float64)
     real = screen.bound_rows
 
-    def bound(batch_df, hw, family="gemm"):
-        lb, infeasible = real(batch_df, hw, family)
+    def bound(batch_df, hw, family="gemm", wave_samples=screen.WAVE_SAMPLES):
+        lb, infeasible = real(batch_df, hw, family, wave_samples)
         rid = batch_df["_rid"].to_numpy()
         with np.errstate(invalid="ignore"):  # inf * 0
             lb = np.where(frac[rid] == 0, 0.0, key[rid] * frac[rid])

@@ -131,3 +131,46 @@ def test_bottleneck_codes_match_numpy_and_twin():
                                               0.6, N_RES)
     assert set(got.tolist()) >= {0, N_RES, N_RES + 1, N_RES + 2}
     assert not math.isnan(float(got.sum()))
+
+
+@pytest.mark.parametrize("T", [0, 1, 2, 3, 7])
+@pytest.mark.parametrize("has_l15", [False, True])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_compulsory_work_matches_numpy_and_twin(T, has_l15, scaled):
+    """The screen's bound's L1.5 / L2 / DRAM columns in one pass: equal to the bit
+    to the numpy form (tsbatch.engine.screen.bound_work_numpy, from
+    compulsory_fractions) and to the twin; only those three columns change;
+    a launch of more waves than ``wave_samples`` gets no L2 / DRAM floor."""
+    from types import SimpleNamespace
+
+    from tsbatch.engine.screen import COMPULSORY_MARGIN, bound_work_numpy
+
+    rng = np.random.default_rng(T + 10 * has_l15 + 100 * scaled)
+    rows, sms, ws = 4000, 132, 8
+    g = [rng.integers(1, 60, rows) for _ in range(3)]
+    g[2] = np.where(rng.random(rows) < 0.7, 1, g[2])  # split-K or batch on most rows: 1
+    plan = SimpleNamespace(
+        t_bytes=rng.uniform(0, 1e6, (rows, T)) * (rng.random((rows, T)) < 0.9),
+        t_per_step=rng.integers(0, 2, (rows, T)), t_mask=rng.integers(0, 8, (rows, T)),
+        g0=g[0], g1=g[1], g2=g[2],
+        t_dram_scale=rng.uniform(1.0, 2.0, (rows, T)) if scaled else None)
+    p = rng.integers(0, 9, rows)
+    hw = SimpleNamespace(sm_count=sms, has_l15=has_l15)
+    work = rng.uniform(0, 1e5, (rows, N_RES))
+    got = traffic.compulsory_work(plan.t_bytes, plan.t_per_step, plan.t_mask, *g, p, sms, ws,
+                                  COMPULSORY_MARGIN, has_l15, plan.t_dram_scale, work.copy())
+    want = bound_work_numpy(plan, p, hw, ws, work.copy())
+    assert np.array_equal(got.view(np.int64), want.view(np.int64))
+    others = [r for r in range(N_RES) if r not in (R_L15, R_L2, R_DRAM)]
+    assert np.array_equal(got[:, others], work[:, others])
+    waves = -(-(g[0] * g[1] * g[2]) // (sms * np.maximum(p, 1)))
+    if T:
+        assert (got[waves > ws, R_DRAM] == 0).all()
+        assert (got[waves <= ws, R_DRAM] > 0).any()
+    for i in range(0, rows, 37):
+        twin = naive.compulsory_work_one(
+            plan.t_bytes[i], plan.t_per_step[i], plan.t_mask[i], (g[0][i], g[1][i], g[2][i]),
+            int(p[i]), sms, ws, COMPULSORY_MARGIN, has_l15,
+            None if plan.t_dram_scale is None else plan.t_dram_scale[i], work[i], R_L15, R_L2,
+            R_DRAM)
+        assert twin == got[i].tolist()

@@ -8,10 +8,12 @@ to be thrown away, and the cache model, which dominates a prediction, is
 paid for all of them. :class:`TopKScreen` gets the same rows without it:
 
 1. *Bound.* Every row is lowered and its occupancy computed (infeasible rows
-   are known here, exactly: ``resident_tiles == 0``); a perfect-caching
+   are known here, exactly: ``resident_tiles == 0``); a
    :func:`lower_bound` of the latency is computed for the feasible ones (the
-   envelope is non-decreasing in every work entry and the cache model only
-   ever adds L2 and DRAM work, so the bound never exceeds the prediction).
+   envelope without its queued-wave term is non-decreasing in every work entry
+   and never above the model's, and the bound's L2 and DRAM work is the
+   compulsory traffic, below the cache model's, so the bound never exceeds the
+   prediction).
    A library row (``backend == 'cublas'``, the best tile of a catalog) is
    bounded by the least bound of its catalog tiles.
 2. *Screen.* Per workload, rows are predicted in full (:func:`evaluate`,
@@ -66,7 +68,8 @@ from kernels_catalog.base import TilePlan
 from tsbatch.errors import InputError
 from tsbatch.engine.evaluate import CacheMemo, evaluate, get_family, residency, resolve_hw
 from tsbatch.hw import HwSpec
-from tsbatch.kernels.envelope import R_DRAM, R_L15, R_L2, evaluate_envelopes
+from tsbatch.kernels.envelope import BOUND_TERMS, R_DRAM, R_L15, R_L2, evaluate_envelopes
+from tsbatch.kernels.traffic import NUMPY_PAIRWISE_MIN, compulsory_work
 from tsbatch.kernels.groupsort import group_first_k, group_lexorder
 from tsbatch.engine.rank import rank
 from tsbatch.boundary.schema import to_polars, validate
@@ -96,26 +99,110 @@ def take_plan(plan: TilePlan, idx: np.ndarray) -> TilePlan:
     return TilePlan(**kw)
 
 
-def lower_bound(plan: TilePlan, p: np.ndarray, hw: HwSpec, *, own: bool = False) -> np.ndarray:
-    """Latency with perfect caching; never above :func:`evaluate_plan`'s latency.
+#: the cache model analyses every wave of a launch of at most this many waves
+#: (:func:`evaluate`'s default ``wave_samples``; longer launches are sampled)
+WAVE_SAMPLES = 8
+#: relative margin under :func:`compulsory_fractions`: the cache model's fast
+#: paths agree with its general path to rtol 1e-9, atol 1e-12
+#: (tests/test_cache_fast.py), and its sums round
+COMPULSORY_MARGIN = 1e-6
 
-    ``plan`` and ``p`` (resident tiles per SM) hold feasible rows only.
-    Mirrors the work split of :func:`tsbatch.engine.evaluate.evaluate_plan` with the
-    hit rates at their best (L1.5 hit 1, DRAM fraction 0): the L1.5 column
-    does not depend on the hit rates, and the L2 and DRAM columns only grow
-    with misses. ``own=True``: the caller gives up ``plan.work_iter``, which
-    is then overwritten instead of copied.
+
+def compulsory_fractions(plan: TilePlan, p: np.ndarray, sms: int,
+                         wave_samples: int = WAVE_SAMPLES) -> np.ndarray:
+    """Per row and tensor ``(n, T)``: a floor of the cache model's DRAM fraction
+    and of its L1.5 miss fraction ``1 - h15``.
+
+    ``(1 - COMPULSORY_MARGIN) / share_t - 1e-11`` (at least 0), ``share_t`` the
+    product of the grid dimensions tensor ``t`` is reused along, on rows whose
+    launch the cache model analyses wave by wave (``W = ceil(tiles / (sms *
+    p)) <= wave_samples``); 0 on the other rows.
+
+    Proof (tsbatch/kernels/reuse.py, ``_cache_one``, ``_wave``): a per-step
+    tensor's block is identified by the tile's coordinates along the
+    dimensions it is *not* reused on, so the ``tiles`` programs touch
+    ``tiles / share_t`` distinct blocks, each program once per step. With
+    ``W <= max_waves`` every wave is analysed and no interior weight applies,
+    and every access adds ``kf`` to ``acc[t]``: ``acc[t] = kf * tiles``. The
+    first touch of a block in the launch has no previous touch: its
+    within-step distance is infinite (it is first in its L1.5 group's
+    subsequence too: L1.5 hit 0) and its cross-wave hit is 0 (``lastwave =
+    -1 < valid_from``), so it adds ``kf`` to ``req2`` and to ``req2 - hit2``;
+    every other access adds a non-negative amount to both (hit probabilities
+    lie in [0, 1]). Hence ``dram[t] = (req2 - hit2) / acc >= 1 / share_t`` and
+    ``1 - h15[t] = req2 / acc >= 1 / share_t``. The margin covers the fast
+    paths' agreement with that general path and rounding. Tensors not read
+    per step get 0 (their requested bytes per step are 0 anyway).
     """
+    g = (plan.g0, plan.g1, plan.g2)
+    tiles = g[0] * g[1] * g[2]
+    share = np.ones(plan.t_mask.shape, dtype=np.float64)
+    for d in range(3):
+        reused = ((plan.t_mask >> d) & 1).astype(bool)
+        share *= np.where(reused, g[d].astype(np.float64)[:, None], 1.0)
+    conc = np.int64(sms) * np.maximum(p, 1)
+    whole = (tiles > 0) & ((tiles + conc - 1) // conc <= wave_samples)
+    frac = np.divide(1.0 - COMPULSORY_MARGIN, share, out=np.zeros_like(share), where=share > 0)
+    frac = np.maximum(frac - 1e-11, 0.0)
+    return np.where(whole[:, None] & plan.t_per_step.astype(bool), frac, 0.0)
+
+
+def bound_work_numpy(plan: TilePlan, p: np.ndarray, hw: HwSpec, wave_samples: int,
+                     work_iter: np.ndarray) -> np.ndarray:
+    """:func:`lower_bound`'s L1.5, L2 and DRAM columns, written into ``work_iter``
+    (the numpy form of :func:`tsbatch.kernels.traffic.compulsory_work`: rows of
+    eight tensors or more, whose sums numpy takes pairwise)."""
     per_step = plan.t_per_step.astype(bool)
     req = np.where(per_step, plan.t_bytes, 0.0)
-    work_iter = plan.work_iter if own else plan.work_iter.copy()
+    frac = compulsory_fractions(plan, p, hw.sm_count, wave_samples)
     if hw.has_l15:
         work_iter[:, R_L15] = req.sum(axis=1)
-        work_iter[:, R_L2] = 0.0
+        work_iter[:, R_L2] = (req * frac).sum(axis=1)
     else:
         work_iter[:, R_L15] = 0.0
         work_iter[:, R_L2] = req.sum(axis=1)  # h15 is 0 without an L1.5 tier
-    work_iter[:, R_DRAM] = 0.0
+    dreq = req if plan.t_dram_scale is None else req * plan.t_dram_scale
+    work_iter[:, R_DRAM] = (dreq * frac).sum(axis=1)
+    return work_iter
+
+
+def lower_bound(plan: TilePlan, p: np.ndarray, hw: HwSpec, *, own: bool = False,
+                wave_samples: int = WAVE_SAMPLES) -> np.ndarray:
+    """A lower bound of :func:`evaluate_plan`'s latency.
+
+    ``plan`` and ``p`` (resident tiles per SM) hold feasible rows only;
+    ``wave_samples`` is the one the predictions are made with.
+    Mirrors the work split of :func:`tsbatch.engine.evaluate.evaluate_plan` with
+    each tensor's hit rates at their best: the L1.5 column does not depend on
+    the hit rates; the L2 column (L1.5 parts) and the DRAM column take the
+    compulsory fractions of :func:`compulsory_fractions` (0 where the launch's
+    waves are sampled), below the cache model's fractions, and the DRAM column
+    its ``t_dram_scale`` as the model does. The envelope is evaluated without
+    its queued-wave term, which only ever adds time and is the one part not
+    non-decreasing in the work (its burst share falls when the busiest
+    resource's loop work grows), with a floor of the ring's queue in the loop
+    and without the busiest resource's floor between waves
+    (:data:`tsbatch.kernels.envelope.BOUND_TERMS`: the floor of the ring's
+    queue takes 40 % less of the envelope's time than its mean-value analysis
+    and predicts 1.2 % more rows in full, none 27 %; the waves' floors change
+    no row of the 2M sweep and take 10 %). The envelope is non-decreasing in
+    each wave's steady iteration and its terms only add time, so this lies
+    below the envelope with the exact queue and the waves' floors, which is
+    non-decreasing in every work entry (tests/test_kernels.py,
+    ``test_bound_envelope_never_falls_when_work_rises``); every other input is
+    the model's, so the bound never exceeds the prediction. ``own=True``: the caller gives up
+    ``plan.work_iter``, which is then overwritten instead of copied.
+    """
+    work_iter = plan.work_iter if own else plan.work_iter.copy()
+    if plan.t_bytes.shape[1] < NUMPY_PAIRWISE_MIN and work_iter.flags.c_contiguous \
+            and work_iter.dtype == np.float64:
+        # one pass (tsbatch.kernels.traffic.compulsory_work), equal to the bit to
+        # the numpy below
+        compulsory_work(plan.t_bytes, plan.t_per_step, plan.t_mask, plan.g0, plan.g1, plan.g2,
+                        p, hw.sm_count, wave_samples, COMPULSORY_MARGIN, hw.has_l15,
+                        plan.t_dram_scale, work_iter)
+    else:
+        bound_work_numpy(plan, p, hw, wave_samples, work_iter)
     # every other envelope input exactly as evaluate_plan passes it (the chain
     # too: it does not depend on the hit rates, and the loop's bookkeeping joins
     # it where there is one, so leaving it out would not give a lower bound)
@@ -124,8 +211,18 @@ def lower_bound(plan: TilePlan, p: np.ndarray, hw: HwSpec, *, own: bool = False)
     env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, plan.g0 * plan.g1 * plan.g2,
                              hw.sm_count, p, plan.ksteps, plan.stages, plan.warps,
                              plan.warps_full, plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us,
-                             plan.persistent, plan.launch_us, latency_only=True, **kw)
-    return env["latency_us"]
+                             plan.persistent, plan.launch_us, latency_only=True, terms=BOUND_TERMS,
+                             **kw)
+    # 1e-12 under: the bound's arithmetic is not the prediction's (other work,
+    # another queue term), so where the two agree in exact arithmetic they may
+    # differ by rounding, and a bound a few ulps above a prediction equal to a
+    # workload's threshold would screen out a row that ties
+    return env["latency_us"] * (1.0 - BOUND_RTOL)
+
+
+#: relative margin of :func:`lower_bound` for rounding (the envelope's
+#: monotonicity and the queue terms' order hold to 1e-12 in tests/test_kernels.py)
+BOUND_RTOL = 1e-12
 
 
 #: rows bounded at a time: the columns of a slice stay in the CPU caches and in
@@ -134,7 +231,8 @@ def lower_bound(plan: TilePlan, p: np.ndarray, hw: HwSpec, *, own: bool = False)
 BOUND_CHUNK = 1 << 16
 
 
-def bound_rows(df: pl.DataFrame, hw: HwSpec, family: str = "gemm") -> tuple[np.ndarray, np.ndarray]:
+def bound_rows(df: pl.DataFrame, hw: HwSpec, family: str = "gemm",
+               wave_samples: int = WAVE_SAMPLES) -> tuple[np.ndarray, np.ndarray]:
     """``(bound, infeasible)`` per row of a candidate frame.
 
     ``infeasible[i]``: row ``i`` is infeasible in :func:`evaluate` (known
@@ -148,10 +246,10 @@ def bound_rows(df: pl.DataFrame, hw: HwSpec, family: str = "gemm") -> tuple[np.n
     most of its time, so two slices run at once on two cores.
     """
     if df.height <= BOUND_CHUNK:
-        return _bound_slice(df, hw, family, 0)
+        return _bound_slice(df, hw, family, 0, wave_samples)
     starts = range(0, df.height, BOUND_CHUNK)
     threads = min(bound_threads(), len(starts))
-    one = lambda a: _bound_slice(df.slice(a, BOUND_CHUNK), hw, family, a)  # noqa: E731
+    one = lambda a: _bound_slice(df.slice(a, BOUND_CHUNK), hw, family, a, wave_samples)  # noqa: E731
     if threads > 1:
         with ThreadPoolExecutor(threads, thread_name_prefix="tsbatch-bound") as ex:
             parts = list(ex.map(one, starts))
@@ -180,7 +278,7 @@ def bound_threads() -> int:
     return max(1, min(4, cores or 1))
 
 
-def _bound_slice(df: pl.DataFrame, hw: HwSpec, family: str, offset: int):
+def _bound_slice(df: pl.DataFrame, hw: HwSpec, family: str, offset: int, wave_samples: int):
     fam = get_family(family)
     cols, is_lib = validate(df, fam, offset)
     n = df.height
@@ -193,7 +291,8 @@ def _bound_slice(df: pl.DataFrame, hw: HwSpec, family: str, offset: int):
     ok = np.flatnonzero(p > 0)
     # every row is bounded as if one tile were resident (no copy of the plan), and
     # the infeasible rows' values are then dropped
-    b = lower_bound(plan, np.maximum(p, 1), hw, own=True) if ok.size else np.zeros(p.shape[0])
+    b = lower_bound(plan, np.maximum(p, 1), hw, own=True, wave_samples=wave_samples) \
+        if ok.size else np.zeros(p.shape[0])
     b = np.where(np.isnan(b), -np.inf, b)  # no usable bound: always predict
     lb_x = np.where(p > 0, b, np.inf)
     # a row (library row: its catalog tiles) is infeasible when no tile is feasible;
@@ -316,6 +415,7 @@ class TopKScreen:
                  sampling: dict | None = None):
         self.hw = resolve_hw(hw)
         self.sampling = dict(sampling or {})
+        self._wave_samples = int(self.sampling.get("wave_samples", WAVE_SAMPLES))
         self.family = family
         get_family(family)
         self.workload = list(workload)
@@ -418,7 +518,7 @@ class TopKScreen:
         t0 = time.perf_counter()
         pos = np.arange(self.n_rows, self.n_rows + n, dtype=np.int64)
         wid = self._wid(df)
-        lb, infeas = bound_rows(df, self.hw, self.family)
+        lb, infeas = bound_rows(df, self.hw, self.family, self._wave_samples)
         self._tick("bound_s", t0)
         self._screen_rows(df, pos, wid, lb, infeas, np.ones(n, dtype=bool), rounds=self.screen)
         self.n_rows += n
@@ -479,7 +579,7 @@ class TopKScreen:
                 self._template = df.head(0)
             t0 = time.perf_counter()
             wid = self._wid(df)
-            lb, infeas = bound_rows(df, self.hw, self.family)
+            lb, infeas = bound_rows(df, self.hw, self.family, self._wave_samples)
             lb32 = lb.astype(np.float32)
             lb32 = np.where(lb32.astype(np.float64) > lb,
                             np.nextafter(lb32, np.float32(-np.inf)), lb32)

@@ -95,7 +95,7 @@ import math
 
 import numpy as np
 
-from tsbatch.kernels._config import jit_scalar, jit_scalar_call, jit_serial
+from tsbatch.kernels._config import jit_borrow, jit_scalar
 from tsbatch.kernels._threads import even_bounds, run_shares
 
 __all__ = [
@@ -147,27 +147,78 @@ def _rate_on_sm(rr, is_shared, is_compute, is_tc, active, f, shared_units, share
     return rr
 
 
+#: :func:`wave_time`'s ``terms`` bits: the out-of-step slots' queued wave (needs
+#: TERM_WAVE_FLOOR), the ring's queue at the memory in the loop, instead of it a
+#: lower bound of it (:func:`_ring_queue_floor`), and the busiest resource's time
+#: as the floor of a wave's increment and of the tail's (between waves)
+TERM_QUEUED_WAVE = 1
+TERM_RING = 2
+TERM_RING_FLOOR = 4
+TERM_WAVE_FLOOR = 8
+#: the model's terms
+MODEL_TERMS = TERM_QUEUED_WAVE | TERM_RING | TERM_WAVE_FLOOR
+#: the screen's lower bound's: a floor of the ring's queue, nothing else. Each
+#: term only ever adds time; without the queued wave (the one term not
+#: non-decreasing in the work) the envelope is non-decreasing in every work
+#: entry and in each wave's steady iteration (tests/test_kernels.py)
+BOUND_TERMS = TERM_RING_FLOOR
+#: mean-value steps of :func:`_ring_queue_floor`
+RING_FLOOR_STEPS = 1
+#: utilisation at which :func:`_ring_queue` stops its recursion
+RING_SATURATED = 1e-9
+
+
 @jit_scalar
 def _ring_queue(z, dem, n):
     """Time per iteration of ``n`` customers cycling through a delay ``z`` and a
     queue of demand ``dem`` (exact mean-value analysis, Reiser and Lavenberg
     1980): ``1 / X(n)``, which tends to ``max(dem, (z + dem) / n)`` far from the
-    knee and lies above both near it."""
+    knee and lies above both near it. Returned as ``min(max(1 / X(n), dem / (1 -
+    RING_SATURATED)), z + dem)`` (within 1e-9 of ``1 / X(n)``), so that the
+    recursion can stop at saturation and the answer stays non-decreasing in
+    ``z`` and ``dem``."""
     q = 0.0
     x = 0.0
     for c in range(1, n + 1):
         r = dem * (1.0 + q)
         x = c / (z + r)
         q = x * r
-        if x * dem > 1.0 - 1e-9:
-            break  # saturated: the rest of the customers only queue, 1 / X = dem
+        if x * dem > 1.0 - RING_SATURATED:
+            # saturated (the utilisation only grows with the customers): the
+            # answer is then dem / (1 - RING_SATURATED), never more than one
+            # customer's cycle; this keeps it non-decreasing in z and dem
+            # (1 / X(c) at the stop would fall when z grows and the stop moves on)
+            s = dem / (1.0 - RING_SATURATED)
+            return s if s < z + dem else z + dem
     return 1.0 / x if x > 0.0 else 0.0
 
 
-@jit_scalar_call  # not IR-inlined: four call sites (cold compile 14 s -> ~4 s)
+@jit_scalar
+def _ring_queue_floor(z, dem, n, steps):
+    """A lower bound of :func:`_ring_queue` in at most ``steps + 1`` steps: the
+    mean-value recursion run from customer ``m = max(n - steps, 1)`` only, from
+    ``R(m) >= dem (1 + (m - 1) dem / (z + dem))`` (exact for ``m = 1``): the
+    queue met by an arrival, ``Q(c - 1) = (c - 1) R(c - 1) / (z + R(c - 1))``, is
+    increasing in ``R(c - 1) >= dem``, so each step keeps ``R(c)`` at or below the
+    exact one; ``(z + R(n)) / n`` less a relative 1e-9 (the exact recursion's
+    rounding, and its answer at saturation, ``dem / (1 - 1e-9)``, lie above)."""
+    m = n - steps
+    if m < 1:
+        m = 1
+    r = dem * (1.0 + (m - 1) * dem / (z + dem))
+    for c in range(m + 1, n + 1):
+        r = dem * (1.0 + (c - 1) * r / (z + r))
+    return (z + r) / n * (1.0 - 1e-9)
+
+
+# not IR-inlined: four call sites (cold compile 14 s -> ~4 s); compiled without
+# numba's runtime, as _envelopes (jit_borrow: it allocates nothing, and its
+# arrays are borrowed from the caller, so a call counts no references: the
+# bound's envelope of 1M rows 0.172 -> 0.13 s with both)
+@jit_borrow
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0, sync=0.0,
-                 chain=0.0, streams=1.0):
+                 chain=0.0, streams=1.0, ring=1):
     """Envelope of one SM's share of one wave (or of a persistent run).
 
     Returns ``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store,
@@ -182,6 +233,8 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     critical path of one iteration in one issue stream at the SM's full rates
     (0: none beyond the resource sums) and ``streams`` the issue streams per
     tile; the ``p * streams`` streams on the SM interleave their chains.
+    ``ring=0`` leaves out the ring's queueing at the memory (:func:`_ring_queue`),
+    which only ever raises the steady iteration: a lower bound (the screen's).
     """
     f = p * warps_tile / warps_full
     shared_units = f > 1.0  # several issue groups share the tensor cores
@@ -249,13 +302,16 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         lat_bound = (lat + mem + comp) / p
     if lat_bound > steady:
         steady = lat_bound
-    if d > 0 and mem > 0.0 and steady < lat + comp + mem:
+    if ring != 0 and d > 0 and mem > 0.0 and steady < lat + comp + mem:
         # the ring's p * stages slots queue at the memory system, which serves
         # the requests of every SM in turn: exact mean-value analysis of a closed
         # loop of those slots through the load latency and this SM's compute
         # (delays) and the memory (a queue of demand `mem` per iteration); never
         # longer than one slot's whole cycle, so not solved where the bounds reach it
-        qm = _ring_queue(lat + comp, mem, d + p)
+        if ring == 1:
+            qm = _ring_queue(lat + comp, mem, d + p)
+        else:
+            qm = _ring_queue_floor(lat + comp, mem, d + p, RING_FLOOR_STEPS)
         if qm > steady:
             steady = qm
     # the first load lands after one latency and its transfer, the last
@@ -367,7 +423,8 @@ def _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, sta
     t1, a1, b1, c1, _s1, st1, own1 = envelope_one(work_iter, work_epi, rate, shared, compute,
                                                   np.int64(1), sms, ksteps, stages, warps_tile,
                                                   warps_full, lat, ovh_iter, ovh_tile,
-                                                  np.int64(0), share_eff, sync, chain, streams)
+                                                  np.int64(0), share_eff, sync, chain, streams,
+                                                  np.int64(1))
     fl1 = resource_floor(work_iter, work_epi, rate, shared, compute, 1, sms, ksteps,
                          warps_tile, warps_full, share_eff)
     h1, hf1, _hc = _seam(a1, b1, c1, t1, st1, own1, ovh_tile, fl1)
@@ -382,19 +439,35 @@ def _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, sta
 @jit_scalar
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
-              chain=0.0, streams=1.0):
+              chain=0.0, streams=1.0, terms=11):
     """Whole-grid time by waves (Algorithm 2): full waves plus a recomputed tail.
 
     Returns ``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``.
+    ``terms`` (bits :data:`TERM_QUEUED_WAVE`, :data:`TERM_RING`,
+    :data:`TERM_RING_FLOOR`, :data:`TERM_WAVE_FLOOR`; the model:
+    :data:`MODEL_TERMS`) keeps terms that only ever add time: the out-of-step
+    slots' queueing for a burst-fed busiest resource between waves
+    (:func:`_queued_wave`), the ring's slots' queueing at the memory in the
+    loop (:func:`_ring_queue`, ``ring`` of :func:`envelope_one`) or a floor of
+    it, and the busiest resource's time as the floor of the waves after the
+    first and of the tail (:func:`_busiest`, :func:`resource_floor`). The rest is
+    non-decreasing in every work entry and in each wave's steady iteration
+    (prologue, loop, epilogue and the seams between waves are maxima and minima
+    of non-decreasing terms, docs/gemm_accuracy.md, "Speed, session 3"), so the
+    screen's lower bound takes them out. With the queued wave the latency can
+    fall where the busiest resource's loop work grows (its burst share
+    ``beta`` shrinks); the ring queue is non-decreasing in its delay and
+    demand, but costs ~40 % of the bound's envelope for ~0.3 % of its rows.
     """
     conc = sms * p
+    ring = 1 if (terms & TERM_RING) != 0 else (2 if (terms & TERM_RING_FLOOR) != 0 else 0)
     if persistent != 0:
         per_sm = (tiles + sms - 1) // sms
         active = sms if tiles > sms else tiles
         t, a, b, c, s, _, _ = envelope_one(work_iter, work_epi, rate, shared, compute, p,
                                            active, ksteps, stages, warps_tile, warps_full, lat,
                                            ovh_iter, ovh_tile, per_sm, share_eff, sync, chain,
-                                           streams)
+                                           streams, ring)
         return t, a, b, c, s, (tiles + conc - 1) // conc, tiles % conc
     full = tiles // conc
     tail = tiles - full * conc
@@ -408,14 +481,17 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         t, a, b, c, s, store, own = envelope_one(work_iter, work_epi, rate, shared, compute,
                                                  p, sms, ksteps, stages, warps_tile, warps_full,
                                                  lat, ovh_iter, ovh_tile, np.int64(0), share_eff,
-                                                 sync, chain, streams)
+                                                 sync, chain, streams, ring)
         # stores retire asynchronously: the next wave's prologue (load latency
         # and pipeline fill) runs under the previous wave's output stores. Written
         # as one wave plus (full - 1) waves less the hidden part, not full waves
         # less (full - 1) hidden parts: the difference of two products of
         # `full` loses digits when the prologue is mostly hidden
-        floor, beta = _busiest(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
-                               warps_tile, warps_full, share_eff)
+        floor = 0.0
+        beta = 0.0
+        if (terms & TERM_WAVE_FLOOR) != 0:
+            floor, beta = _busiest(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
+                                   warps_tile, warps_full, share_eff)
         h, hf, hf_c = _seam(a, b, c, t, store, own, p * ovh_tile, floor)
         inc = t - h - hf
         if p > 1 and full > 1:
@@ -430,7 +506,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
             # but where the busiest resource is a memory one fed in bursts (once per
             # tile), the out-of-step slots queue for it: that share of its demand
             # waits as in a closed queue of p slots, never less than the above
-            if beta > 0.0:
+            if (terms & TERM_QUEUED_WAVE) != 0 and beta > 0.0:
                 qd = _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                   stages, warps_tile, warps_full, lat, ovh_iter, ovh_tile,
                                   share_eff, sync, chain, streams, floor)
@@ -449,15 +525,17 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         t, a, b, c, s, _, own_t = envelope_one(work_iter, work_epi, rate, shared, compute, pt,
                                                active, ksteps, stages, warps_tile, warps_full, lat,
                                                ovh_iter, ovh_tile, np.int64(0), share_eff, sync,
-                                               chain, streams)
+                                               chain, streams, ring)
         T += t
         tp += a
         ts += b
         te += c
         if full == 0:
             s_it = s
-        floor = resource_floor(work_iter, work_epi, rate, shared, compute, pt, active, ksteps,
-                               warps_tile, warps_full, share_eff)
+        floor = 0.0
+        if (terms & TERM_WAVE_FLOOR) != 0:
+            floor = resource_floor(work_iter, work_epi, rate, shared, compute, pt, active, ksteps,
+                                   warps_tile, warps_full, share_eff)
         hidden, hf, hf_c = _seam(a, b, c, t, store, pt * ovh_tile, own_t, floor)
         T -= hidden + hf
         tp -= hidden
@@ -466,10 +544,10 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     return T, tp, ts, te, s_it, full + (1 if tail > 0 else 0), tail
 
 
-@jit_serial
+@jit_borrow
 def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
                warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff, sync,
-               chain, streams, out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util,
+               chain, streams, terms, out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util,
                lo, hi):
     R = work_iter.shape[1] if want_util else 0
     for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: no wraparound check per access
@@ -488,7 +566,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
                                           tiles[i], sms, p[i], ksteps[i], stages[i],
                                           warps_tile[i], warps_full, lat[i], ovh_iter[i],
                                           ovh_tile[i], persistent[i], share_eff[i], sync[i],
-                                          chain[i], streams[i])
+                                          chain[i], streams[i], terms)
         total = t + launch[i]
         out_t[i] = total
         out_pro[i] = a
@@ -511,7 +589,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
 
 def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages, warps_tile,
                        warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff=None, sync=None,
-                       latency_only=False, chain=None, streams=None):
+                       latency_only=False, chain=None, streams=None, terms=None):
     """Batched :func:`wave_time` plus launch time and per-resource utilization.
 
     ``work_iter``, ``work_epi``, ``rate`` are ``(n, N_RES)``; rates in work
@@ -527,10 +605,22 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
     Returns a dict of arrays: ``latency_us, t_prologue_us, t_steady_us,
     t_epilogue_us, t_steady_iter_us, waves, tail_tiles, util`` (n, N_RES);
     ``latency_only=True`` leaves out ``util`` (the other arrays are the same).
+    ``terms`` (default :data:`MODEL_TERMS`): :func:`wave_time`'s terms kept
+    (:data:`BOUND_TERMS`: a latency never above the model's, the screen's
+    lower bound).
     """
     n = np.shape(tiles)[0]
-    f = lambda a: np.ascontiguousarray(np.broadcast_to(a, (n,)), dtype=np.float64)  # noqa: E731
-    i = lambda a: np.ascontiguousarray(np.broadcast_to(a, (n,)), dtype=np.int64)  # noqa: E731
+
+    def col(a, dt):
+        # a column already as the kernel takes it is passed as it is (the same
+        # array broadcast_to and ascontiguousarray would give, ~4 us less per
+        # column: a prune round's envelope call takes 14)
+        if type(a) is np.ndarray and a.dtype == dt and a.shape == (n,) and a.flags.c_contiguous:
+            return a
+        return np.ascontiguousarray(np.broadcast_to(a, (n,)), dtype=dt)
+
+    f = lambda a: col(a, np.float64)  # noqa: E731
+    i = lambda a: col(a, np.int64)  # noqa: E731
     out = {k: np.empty(n, dtype=np.float64) for k in
            ("latency_us", "t_prologue_us", "t_steady_us", "t_epilogue_us", "t_steady_iter_us")}
     waves = np.empty(n, dtype=np.int64)
@@ -543,7 +633,7 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
             f(lat), f(ovh_iter), f(ovh_tile), i(persistent), f(launch),
             f(1.0 if share_eff is None else share_eff), f(0.0 if sync is None else sync),
             f(0.0 if chain is None else chain), f(1.0 if streams is None else streams),
-            out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
+            np.int64(MODEL_TERMS if terms is None else int(terms)), out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
             out["t_steady_iter_us"], waves, tail, util, not latency_only)
     run_shares(_envelopes, args, even_bounds(n))
     out["waves"] = waves

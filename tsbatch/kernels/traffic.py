@@ -27,7 +27,8 @@ from tsbatch.kernels._config import jit_exact
 from tsbatch.kernels._threads import even_bounds, run_shares
 from tsbatch.kernels.envelope import N_RES, R_DRAM, R_L15, R_L2
 
-__all__ = ["split_traffic", "bottleneck_codes", "NUMPY_PAIRWISE_MIN", "KERNEL_MIN_ROWS"]
+__all__ = ["split_traffic", "bottleneck_codes", "compulsory_work", "NUMPY_PAIRWISE_MIN",
+           "KERNEL_MIN_ROWS"]
 
 #: numpy sums a row of at least this many elements pairwise (8 partial sums),
 #: not left to right; such rows go through numpy
@@ -133,6 +134,74 @@ def split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, 
                              f64(dram_scale) if dram_scale is not None else np.ones((1, 1)),
                              dram_scale is not None, out_wi) + outs, even_bounds(rows))
     return (out_wi,) + outs
+
+
+@jit_exact
+def _compulsory_rows(t_bytes, per_step, t_mask, g0, g1, g2, p, sms, wave_samples, margin,
+                     has_l15, dram_scale, has_scale, work_iter, lo, hi):
+    T = t_bytes.shape[1]
+    for i in range(lo, hi):
+        tiles = g0[i] * g1[i] * g2[i]
+        conc = sms * (p[i] if p[i] > 1 else 1)
+        whole = tiles > 0 and (tiles + conc - 1) // conc <= wave_samples
+        req_tot = 0.0
+        l2 = 0.0
+        dram = 0.0
+        for t in range(T):
+            step = per_step[i, t] != 0
+            req = t_bytes[i, t] if step else 0.0
+            frac = 0.0
+            if whole and step:
+                m = t_mask[i, t]
+                share = 1.0
+                share *= float(g0[i]) if m & 1 else 1.0
+                share *= float(g1[i]) if (m >> 1) & 1 else 1.0
+                share *= float(g2[i]) if (m >> 2) & 1 else 1.0
+                if share > 0.0:
+                    frac = (1.0 - margin) / share - 1e-11
+                    if frac < 0.0:
+                        frac = 0.0
+            dreq = req * dram_scale[i, t] if has_scale else req
+            if t == 0:
+                req_tot = req
+                l2 = req * frac
+                dram = dreq * frac
+            else:
+                req_tot += req
+                l2 += req * frac
+                dram += dreq * frac
+        if has_l15:
+            work_iter[i, R_L15] = req_tot
+            work_iter[i, R_L2] = l2
+        else:
+            work_iter[i, R_L15] = 0.0
+            work_iter[i, R_L2] = req_tot  # h15 is 0 without an L1.5 tier
+        work_iter[i, R_DRAM] = dram
+
+
+def compulsory_work(t_bytes, per_step, t_mask, g0, g1, g2, p, sms, wave_samples, margin,
+                    has_l15, dram_scale, work_iter):
+    """The screen's bound's L1.5, L2 and DRAM columns, written into ``work_iter``
+    (``(n, N_RES)`` float64, C-contiguous; changed in place): the requested
+    bytes per step on L1.5 (L2 without an L1.5 tier), and on L2 (L1.5 parts)
+    and DRAM (with ``dram_scale``) each per-step tensor's compulsory share
+    ``(1 - margin) / share_t - 1e-11`` (at least 0) of them, where the launch's
+    ``ceil(tiles / (sms max(p, 1)))`` waves are at most ``wave_samples``, else
+    none (:func:`tsbatch.engine.screen.compulsory_fractions`, whose numpy form
+    it equals to the bit, sums left to right as numpy does for ``T < 8``
+    tensors). One pass, no ``(n, T)`` temporaries. Plain-Python twin:
+    ``tests/naive.py``, ``compulsory_work_one``."""
+    i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
+    rows = np.shape(t_bytes)[0]
+    if not (work_iter.flags.c_contiguous and work_iter.dtype == np.float64):
+        raise ValueError("compulsory_work: work_iter must be C-contiguous float64")
+    _compulsory_rows(np.ascontiguousarray(t_bytes, dtype=np.float64), i64(per_step), i64(t_mask),
+                     i64(g0), i64(g1), i64(g2), i64(p), int(sms), int(wave_samples),
+                     float(margin), bool(has_l15),
+                     np.ascontiguousarray(dram_scale, dtype=np.float64)
+                     if dram_scale is not None else np.ones((1, 1)),
+                     dram_scale is not None, work_iter, 0, rows)
+    return work_iter
 
 
 @jit_exact
