@@ -79,6 +79,7 @@ import math
 import numpy as np
 
 from tsbatch.kernels._config import jit_borrow, jit_scalar, jit_serial
+from tsbatch.kernels._extern import separately_linked
 from tsbatch.kernels._records import Batch, Book, Memo, Problem, Scratch
 from tsbatch.kernels._threads import num_threads, run_shares
 from tsbatch.kernels.order import ORDER_COL, ORDER_ROW, ORDER_ZORDER, launch_order, tile_coords
@@ -148,6 +149,7 @@ def _cross_wave_hit(pb, bk, k, head_j, w, valid_from):
 XMEMO_SIZE = 512
 
 
+@separately_linked
 @jit_borrow
 def _cross_wave_hits(pb, bk, mm, fts, nft, ids, head, w, valid_from, hx):
     """``hx[j]`` for the first touches ``j = fts[:nft]`` (block ``ids[j]``,
@@ -444,6 +446,7 @@ def _run_starts(start, nw, nsm, g15, ngroups, order, g0, g1, g2, group, gm, rsc)
         r += 1
 
 
+@separately_linked
 @jit_borrow
 def _group_l15(pb, sc, mm, ids, wts, lo, hi, nw, ns, sh, sslot):
     """``sc.h15[j]`` for the accesses ``j`` of an L1.5 group (wave slots
@@ -571,6 +574,7 @@ def _group_l15(pb, sc, mm, ids, wts, lo, hi, nw, ns, sh, sslot):
             sig_s15[sslot, q % n_step] += pool_h15[poff + q]
 
 
+@separately_linked
 @jit_borrow
 def _hits_fast(pb, bk, sc, mm, w, valid_from, start, nw, n, nft, run):
     """The hit rates of wave ``w``'s accesses (``nw`` programs from ``start``,
@@ -921,6 +925,7 @@ def _cache_one(b, i):
         out_dram[t] = (req2[t] - hit2[t]) / acc[t]
 
 
+@separately_linked
 @jit_borrow
 def _wave(pb, bk, sc, mm, w, do_hits, valid_from):
     """Book-keep wave ``w`` into ``bk`` (and, if ``do_hits``, add its
@@ -1078,6 +1083,7 @@ def _panel_segment(pi, gm, g0, g1, ra, rb, zb, start):
     return first, size, ia, ib, zb + pb - start
 
 
+@separately_linked
 @jit_borrow
 def _window_start(w, ws, P, conc, T, per_step, kstr, g0, g1, gm):
     """The earliest program at or after wave ``ws``'s first that is the last
@@ -1204,6 +1210,7 @@ def _two_streams(T, clen):
     return ta, tb
 
 
+@separately_linked
 @jit_borrow
 def _book_blocks(pb, bk, sc, w, valid_from):
     """The book-keeping of wave ``w`` into ``bk`` (no hit rates; candidates
@@ -1385,6 +1392,7 @@ def _book_blocks(pb, bk, sc, w, valid_from):
     bk.oncecum[w + 1] = bk.oncecum[w] + nw * pb.once_bytes
 
 
+@separately_linked
 @jit_borrow
 def _hits_blocks(pb, bk, sc, mm, w, valid_from, book):
     """Analyse wave ``w`` per distinct block on the panel orders with integer
