@@ -218,6 +218,7 @@ def _cross_wave_hits(pb, bk, mm, fts, nft, ids, head, w, valid_from, hx):
         hx[j] = v
 
 
+@separately_linked
 @jit_borrow
 def step_distances(ids, wts, n, last_idx, tree, out):
     """Exact LRU stack distances (in weight units) within ``ids[:n]``.
@@ -249,6 +250,7 @@ MEMO_SIZE = 256
 _MEMO_PROBES = 8
 
 
+@separately_linked
 @jit_borrow
 def _memo_hits(d, n, finite_only, assoc, blocks, unit, keys, vals, out):
     """``out[j] = hit_prob_gauss(d[j] / unit, assoc, blocks)`` for ``j < n``
@@ -415,6 +417,7 @@ def _group_sig(pb, sc, mm, gi, lo, hi, nw):
     return ns, sh, -1
 
 
+@separately_linked
 @jit_borrow
 def _run_starts(start, nw, nsm, g15, ngroups, order, g0, g1, g2, group, gm, rsc):
     """The first program of every L1.5 group run of the wave of ``nw``
