@@ -676,6 +676,7 @@ def _hits_fast(pb, bk, sc, mm, w, valid_from, start, nw, n, nft, run):
         bk.hit2[t] += kf * loc[3, t]
 
 
+@separately_linked
 @jit_serial
 def _cache_one(b, i):
     """Problem ``i`` of batch ``b``: its hit rates into row ``i`` of
