@@ -43,3 +43,15 @@ def outer(x, a):
     """Two levels: calls ``caller`` (linked as usual), which calls the callee."""
     v, n = caller(x, a)
     return v + 1.0, n
+
+
+@separately_linked
+@fast_loading(njit(cache=True, nogil=True, no_cpython_wrapper=True, no_cfunc_wrapper=True))
+def internal_twice(x):
+    """Jitted callers only: compiled without a Python wrapper."""
+    return 2.0 * x
+
+
+@jit
+def calls_internal(x):
+    return internal_twice(x) + internal_twice(1.0)

@@ -37,7 +37,14 @@ ir = None
 if hits["caller"] == 0:
     ir = fx.caller.inspect_llvm(fx.caller.signatures[0])
 callee = fx.scaled_sum.overloads[fx.scaled_sum.signatures[0]].fndesc.mangled_name
-print(json.dumps({"v": v, "n": int(n), "err": err, "hits": hits, "ir": ir, "callee": callee}))
+w = fx.calls_internal(3.0)  # compiles (or loads) internal_twice first
+try:
+    fx.internal_twice(3.0)
+    perr = None
+except TypeError as exc:
+    perr = str(exc)
+print(json.dumps({"v": v, "n": int(n), "err": err, "hits": hits, "ir": ir, "callee": callee,
+                  "w": w, "perr": perr}))
 """
 
 
@@ -70,3 +77,8 @@ def test_separately_linked_call_compiles_loads_and_raises(tmp_path):
     # the caller (and the one above it) loaded from the cache, the callee loaded first
     assert warm["hits"] == {"outer": 1, "caller": 1, "scaled_sum": 1}
     assert (warm["v"], warm["n"], warm["err"]) == (cold["v"], cold["n"], cold["err"])
+    # a kernel compiled without a Python wrapper: its jitted caller calls it; a call
+    # from Python gets a clear error (not a call of a missing wrapper), compiled or loaded
+    for res in (cold, warm):
+        assert res["w"] == 8.0
+        assert "called from jitted code only" in res["perr"]

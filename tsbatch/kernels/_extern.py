@@ -36,18 +36,18 @@ __all__ = ["separately_linked", "PREFIX"]
 
 #: prefix of the symbol a separately linked kernel's machine code is given
 PREFIX = "tsbatch.extern$"
-_defined: set[str] = set()
+_defined: dict[str, int] = {}
 
 
 def _define(cres) -> str:
-    """Give LLVM's dynamic linker the symbol of ``cres``'s machine code (once)."""
+    """Give LLVM's dynamic linker the symbol of ``cres``'s machine code."""
     name = PREFIX + cres.fndesc.mangled_name
-    if name not in _defined:
-        addr = cres.library.get_pointer_to_function(cres.fndesc.mangled_name)
-        if not addr:
-            raise RuntimeError(f"{cres.fndesc.mangled_name}: no machine code to call")
+    addr = cres.library.get_pointer_to_function(cres.fndesc.mangled_name)
+    if not addr:
+        raise RuntimeError(f"{cres.fndesc.mangled_name}: no machine code to call")
+    if _defined.get(name) != addr:
         ll.add_symbol(name, addr)
-        _defined.add(name)
+        _defined[name] = addr
     return name
 
 
@@ -101,13 +101,23 @@ def _call_impl(fndesc, load: _Load):
 
 def separately_linked(dispatcher):
     """Make jitted callers of ``dispatcher`` (an ``njit`` function at module level)
-    call its machine code instead of linking its code; returns it."""
-    f = dispatcher.py_func
+    call its machine code instead of linking its code; returns it (anything that
+    is not a numba dispatcher, e.g. under ``NUMBA_DISABLE_JIT=1``, unchanged)."""
+    f = getattr(dispatcher, "py_func", None)
+    if f is None or not hasattr(dispatcher, "add_overload"):
+        return dispatcher
     module, qualname = f.__module__, f.__qualname__
     add = dispatcher.add_overload
+    # compiled without a CPython wrapper (``no_cpython_wrapper``): jitted code only
+    internal = bool(dispatcher.targetoptions.get("no_cpython_wrapper"))
 
     def add_overload(cres):
-        add(cres)
+        if internal:
+            # what numba's add_overload does, less the entry in the dispatcher's
+            # table of Python calls (its entry point has no wrapper to call)
+            dispatcher.overloads[tuple(cres.signature.args)] = cres
+        else:
+            add(cres)
         if cres.objectmode:
             return
         _define(cres)
@@ -117,4 +127,10 @@ def separately_linked(dispatcher):
         ctx._defns[cres.entry_point].append(impl, impl.signature)
 
     dispatcher.add_overload = add_overload
+    if internal:
+        def python_call(*args, **kws):
+            raise TypeError(f"{module}.{qualname} is called from jitted code only "
+                            "(compiled without a Python wrapper)")
+
+        dispatcher._compile_for_args = python_call
     return dispatcher

@@ -78,7 +78,8 @@ import math
 
 import numpy as np
 
-from tsbatch.kernels._config import jit_borrow, jit_scalar, jit_serial
+from tsbatch.kernels._config import (jit_borrow, jit_borrow_internal, jit_scalar, jit_serial,
+                                     jit_serial_internal)
 from tsbatch.kernels._extern import separately_linked
 from tsbatch.kernels._records import Batch, Book, Memo, Problem, Scratch
 from tsbatch.kernels._threads import num_threads, run_shares
@@ -150,7 +151,7 @@ XMEMO_SIZE = 512
 
 
 @separately_linked
-@jit_borrow
+@jit_borrow_internal
 def _cross_wave_hits(pb, bk, mm, fts, nft, ids, head, w, valid_from, hx):
     """``hx[j]`` for the first touches ``j = fts[:nft]`` (block ``ids[j]``,
     ``head[j]`` bytes first touched before it) of wave ``w``:
@@ -251,7 +252,7 @@ _MEMO_PROBES = 8
 
 
 @separately_linked
-@jit_borrow
+@jit_borrow_internal
 def _memo_hits(d, n, finite_only, assoc, blocks, unit, keys, vals, out):
     """``out[j] = hit_prob_gauss(d[j] / unit, assoc, blocks)`` for ``j < n``
     (only where ``d[j]`` is finite if ``finite_only``), memoized on the exact
@@ -450,7 +451,7 @@ def _run_starts(start, nw, nsm, g15, ngroups, order, g0, g1, g2, group, gm, rsc)
 
 
 @separately_linked
-@jit_borrow
+@jit_borrow_internal
 def _group_l15(pb, sc, mm, ids, wts, lo, hi, nw, ns, sh, sslot):
     """``sc.h15[j]`` for the accesses ``j`` of an L1.5 group (wave slots
     ``lo + r nsm`` up to ``hi + r nsm`` of the wave of ``nw`` programs;
@@ -578,7 +579,7 @@ def _group_l15(pb, sc, mm, ids, wts, lo, hi, nw, ns, sh, sslot):
 
 
 @separately_linked
-@jit_borrow
+@jit_borrow_internal
 def _hits_fast(pb, bk, sc, mm, w, valid_from, start, nw, n, nft, run):
     """The hit rates of wave ``w``'s accesses (``nw`` programs from ``start``,
     the ``n`` accesses of a step in ``sc``, of which the ``nft`` listed in
@@ -677,7 +678,7 @@ def _hits_fast(pb, bk, sc, mm, w, valid_from, start, nw, n, nft, run):
 
 
 @separately_linked
-@jit_serial
+@jit_serial_internal
 def _cache_one(b, i):
     """Problem ``i`` of batch ``b``: its hit rates into row ``i`` of
     ``b.h15``, ``b.h2``, ``b.dram``. Allocates its records
@@ -930,7 +931,7 @@ def _cache_one(b, i):
 
 
 @separately_linked
-@jit_borrow
+@jit_borrow_internal
 def _wave(pb, bk, sc, mm, w, do_hits, valid_from):
     """Book-keep wave ``w`` into ``bk`` (and, if ``do_hits``, add its
     accesses' hit rates to ``bk``'s sums), access by access: the step
@@ -1215,7 +1216,7 @@ def _two_streams(T, clen):
 
 
 @separately_linked
-@jit_borrow
+@jit_borrow_internal
 def _book_blocks(pb, bk, sc, w, valid_from):
     """The book-keeping of wave ``w`` into ``bk`` (no hit rates; candidates
     in ``sc.cp``, ``sc.ck``, ``sc.clen``) per distinct block instead of per
@@ -1397,7 +1398,7 @@ def _book_blocks(pb, bk, sc, w, valid_from):
 
 
 @separately_linked
-@jit_borrow
+@jit_borrow_internal
 def _hits_blocks(pb, bk, sc, mm, w, valid_from, book):
     """Analyse wave ``w`` per distinct block on the panel orders with integer
     block sizes (as :func:`_book_blocks`), adding its hit rates to ``bk``'s
