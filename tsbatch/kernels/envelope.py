@@ -96,7 +96,6 @@ import math
 import numpy as np
 
 from tsbatch.kernels._config import jit_scalar, jit_scalar_call, jit_serial
-from tsbatch.kernels._extern import separately_linked
 from tsbatch.kernels._threads import even_bounds, run_shares
 
 __all__ = [
@@ -165,7 +164,6 @@ def _ring_queue(z, dem, n):
     return 1.0 / x if x > 0.0 else 0.0
 
 
-@separately_linked
 @jit_scalar_call  # not IR-inlined: four call sites (cold compile 14 s -> ~4 s)
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0, sync=0.0,
