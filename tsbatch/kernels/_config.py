@@ -42,3 +42,11 @@ jit_exact = fast_loading(njit(cache=True, nogil=True))
 jit_exact_inline = fast_loading(njit(cache=True, nogil=True, inline="always"))
 #: decorator for row-parallel array kernels (``prange`` over rows)
 jit_parallel = fast_loading(njit(cache=True, fastmath=FASTMATH, nogil=True, parallel=True))
+#: the same two for kernels that only jitted code calls, never Python (each
+#: also :func:`tsbatch.kernels._extern.separately_linked`): no CPython or C
+#: wrapper is compiled for them (a wrapper unboxes every array of a record
+#: argument: a third of such a kernel's compile and cached code)
+_INTERNAL = dict(no_cpython_wrapper=True, no_cfunc_wrapper=True)
+jit_serial_internal = fast_loading(njit(cache=True, fastmath=FASTMATH, nogil=True, **_INTERNAL))
+jit_borrow_internal = fast_loading(njit(cache=True, fastmath=FASTMATH, nogil=True, _nrt=False,
+                                        **_INTERNAL))

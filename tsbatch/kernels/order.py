@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from tsbatch.kernels._config import jit_scalar, jit_serial
+from tsbatch.kernels._extern import separately_linked
 
 __all__ = [
     "ORDER_ROW",
@@ -101,6 +102,7 @@ def tile_coords(order, g0, g1, g2, group, pid):
     return first + inner % size, inner // size, x2
 
 
+@separately_linked
 @jit_serial
 def launch_order(order, g0, g1, g2, group, x0, x1, x2):
     """Fill ``x0, x1, x2`` (length ``g0*g1*g2``) with the issue sequence."""

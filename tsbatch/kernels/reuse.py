@@ -78,7 +78,9 @@ import math
 
 import numpy as np
 
-from tsbatch.kernels._config import jit_borrow, jit_scalar, jit_serial
+from tsbatch.kernels._config import (jit_borrow, jit_borrow_internal, jit_scalar, jit_serial,
+                                     jit_serial_internal)
+from tsbatch.kernels._extern import separately_linked
 from tsbatch.kernels._records import Batch, Book, Memo, Problem, Scratch
 from tsbatch.kernels._threads import num_threads, run_shares
 from tsbatch.kernels.order import ORDER_COL, ORDER_ROW, ORDER_ZORDER, launch_order, tile_coords
@@ -148,7 +150,8 @@ def _cross_wave_hit(pb, bk, k, head_j, w, valid_from):
 XMEMO_SIZE = 512
 
 
-@jit_borrow
+@separately_linked
+@jit_borrow_internal
 def _cross_wave_hits(pb, bk, mm, fts, nft, ids, head, w, valid_from, hx):
     """``hx[j]`` for the first touches ``j = fts[:nft]`` (block ``ids[j]``,
     ``head[j]`` bytes first touched before it) of wave ``w``:
@@ -216,6 +219,7 @@ def _cross_wave_hits(pb, bk, mm, fts, nft, ids, head, w, valid_from, hx):
         hx[j] = v
 
 
+@separately_linked
 @jit_borrow
 def step_distances(ids, wts, n, last_idx, tree, out):
     """Exact LRU stack distances (in weight units) within ``ids[:n]``.
@@ -247,7 +251,8 @@ MEMO_SIZE = 256
 _MEMO_PROBES = 8
 
 
-@jit_borrow
+@separately_linked
+@jit_borrow_internal
 def _memo_hits(d, n, finite_only, assoc, blocks, unit, keys, vals, out):
     """``out[j] = hit_prob_gauss(d[j] / unit, assoc, blocks)`` for ``j < n``
     (only where ``d[j]`` is finite if ``finite_only``), memoized on the exact
@@ -413,6 +418,7 @@ def _group_sig(pb, sc, mm, gi, lo, hi, nw):
     return ns, sh, -1
 
 
+@separately_linked
 @jit_borrow
 def _run_starts(start, nw, nsm, g15, ngroups, order, g0, g1, g2, group, gm, rsc):
     """The first program of every L1.5 group run of the wave of ``nw``
@@ -444,7 +450,8 @@ def _run_starts(start, nw, nsm, g15, ngroups, order, g0, g1, g2, group, gm, rsc)
         r += 1
 
 
-@jit_borrow
+@separately_linked
+@jit_borrow_internal
 def _group_l15(pb, sc, mm, ids, wts, lo, hi, nw, ns, sh, sslot):
     """``sc.h15[j]`` for the accesses ``j`` of an L1.5 group (wave slots
     ``lo + r nsm`` up to ``hi + r nsm`` of the wave of ``nw`` programs;
@@ -571,7 +578,8 @@ def _group_l15(pb, sc, mm, ids, wts, lo, hi, nw, ns, sh, sslot):
             sig_s15[sslot, q % n_step] += pool_h15[poff + q]
 
 
-@jit_borrow
+@separately_linked
+@jit_borrow_internal
 def _hits_fast(pb, bk, sc, mm, w, valid_from, start, nw, n, nft, run):
     """The hit rates of wave ``w``'s accesses (``nw`` programs from ``start``,
     the ``n`` accesses of a step in ``sc``, of which the ``nft`` listed in
@@ -669,7 +677,8 @@ def _hits_fast(pb, bk, sc, mm, w, valid_from, start, nw, n, nft, run):
         bk.hit2[t] += kf * loc[3, t]
 
 
-@jit_serial
+@separately_linked
+@jit_serial_internal
 def _cache_one(b, i):
     """Problem ``i`` of batch ``b``: its hit rates into row ``i`` of
     ``b.h15``, ``b.h2``, ``b.dram``. Allocates its records
@@ -921,7 +930,8 @@ def _cache_one(b, i):
         out_dram[t] = (req2[t] - hit2[t]) / acc[t]
 
 
-@jit_borrow
+@separately_linked
+@jit_borrow_internal
 def _wave(pb, bk, sc, mm, w, do_hits, valid_from):
     """Book-keep wave ``w`` into ``bk`` (and, if ``do_hits``, add its
     accesses' hit rates to ``bk``'s sums), access by access: the step
@@ -1078,6 +1088,7 @@ def _panel_segment(pi, gm, g0, g1, ra, rb, zb, start):
     return first, size, ia, ib, zb + pb - start
 
 
+@separately_linked
 @jit_borrow
 def _window_start(w, ws, P, conc, T, per_step, kstr, g0, g1, gm):
     """The earliest program at or after wave ``ws``'s first that is the last
@@ -1204,7 +1215,8 @@ def _two_streams(T, clen):
     return ta, tb
 
 
-@jit_borrow
+@separately_linked
+@jit_borrow_internal
 def _book_blocks(pb, bk, sc, w, valid_from):
     """The book-keeping of wave ``w`` into ``bk`` (no hit rates; candidates
     in ``sc.cp``, ``sc.ck``, ``sc.clen``) per distinct block instead of per
@@ -1385,7 +1397,8 @@ def _book_blocks(pb, bk, sc, w, valid_from):
     bk.oncecum[w + 1] = bk.oncecum[w] + nw * pb.once_bytes
 
 
-@jit_borrow
+@separately_linked
+@jit_borrow_internal
 def _hits_blocks(pb, bk, sc, mm, w, valid_from, book):
     """Analyse wave ``w`` per distinct block on the panel orders with integer
     block sizes (as :func:`_book_blocks`), adding its hit rates to ``bk``'s
