@@ -429,6 +429,43 @@ def test_sweep_ranks_within_workload(tmp_path):
         assert g["rank"][0] == 1
 
 
+def test_comm_sweep_quiet_writes_the_table_and_prints_nothing(tmp_path, capsys):
+    # the install-time precompile runs `comm sweep NAME -o OUT -q` for every built-in
+    # collective sweep; -q was once rejected there, so those kernels went uncompiled
+    import polars as pl
+
+    from tsbatch.front.cli import main
+
+    f = tmp_path / "s.toml"
+    f.write_text('family = "collective"\n[fixed]\nsystem = "dgx_h100"\ncollective = "all_reduce"\n'
+                 'num_gpus = 8\n[axes]\nbytes = ["64KiB", "256MiB"]\nalgorithm = ["ring", "tree"]\n')
+    out = tmp_path / "o.parquet"
+    assert main(["comm", "sweep", str(f), "-o", str(out), "-q"]) == 0
+    assert capsys.readouterr().out == ""
+    assert pl.read_parquet(out).height == 4
+    assert main(["comm", "sweep", str(f), "-o", str(out)]) == 0
+    assert "wrote 4 ranked rows" in capsys.readouterr().out
+
+
+def test_precompile_steps_parse():
+    # every command line the install-time precompile runs is one the CLI accepts
+    import tsbatch._precompile as pc
+    from tsbatch.front.cli import build_parser
+
+    seen = []
+    real = pc._cli
+    pc._cli = lambda *argv: seen.append(argv)
+    try:
+        for name, step in pc._steps(__import__("pathlib").Path("/nonexistent")):
+            if name.startswith(("comm sweep", "sweep", "explain", "comm explain", "simulate")):
+                step()
+    finally:
+        pc._cli = real
+    assert any(a[:2] == ("comm", "sweep") for a in seen)
+    for argv in seen:
+        build_parser(argv[0]).parse_args(list(argv))
+
+
 def test_empty_frame_and_whole_float_sizes():
     empty = pl.DataFrame(schema={"system": pl.String, "collective": pl.String, "num_gpus": pl.Int32,
                                  "bytes": pl.Int64})

@@ -5,7 +5,7 @@
     tsbatch comm explain --system dgx_h100 --collective all_reduce --num-gpus 8 --bytes 64MiB \\
                          [--gpus-per-node 8 --algorithm ring --protocol simple --channels 16]
     tsbatch comm explain --family gemm_rs --system dgx_h100 --num-gpus 8 --param m=8192 ...
-    tsbatch comm sweep sweeps/comm_layouts.toml [-o RANKED.parquet] [--top 10]
+    tsbatch comm sweep sweeps/comm_layouts.toml [-o RANKED.parquet] [--top 10] [-q]
 """
 
 from __future__ import annotations
@@ -238,6 +238,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     w.add_argument("sweep")
     w.add_argument("-o", "--output")
     w.add_argument("--top", type=int, default=5, help="rows shown per workload (default 5)")
+    w.add_argument("-q", "--quiet", action="store_true",
+                   help="print nothing (with -o: only write the ranked table)")
     w.set_defaults(func=run)
     return p
 
@@ -304,7 +306,10 @@ def run(args: argparse.Namespace) -> int:
             from tsbatch.boundary.io import write_parquet
 
             write_parquet(out, args.output, meta)
-            print(f"wrote {out.height} ranked rows to {args.output}")
+            if not args.quiet:
+                print(f"wrote {out.height} ranked rows to {args.output}")
+        if args.quiet:
+            return 0
         by = json.loads(meta["tsbatch.rank_by"])
         axes = json.loads(meta["tsbatch.axes"])
         show = out.filter(pl.col("rank") <= args.top)

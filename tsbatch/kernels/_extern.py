@@ -32,7 +32,7 @@ import llvmlite.binding as ll
 from numba.core import cgutils
 from numba.core.imputils import fix_returning_optional, impl_ret_new_ref
 
-__all__ = ["separately_linked", "PREFIX"]
+__all__ = ["separately_linked", "supported", "PREFIX"]
 
 #: prefix of the symbol a separately linked kernel's machine code is given
 PREFIX = "tsbatch.extern$"
@@ -99,12 +99,32 @@ def _call_impl(fndesc, load: _Load):
     return imp
 
 
+_SUPPORTED: bool | None = None
+
+
+def supported(ctx) -> bool:
+    """Whether this numba has the internals the mechanism uses (the target
+    context's table of implementations, a code library's ``reload_init`` set);
+    checked once. Without them kernels are linked the ordinary way: slower to
+    compile, the same results."""
+    global _SUPPORTED
+    if _SUPPORTED is None:
+        try:
+            lib = ctx.codegen().create_library("tsbatch.extern.probe")
+            _SUPPORTED = (isinstance(getattr(lib, "_reload_init", None), set)
+                          and hasattr(ctx, "_defns") and hasattr(ll, "add_symbol"))
+        except Exception:  # noqa: BLE001 - any failure means: link the ordinary way
+            _SUPPORTED = False
+    return _SUPPORTED
+
+
 def separately_linked(dispatcher):
     """Make jitted callers of ``dispatcher`` (an ``njit`` function at module level)
     call its machine code instead of linking its code; returns it (anything that
-    is not a numba dispatcher, e.g. under ``NUMBA_DISABLE_JIT=1``, unchanged)."""
+    is not a numba dispatcher, e.g. under ``NUMBA_DISABLE_JIT=1``, or a numba
+    without the internals used, unchanged)."""
     f = getattr(dispatcher, "py_func", None)
-    if f is None or not hasattr(dispatcher, "add_overload"):
+    if f is None or not hasattr(dispatcher, "add_overload") or not supported(dispatcher.targetctx):
         return dispatcher
     module, qualname = f.__module__, f.__qualname__
     add = dispatcher.add_overload
