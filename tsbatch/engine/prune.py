@@ -340,14 +340,14 @@ def _select(wl: tuple, cfg: dict[str, np.ndarray], hw: HwSpec, top: float,
         order = np.lexsort((feas, np.where(np.isfinite(lat), lat, np.inf)))[:keep]
         return feas[order], lat[order], int(feas.size), int(feas.size)
 
-    lb = lower_bound(take_plan(plan, feas), p[feas], hw)
+    lb = lower_bound(take_plan(plan, feas), p[feas], hw, own=True)  # the taken plan is ours
     lb = np.where(np.isfinite(lb), lb, np.inf)
     by_lb = np.lexsort((feas, lb))  # positions into feas, smallest bound first
     lb_sorted = lb[by_lb]
     # round 1: the smallest bounds, a few more than are kept
     done = min(keep + max(2, keep // 16), by_lb.size)
     got = feas[by_lb[:done]]
-    lat = _predict(plan, got, hw)
+    lat = _predict(plan, got, hw, p, reason)
     while True:
         # only rows whose bound is not above the keep-th best prediction so far
         # can still be among the first ``keep`` (strictly above: a tie could
@@ -362,7 +362,7 @@ def _select(wl: tuple, cfg: dict[str, np.ndarray], hw: HwSpec, top: float,
         rows = feas[by_lb[done:done + step]]
         done += step
         got = np.concatenate([got, rows])
-        lat = np.concatenate([lat, _predict(plan, rows, hw)])
+        lat = np.concatenate([lat, _predict(plan, rows, hw, p, reason)])
     order = np.lexsort((got, lat))[:keep]
     return got[order], lat[order], int(feas.size), int(got.size)
 
@@ -374,9 +374,11 @@ def _select(wl: tuple, cfg: dict[str, np.ndarray], hw: HwSpec, top: float,
 _ROUND_MIN = 128
 
 
-def _predict(plan, rows: np.ndarray, hw: HwSpec) -> np.ndarray:
-    """Full predictions of ``rows`` of ``plan`` (+inf where not finite)."""
-    lat = evaluate_plan(take_plan(plan, rows), hw)["latency_us"]
+def _predict(plan, rows: np.ndarray, hw: HwSpec, p: np.ndarray, reason: np.ndarray) -> np.ndarray:
+    """Full predictions of ``rows`` of ``plan`` (+inf where not finite); ``p``,
+    ``reason``: the residency of every row of ``plan``."""
+    lat = evaluate_plan(take_plan(plan, rows), hw, resident=(p[rows], reason[rows]),
+                        latency_only=True)["latency_us"]
     return np.where(np.isfinite(lat), lat, np.inf)
 
 
