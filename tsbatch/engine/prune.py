@@ -345,7 +345,9 @@ def _select(wl: tuple, cfg: dict[str, np.ndarray], hw: HwSpec, top: float,
         order = np.lexsort((feas, np.where(np.isfinite(lat), lat, np.inf)))[:keep]
         return feas[order], lat[order], int(feas.size), int(feas.size)
 
-    lb = lower_bound(take_plan(plan, feas), p[feas], hw, own=True)  # the taken plan is ours
+    # every row bounded as if one tile were resident, the infeasible ones dropped:
+    # cheaper than a copy of the plan's feasible rows (the bound is row by row)
+    lb = lower_bound(plan, np.maximum(p, 1), hw)[feas]
     lb = np.where(np.isfinite(lb), lb, np.inf)
     by_lb = np.lexsort((feas, lb))  # positions into feas, smallest bound first
     lb_sorted = lb[by_lb]
