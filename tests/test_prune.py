@@ -203,7 +203,8 @@ def _cfg_equal(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.parametrize("variant", ["plain", "extra", "mixed_keys", "numpy_ints", "bools",
-                                     "floats", "int32", "float_optional", "huge", "one"])
+                                     "floats", "int32", "float_optional", "huge", "one",
+                                     "all_bools"])
 def test_config_columns_fast_path_matches_row_loop(variant):
     """The loop-free reading of config dicts gives exactly the row loop's columns, or
     declines (``None``) and leaves the input to the row loop."""
@@ -230,9 +231,17 @@ def test_config_columns_fast_path_matches_row_loop(variant):
         return
     elif variant == "one":
         configs = configs[:1]
+    elif variant == "all_bools":  # the row loop's error, not ones
+        from tsbatch.engine.prune import _INT_CONFIG
+
+        configs = [{k: True for k in _INT_CONFIG} for _ in range(3)]
+        assert _dict_columns_fast(configs, len(configs)) is None
+        with pytest.raises(InputError, match="positive integer"):
+            _config_arrays(configs)
+        return
     slow = _dict_columns(configs, len(configs))
     fast = _dict_columns_fast(configs, len(configs))
-    if variant in ("floats", "int32", "float_optional"):
+    if variant in ("floats", "float_optional"):
         assert fast is None
     else:
         assert fast is not None and _cfg_equal(fast, slow)

@@ -76,6 +76,34 @@ def test_evaluate_is_row_independent(df, data):
         _same(sub, full[np.array(idx)])
 
 
+@settings(max_examples=40, deadline=None)
+@given(df=ranked_inputs(), hw=st.sampled_from(["h100", "a100", "h20"]), data=st.data())
+def test_evaluate_plan_latency_only_and_given_residency_are_the_same(df, hw, data):
+    """``evaluate_plan(..., resident=, latency_only=True)`` (a prune round) gives the
+    latencies of the full call to the bit, on rows taken from a lowered plan
+    (library tiles too: their extra kernel times), with the residency of the
+    whole plan taken at the rows."""
+    from kernels_catalog import gemm as gemm_family
+    from tsbatch.boundary.schema import validate
+    from tsbatch.engine.evaluate import evaluate_plan, get_family, residency
+    from tsbatch.engine.screen import take_plan
+
+    spec = resolve_hw(hw)
+    cols, is_lib = validate(df, get_family("gemm"), 0)
+    if is_lib.any():
+        cols, _ = gemm_family.expand_library(cols, is_lib, spec.arch)
+    plan = gemm_family.lower(cols, spec)
+    p, reason = residency(plan, spec)
+    n = len(plan)
+    rows = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n)))
+    sub = take_plan(plan, rows)
+    full = evaluate_plan(sub, spec)["latency_us"]
+    got = evaluate_plan(take_plan(plan, rows), spec, resident=(p[rows], reason[rows]),
+                        latency_only=True)
+    assert set(got) == {"latency_us"}
+    assert got["latency_us"].tobytes() == full.tobytes()
+
+
 @given(df=ranked_inputs(), hw=st.sampled_from(["h100", "a100"]))
 def test_bound_below_prediction_and_feasibility_exact(df, hw):
     spec = resolve_hw(hw)

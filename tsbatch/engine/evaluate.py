@@ -208,14 +208,19 @@ def _varying_columns(parts: list[np.ndarray], rows: int) -> np.ndarray:
 
 def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: int = 8,
                   max_lookback: int = 4,
-                  timings: dict | None = None, memo: "CacheMemo | None" = None) -> dict:
+                  timings: dict | None = None, memo: "CacheMemo | None" = None, *,
+                  resident: tuple | None = None, latency_only: bool = False) -> dict:
     """Run the generic kernels on a lowered plan; returns result arrays.
 
     ``memo`` (a :class:`CacheMemo` made for the same ``hw`` and sampling)
     supplies the cache problems solved by earlier calls and keeps the new ones.
+    ``resident``: ``residency(plan, hw)`` where the caller has it already.
+    ``latency_only=True`` returns ``{"latency_us": ...}`` alone (the same
+    values; the other outputs and the utilisation are not made: a small
+    call, as a prune round's, spends most of its time outside the kernels).
     """
     t0 = time.perf_counter()
-    p, reason = residency(plan, hw)
+    p, reason = residency(plan, hw) if resident is None else resident
     rows = len(plan)
     sms = hw.sm_count
     t1 = time.perf_counter()
@@ -269,7 +274,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
                              sms, p, plan.ksteps, plan.stages, plan.warps, plan.warps_full,
                              plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us, plan.persistent,
                              plan.launch_us, share_eff=plan.share_eff, sync=plan.sync_us,
-                             chain=plan.chain_us, streams=plan.streams)
+                             chain=plan.chain_us, streams=plan.streams, latency_only=latency_only)
     t3 = time.perf_counter()
     # a wait before the first load (a library TMA kernel's descriptor fetch) and a
     # second kernel after the tiles (a library split-K's reduction)
@@ -277,6 +282,10 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
         extra = plan.extra.get(key)
         if extra is not None:
             env = {**env, "latency_us": env["latency_us"] + extra, phase: env[phase] + extra}
+    if latency_only:
+        if timings is not None:
+            _tick_plan(timings, t0, t1, t2, t3, u, v)
+        return {"latency_us": env["latency_us"]}
 
     feasible = p > 0
     lat = env["latency_us"]
@@ -304,12 +313,16 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: 
     keep = ("mma_path", "register_spill") + tuple(plan.extra.get("outputs", ()))
     out.update({k: v for k, v in plan.extra.items() if k in keep})
     if timings is not None:
-        timings["occupancy_s"] = timings.get("occupancy_s", 0.0) + (t1 - t0)
-        timings["cache_s"] = timings.get("cache_s", 0.0) + (t2 - t1)
-        timings["envelope_s"] = timings.get("envelope_s", 0.0) + (t3 - t2)
-        timings["cache_problems"] = timings.get("cache_problems", 0) + v
-        timings["cache_problems_reused"] = timings.get("cache_problems_reused", 0) + (u - v)
+        _tick_plan(timings, t0, t1, t2, t3, u, v)
     return out
+
+
+def _tick_plan(timings: dict, t0, t1, t2, t3, u: int, v: int) -> None:
+    timings["occupancy_s"] = timings.get("occupancy_s", 0.0) + (t1 - t0)
+    timings["cache_s"] = timings.get("cache_s", 0.0) + (t2 - t1)
+    timings["envelope_s"] = timings.get("envelope_s", 0.0) + (t3 - t2)
+    timings["cache_problems"] = timings.get("cache_problems", 0) + v
+    timings["cache_problems_reused"] = timings.get("cache_problems_reused", 0) + (u - v)
 
 
 #: the reason of a row whose occupancy allows it but whose predicted latency is not

@@ -44,6 +44,7 @@ asking again for the same problem) cost a dictionary lookup.
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import itertools
 import operator
@@ -235,8 +236,12 @@ def _dict_columns_fast(configs, n: int) -> dict[str, np.ndarray] | None:
     optional = [x for x in _INT_CONFIG[5:] if x in keys]
     names = _INT_CONFIG[:5] + (tuple(optional) if uniform else ())
     try:
-        arr = np.array(list(itertools.chain.from_iterable(
-            map(operator.itemgetter(*names), configs))))
+        vals = list(itertools.chain.from_iterable(map(operator.itemgetter(*names), configs)))
+        if vals and isinstance(vals[0], bool):
+            return None  # all bools: the row loop's error (mixed with ints: ints, as numpy)
+        # an int64 buffer takes integers (and what has __index__) only, without
+        # numpy's look at every value for a common type (~50 us of 1,000 configs)
+        arr = np.frombuffer(array.array("q", vals), dtype=np.int64)
         cols = {} if uniform else {x: np.array([c.get(x, CONFIG_KEYS[x]) for c in configs])
                                    for x in optional}
     except (KeyError, TypeError, ValueError, OverflowError):
@@ -340,14 +345,16 @@ def _select(wl: tuple, cfg: dict[str, np.ndarray], hw: HwSpec, top: float,
         order = np.lexsort((feas, np.where(np.isfinite(lat), lat, np.inf)))[:keep]
         return feas[order], lat[order], int(feas.size), int(feas.size)
 
-    lb = lower_bound(take_plan(plan, feas), p[feas], hw)
+    # every row bounded as if one tile were resident, the infeasible ones dropped:
+    # cheaper than a copy of the plan's feasible rows (the bound is row by row)
+    lb = lower_bound(plan, np.maximum(p, 1), hw)[feas]
     lb = np.where(np.isfinite(lb), lb, np.inf)
     by_lb = np.lexsort((feas, lb))  # positions into feas, smallest bound first
     lb_sorted = lb[by_lb]
     # round 1: the smallest bounds, a few more than are kept
     done = min(keep + max(2, keep // 16), by_lb.size)
     got = feas[by_lb[:done]]
-    lat = _predict(plan, got, hw)
+    lat = _predict(plan, got, hw, p, reason)
     while True:
         # only rows whose bound is not above the keep-th best prediction so far
         # can still be among the first ``keep`` (strictly above: a tie could
@@ -362,7 +369,7 @@ def _select(wl: tuple, cfg: dict[str, np.ndarray], hw: HwSpec, top: float,
         rows = feas[by_lb[done:done + step]]
         done += step
         got = np.concatenate([got, rows])
-        lat = np.concatenate([lat, _predict(plan, rows, hw)])
+        lat = np.concatenate([lat, _predict(plan, rows, hw, p, reason)])
     order = np.lexsort((got, lat))[:keep]
     return got[order], lat[order], int(feas.size), int(got.size)
 
@@ -374,9 +381,11 @@ def _select(wl: tuple, cfg: dict[str, np.ndarray], hw: HwSpec, top: float,
 _ROUND_MIN = 128
 
 
-def _predict(plan, rows: np.ndarray, hw: HwSpec) -> np.ndarray:
-    """Full predictions of ``rows`` of ``plan`` (+inf where not finite)."""
-    lat = evaluate_plan(take_plan(plan, rows), hw)["latency_us"]
+def _predict(plan, rows: np.ndarray, hw: HwSpec, p: np.ndarray, reason: np.ndarray) -> np.ndarray:
+    """Full predictions of ``rows`` of ``plan`` (+inf where not finite); ``p``,
+    ``reason``: the residency of every row of ``plan``."""
+    lat = evaluate_plan(take_plan(plan, rows), hw, resident=(p[rows], reason[rows]),
+                        latency_only=True)["latency_us"]
     return np.where(np.isfinite(lat), lat, np.inf)
 
 

@@ -88,15 +88,21 @@ _ROW = "_r_row"  # a live row's place in the running set (result)
 def take_plan(plan: TilePlan, idx: np.ndarray) -> TilePlan:
     """The rows ``idx`` of a lowered plan."""
     kw = {}
-    for f in dataclasses.fields(plan):
-        v = getattr(plan, f.name)
+    names = _PLAN_FIELDS.get(type(plan))
+    if names is None:  # the field names once per class (dataclasses.fields: ~8 us a call)
+        names = _PLAN_FIELDS[type(plan)] = tuple(f.name for f in dataclasses.fields(plan))
+    for name in names:
+        v = getattr(plan, name)
         if isinstance(v, np.ndarray):
-            kw[f.name] = v[idx]
+            kw[name] = v[idx]
         elif isinstance(v, dict):
-            kw[f.name] = {k: (a[idx] if isinstance(a, np.ndarray) else a) for k, a in v.items()}
+            kw[name] = {k: (a[idx] if isinstance(a, np.ndarray) else a) for k, a in v.items()}
         else:
-            kw[f.name] = v
+            kw[name] = v
     return TilePlan(**kw)
+
+
+_PLAN_FIELDS: dict = {}
 
 
 #: the cache model analyses every wave of a launch of at most this many waves
