@@ -237,16 +237,24 @@ def _make_fake_repo(path: Path) -> None:
         subprocess.run(["git", *cmd], cwd=path, check=True, env=env, capture_output=True)
 
 
+def tiny_h100_fp16(tmp_path: Path, problems: int = 3) -> Path:
+    """The rows of the first ``problems`` fp16 problems of the measured H100 GEMM
+    file, written to ``tmp_path/h100_tiny.parquet`` (a small measured file for
+    end-to-end runs of the guard and of its bisect)."""
+    raw = pl.read_parquet(DATA / "gemm" / "h100_triton_mm.parquet")
+    keys = ["m", "n", "k", "dtype", "a_row_major", "b_row_major"]
+    probs = raw.select(keys).unique().sort(keys).filter(pl.col("dtype") == "float16").head(problems)
+    gemm = tmp_path / "h100_tiny.parquet"
+    raw.join(probs, on=keys, how="semi").write_parquet(gemm)
+    return gemm
+
+
 @pytest.mark.skipif(not (DATA / "gemm" / "h100_triton_mm.parquet").exists(), reason=f"no shared data at {DATA}")
 def test_reference_install_path_end_to_end(tmp_path):
     repo = tmp_path / "fake"
     _make_fake_repo(repo)
-    raw = pl.read_parquet(DATA / "gemm" / "h100_triton_mm.parquet")
-    probs = raw.select("m", "n", "k", "dtype", "a_row_major", "b_row_major").unique().sort(
-        "m", "n", "k", "dtype", "a_row_major", "b_row_major").filter(pl.col("dtype") == "float16").head(3)
-    tiny = raw.join(probs, on=probs.columns, how="semi")
-    gemm = tmp_path / "h100_tiny.parquet"
-    tiny.write_parquet(gemm)
+    gemm = tiny_h100_fp16(tmp_path)
+    tiny = pl.read_parquet(gemm)
     coll = tmp_path / "vidur_tiny.parquet"
     pl.read_parquet(DATA / "collectives" / "vidur_a100_dgx_all_reduce.parquet").head(40).write_parquet(coll)
     out = tmp_path / "r.json"

@@ -25,6 +25,7 @@ DATA = Path(os.environ.get("TSBATCH_SHARED_DATA", ROOT.parent / "shared" / "data
 sys.path.insert(0, str(ROOT / "bench"))
 
 from regress_bisect import steps  # noqa: E402
+from test_regress import tiny_h100_fp16  # noqa: E402
 
 
 def test_steps_by_hand():
@@ -74,12 +75,8 @@ def test_bisect_finds_the_commit_that_moved_a_figure(tmp_path):
     c1 = _commit(repo, 5.0, "formula + 5 us")
     c2 = _commit(repo, 5.0, "no change")
     c3 = _commit(repo, 50.0, "formula + 50 us")
-    raw = pl.read_parquet(DATA / "gemm" / "h100_triton_mm.parquet")
-    probs = raw.select("m", "n", "k", "dtype", "a_row_major", "b_row_major").unique().sort(
-        "m", "n", "k", "dtype", "a_row_major", "b_row_major").filter(pl.col("dtype") == "float16").head(3)
-    tiny = raw.join(probs, on=probs.columns, how="semi")
-    gemm = tmp_path / "h100_tiny.parquet"
-    tiny.write_parquet(gemm)
+    gemm = tiny_h100_fp16(tmp_path)
+    tiny = pl.read_parquet(gemm)
     fig = {"file": str(gemm), "gpu": "h100_sxm", "dtype": "float16", "backend": "triton",
            "slice_kind": "all", "slice": "all", "figure": "mape_pct", "verdict": "worse"}
     guard = tmp_path / "guard.json"
