@@ -80,14 +80,6 @@ def test_split_traffic_zero_requests_give_zero_hit_fractions():
     assert (out[3] == 3.0).all()  # the epilogue's DRAM bytes only: 3 x (2 x 0 + 1)
 
 
-def _numpy_bottleneck(util, lat, launch, min_util):
-    idx = np.argmax(np.nan_to_num(util, nan=-1.0), axis=1)
-    best = np.take_along_axis(np.nan_to_num(util, nan=0.0), idx[:, None], axis=1)[:, 0]
-    idx = np.where(best < min_util, N_RES, idx)
-    idx = np.where((best < min_util) & (launch > 0.5 * lat), N_RES + 1, idx)
-    return np.where(np.isfinite(lat), idx, N_RES + 2)
-
-
 def test_small_calls_take_numpy_and_agree(monkeypatch):
     """Below KERNEL_MIN_ROWS the numpy forms run; they give the kernels' results."""
     rng = np.random.default_rng(5)
@@ -125,7 +117,7 @@ def test_bottleneck_codes_match_numpy_and_twin():
     lat[rng.random(rows) < 0.02] = np.inf
     launch = rng.uniform(0, 100, rows)
     got = traffic.bottleneck_codes(util, lat, launch, 0.6)
-    assert np.array_equal(got, _numpy_bottleneck(util, lat, launch, 0.6))
+    assert np.array_equal(got, traffic._bottleneck_numpy(util, lat, launch, 0.6))
     for i in range(0, rows, 7):
         assert got[i] == naive.bottleneck_one(util[i].tolist(), float(lat[i]), float(launch[i]),
                                               0.6, N_RES)

@@ -185,6 +185,10 @@ class CacheMemo:
             dst[n:n + m] = src
 
 
+#: the cache model analyses every wave of a launch of at most this many waves
+#: (the default ``wave_samples``; longer launches are sampled)
+WAVE_SAMPLES = 8
+
 #: plans of fewer rows are grouped on every key column (checking each column for a
 #: single value costs more than it saves there: ~50 us a call, a prune makes several)
 VARYING_MIN_ROWS = 1 << 16
@@ -206,7 +210,8 @@ def _varying_columns(parts: list[np.ndarray], rows: int) -> np.ndarray:
     return np.column_stack(cols).astype(np.int64, copy=False)
 
 
-def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4, wave_samples: int = 8,
+def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
+                  wave_samples: int = WAVE_SAMPLES,
                   max_lookback: int = 4,
                   timings: dict | None = None, memo: "CacheMemo | None" = None, *,
                   resident: tuple | None = None, latency_only: bool = False) -> dict:
@@ -349,7 +354,7 @@ def _bottleneck(util: np.ndarray, lat: np.ndarray, launch: np.ndarray) -> np.nda
 
 
 def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: int = 4,
-             wave_samples: int = 8, max_lookback: int = 4,
+             wave_samples: int = WAVE_SAMPLES, max_lookback: int = 4,
              timings: dict | None = None,
              lower_hook: Callable[[dict], dict] | None = None,
              chunk_rows: int = 1_000_000,

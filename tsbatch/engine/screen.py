@@ -66,7 +66,8 @@ import polars as pl
 from kernels_catalog import gemm as gemm_family
 from kernels_catalog.base import TilePlan
 from tsbatch.errors import InputError
-from tsbatch.engine.evaluate import CacheMemo, evaluate, get_family, residency, resolve_hw
+from tsbatch.engine.evaluate import (WAVE_SAMPLES, CacheMemo, evaluate, get_family, residency,
+                                     resolve_hw)
 from tsbatch.hw import HwSpec
 from tsbatch.kernels.envelope import BOUND_TERMS, R_DRAM, R_L15, R_L2, evaluate_envelopes
 from tsbatch.kernels.traffic import NUMPY_PAIRWISE_MIN, compulsory_work
@@ -105,9 +106,6 @@ def take_plan(plan: TilePlan, idx: np.ndarray) -> TilePlan:
 _PLAN_FIELDS: dict = {}
 
 
-#: the cache model analyses every wave of a launch of at most this many waves
-#: (:func:`evaluate`'s default ``wave_samples``; longer launches are sampled)
-WAVE_SAMPLES = 8
 #: relative margin under :func:`compulsory_fractions`: the cache model's fast
 #: paths agree with its general path to rtol 1e-9, atol 1e-12
 #: (tests/test_cache_fast.py), and its sums round
