@@ -861,18 +861,23 @@ def test_bound_envelope_never_falls_when_work_rises(c, factor):
 
 @settings(max_examples=300, deadline=None)
 @given(st.floats(0.0, 100.0), st.floats(1e-3, 100.0), st.integers(1, 64), st.integers(0, 4))
+# saturated at once (z << dem): the exact answer is dem / (1 - 1e-9), the floor
+# the full recursion times (1 - 1e-9), 2e-9 apart plus rounding (hypothesis, 2026-12-06)
+@example(1e-05, 2.0, 3, 2)
 def test_ring_queue_floor_lies_below_the_ring_queue(z, dem, n, steps):
     """The bound's floor of the ring queue: at most the exact mean-value
     analysis (its rounding and its answer at saturation included), at least the
-    asymptotic bounds less 1e-9, exact to 1e-9 where it runs every step; the
-    twin agrees with the kernel."""
+    asymptotic bounds less 1e-9, within 1e-9 either side of the mean-value
+    time where it runs every step (the floor 1e-9 under it, the exact answer at
+    saturation 1e-9 over it: 2e-9 apart, and the rounding); the twin agrees with
+    the kernel."""
     lo = envelope._ring_queue_floor(z, dem, n, steps)
     assert lo == pytest.approx(naive.ring_queue_floor(z, dem, n, steps), rel=FASTMATH_RTOL)
     exact = envelope._ring_queue(z, dem, n)
     assert lo <= exact
     assert lo >= max(dem, (z + dem) / n) * (1 - 1e-9) * (1 - 1e-12) or n - steps > 1
     if steps >= n - 1:
-        assert lo == pytest.approx(naive.ring_queue(z, dem, n), rel=2e-9)
+        assert lo == pytest.approx(naive.ring_queue(z, dem, n), rel=2.5e-9)
 
 
 def test_loop_envelope_by_hand():
