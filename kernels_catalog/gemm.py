@@ -1098,14 +1098,9 @@ def lower(cols: dict, hw) -> TilePlan:
         # the library epilogue's passes through shared memory (_epilogue_chain)
         sel = np.flatnonzero(lib_tc)
         p_lib, _why = resident_tiles(smem_block[sel], regs[sel], threads[sel], hw)
-        t_iter = np.zeros(sel.size)
-        for r in (R_TC, R_SMEM):  # the tile's main-loop step on the SM
-            rr = rate[sel, r]
-            t_iter = np.maximum(t_iter, np.divide(work_iter[sel, r], rr, out=np.zeros(sel.size),
-                                                  where=rr > 0.0))
         extra = np.empty(sel.size, dtype=np.float64)
         _epilogue_chain(i64(cols["block_m"])[sel], i64(cols["block_n"])[sel],
-                        i64(cols["num_warps"])[sel], ksteps[sel], t_iter,
+                        i64(cols["num_warps"])[sel], ksteps[sel],
                         np.ascontiguousarray(p_lib, dtype=np.int64),
                         hw.cal("library_epilogue_pass_cycles") * cyc, extra)
         ovh_tile[sel] += extra
@@ -1144,7 +1139,7 @@ def lower(cols: dict, hw) -> TilePlan:
 
 
 @jit_exact
-def _epilogue_chain(bm, bn, warps, ksteps, t_iter, p, pass_us, out):
+def _epilogue_chain(bm, bn, warps, ksteps, p, pass_us, out):
     """Per-tile time (us) the epilogue of a library tensor-core tile adds to
     its SM, written into ``out`` (one row per library tensor-core row).
 
@@ -1155,22 +1150,25 @@ def _epilogue_chain(bm, bn, warps, ksteps, t_iter, p, pass_us, out):
     warp tile (``kTensorOpRows``; the warp tile of :func:`_warp_grid`), each
     pass a block barrier, the warps' shared stores, a second barrier, the
     shared loads and then the global stores: a chain of ``pass_us`` a pass
-    (``library_epilogue_pass_cycles``) that the tile's own stores cannot start
-    before. Triton's epilogue converts the tile's layout once. The ``p`` tiles
+    (``library_epilogue_pass_cycles``) before the slice's stores can issue.
+    Triton's epilogue converts the tile's layout once. The ``p`` tiles
     resident on an SM run their chains side by side (latency, not issue), so
-    a tile adds ``chain / p`` to its SM; and the tensor cores keep working
-    under a tile's chain while another resident tile (on Hopper, the other
-    consumer warpgroup) is in its main loop, so a loop of ``ksteps - 1``
-    steady iterations of ``t_iter`` hides that much of it: only small-K
-    tiles, whose loop is one or a few steps, expose the chain."""
+    a tile adds ``chain / p`` to its SM. Only where the tile's K loop is a
+    single step (k <= BK, the store-bound small-K calls): with two or more,
+    the tensor cores and the loads keep working under a tile's chain in
+    another resident tile's (on Hopper, the other consumer warpgroup's) main
+    loop, one step of which (0.1-2 us) is as long as the chain (0.03-0.5 us).
+    The rule reads no rate, so no rate falling can shorten a kernel."""
     for i in range(bm.shape[0]):
+        if ksteps[i] > 1:
+            out[i] = 0.0
+            continue
         wm, wn = _warp_grid(bm[i], bn[i], warps[i])
         passes = bm[i] // wm // 8
         if passes < 1:
             passes = 1
-        c = passes * pass_us - (ksteps[i] - 1) * t_iter[i]
         q = p[i] if p[i] > 1 else 1
-        out[i] = c / q if c > 0.0 else 0.0
+        out[i] = passes * pass_us / q
 
 
 def _library_split_reduction(hw, lib, split, m, n, ob, dram_rate, l2_rate):

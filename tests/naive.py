@@ -924,12 +924,14 @@ def gemm_lower_one(row: dict, hw) -> dict:
     }
 
 
-def library_epilogue_chain_one(bm: int, bn: int, warps: int, ksteps: int, t_iter: float,
-                               p: int, pass_us: float) -> float:
+def library_epilogue_chain_one(bm: int, bn: int, warps: int, ksteps: int, p: int,
+                               pass_us: float) -> float:
     """Per-tile time a library tensor-core tile's epilogue adds to its SM
     (kernels_catalog.gemm._epilogue_chain): one pass of ``pass_us`` per 8 rows
-    of the warp tile, the ``p`` resident tiles' chains side by side, less the
-    ``ksteps - 1`` main-loop steps of ``t_iter`` another tile runs under it."""
+    of the warp tile, the ``p`` resident tiles' chains side by side; only a
+    tile whose K loop is one step exposes it."""
+    if ksteps > 1:
+        return 0.0
     wm = wn = 1
     while wm * wn < warps and wm * wn < 64:
         if bm // (16 * wm) >= bn // (8 * wn) and bm >= 32 * wm:
@@ -939,8 +941,7 @@ def library_epilogue_chain_one(bm: int, bn: int, warps: int, ksteps: int, t_iter
         else:
             wm *= 2
     passes = max(bm // wm // 8, 1)
-    chain = passes * pass_us - (ksteps - 1) * t_iter
-    return chain / max(p, 1) if chain > 0.0 else 0.0
+    return passes * pass_us / max(p, 1)
 
 
 def gemm_admit(row: dict) -> int:

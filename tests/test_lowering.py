@@ -95,15 +95,14 @@ def test_lowering_covers_every_mma_path():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(pow2(4, 8), pow2(4, 8), pow2(0, 4), st.integers(1, 300),
-                          st.floats(0.0, 2.0), st.integers(0, 8)), min_size=1, max_size=30),
+@given(st.lists(st.tuples(pow2(4, 8), pow2(4, 8), pow2(0, 4), st.integers(1, 4),
+                          st.integers(0, 8)), min_size=1, max_size=30),
        st.floats(0.01, 0.2))
 def test_epilogue_chain_matches_twin(rows, pass_us):
-    bm, bn, w, ks, ti, p = (np.array(c) for c in zip(*rows))
+    bm, bn, w, ks, p = (np.array(c) for c in zip(*rows))
     out = np.empty(len(rows))
     gemm._epilogue_chain(bm.astype(np.int64), bn.astype(np.int64), w.astype(np.int64),
-                         ks.astype(np.int64), ti.astype(np.float64), p.astype(np.int64),
-                         pass_us, out)
+                         ks.astype(np.int64), p.astype(np.int64), pass_us, out)
     for j, r in enumerate(rows):
         assert out[j] == pytest.approx(naive.library_epilogue_chain_one(*r, pass_us),
                                        rel=1e-15, abs=1e-300)
@@ -111,8 +110,9 @@ def test_epilogue_chain_matches_twin(rows, pass_us):
 
 def test_library_epilogue_chain_in_the_plan():
     """Library tensor-core rows carry their epilogue's passes in the per-tile
-    overhead: in full where the main loop is one step (a store-bound k = 4), none
-    where a long loop hides them; Triton rows and the library's SIMT SGEMM none."""
+    overhead where the main loop is one step (a store-bound k = 4), none where
+    another tile's loop runs under them; Triton rows and the library's SIMT
+    SGEMM none."""
     hw = get_hw("a100")
     base = dict(m=6656, n=1664, block_k=32, num_stages=4, split_k=1, tf32=False,
                 a_row_major=False, b_row_major=True)
@@ -138,7 +138,7 @@ def test_library_epilogue_chain_in_the_plan():
     # 128 x 128 on 4 warps: 64-row warp tiles, 8 passes; 64 x 64: 32 rows, 4 passes
     assert plan.ovh_tile_us[0] - base_ovh == pytest.approx(8 * pass_us / p[0], rel=1e-12)
     assert plan.ovh_tile_us[1] - base_ovh == pytest.approx(4 * pass_us / p[1], rel=1e-12)
-    assert plan.ovh_tile_us[2] == base_ovh  # 256 steps hide the 8 passes
+    assert plan.ovh_tile_us[2] == base_ovh  # 256 steps: another tile's loop runs under them
     assert plan.ovh_tile_us[3] == base_ovh  # Triton: one layout conversion
     assert plan.ovh_tile_us[4] == base_ovh  # the SIMT SGEMM (IEEE float32)
     # and the latency: with the passes costed, the small-K library call is slower
