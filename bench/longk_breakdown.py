@@ -19,7 +19,13 @@ the row count
   ``B`` ``n`` when row-major, else ``k``),
 
 and the bytes the tiles load, ``tiles x ksteps x (BM + BN) x BK x elt``,
-over the measured and over the predicted time (TB/s), by tile and K steps.
+over the measured and over the predicted time (TB/s), by tile and K steps;
+and by warps (2 or fewer / more), the stripe set one wave works through over
+the whole loop in L2 sizes and the waves: ``F = (rows of A + columns of B the
+wave's tiles cover) x k x elt`` with the grouped launch order's ``min(g0,
+max(group_m, conc / g1))`` row stripes and ``min(g1, conc / min(group_m, g0))``
+column stripes, ``conc`` = SMs x resident tiles (docs/gemm_accuracy.md, "A100
+Triton and the operands' row stride, session 4").
 ``--dtypes`` takes the measured file's labels (``float32`` is IEEE FP32,
 ``tf32`` the TF32 rows). Nothing is fitted; the figures are read off the
 data and the model.
@@ -37,6 +43,7 @@ import polars as pl
 ROOT = Path(__file__).resolve().parent.parent
 KSTEP_EDGES = [32, 256, 1024, 4096]
 WAVE_EDGES = [1, 4, 16, 64]
+F_EDGES = [1, 4, 16]
 ELT = {"float16": 2, "bfloat16": 2, "float32": 4, "tf32": 4, "float8": 1}
 
 
@@ -47,6 +54,16 @@ def _bin(col: str, edges: list[int]) -> pl.Expr:
     for i in range(len(edges) - 1, -1, -1):
         lo = 0 if i == 0 else edges[i - 1]
         label = f"{i}:<={edges[0]}" if i == 0 else f"{i}:{lo + 1}-{edges[i]}"
+        expr = pl.when(pl.col(col) <= edges[i]).then(pl.lit(label)).otherwise(expr)
+    return expr
+
+
+def _bin_real(col: str, edges: list[int]) -> pl.Expr:
+    """As :func:`_bin` for a real-valued column: ``<= e0``, ``e0-e1`` (above e0, at
+    most e1), ..., ``> eN``."""
+    expr = pl.lit(f"{len(edges)}:>{edges[-1]}")
+    for i in range(len(edges) - 1, -1, -1):
+        label = f"{i}:<={edges[0]}" if i == 0 else f"{i}:{edges[i - 1]}-{edges[i]}"
         expr = pl.when(pl.col(col) <= edges[i]).then(pl.lit(label)).otherwise(expr)
     return expr
 
@@ -68,6 +85,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from tsbatch.engine.evaluate import evaluate
     from tsbatch.errors import InputError
+    from tsbatch.hw import get_hw
     from tsbatch.measured.accuracy import load_measured
 
     try:
@@ -95,9 +113,11 @@ def main(argv=None) -> int:
         hw = hw[0] if isinstance(hw, tuple) else hw
         res = evaluate(part.drop([c for c in part.columns if c.startswith("_") or c in
                                   ("measured_us", "bucket", "label")]), hw)
-        out.append(res.select("latency_us", "feasible", "waves").with_columns(
+        spec = get_hw(hw)
+        out.append(res.select("latency_us", "feasible", "waves", "resident_tiles").with_columns(
             part.select("m", "n", "k", "a_row_major", "b_row_major", "block_m", "block_n", "block_k",
-                        "num_warps", "measured_us", "label")))
+                        "num_warps", "group_m", "measured_us", "label")).with_columns(
+            pl.lit(float(spec.sm_count)).alias("sms"), pl.lit(float(spec.l2_bytes)).alias("l2")))
     r = pl.concat(out).filter(pl.col("feasible"))
     elt = pl.col("label").replace_strict(ELT, default=2).cast(pl.Float64)
     r = r.with_columns(
@@ -112,7 +132,17 @@ def main(argv=None) -> int:
          * (pl.col("n") + pl.col("block_n") - 1).floordiv(pl.col("block_n"))).alias("tiles"))
     loads = (pl.col("tiles") * pl.col("ksteps") * (pl.col("block_m") + pl.col("block_n"))
              * pl.col("block_k") * elt)
+    g0 = (pl.col("m") + pl.col("block_m") - 1).floordiv(pl.col("block_m")).cast(pl.Float64)
+    g1 = (pl.col("n") + pl.col("block_n") - 1).floordiv(pl.col("block_n")).cast(pl.Float64)
+    grp = pl.col("group_m").cast(pl.Float64)
+    conc = pl.col("sms") * pl.col("resident_tiles").cast(pl.Float64)
+    stripes = (pl.min_horizontal(g0, pl.max_horizontal(grp, conc / g1)) * pl.col("block_m")
+               + pl.min_horizontal(g1, conc / pl.min_horizontal(grp, g0)) * pl.col("block_n"))
+    r = r.with_columns((stripes * pl.col("k") * elt / pl.col("l2")).alias("f_l2"),
+                       pl.when(pl.col("num_warps") <= 2).then(pl.lit("<=2"))
+                       .otherwise(pl.lit(">2")).alias("warps"))
     r = r.with_columns(_bin("ksteps", KSTEP_EDGES).alias("ksteps_bin"),
+                       _bin_real("f_l2", F_EDGES).alias("f_l2_bin"),
                        _bin("waves", WAVE_EDGES).alias("waves_bin"),
                        (loads / pl.col("measured_us") / 1e6).alias("load_tbps_measured"),
                        (loads / pl.col("latency_us") / 1e6).alias("load_tbps_model"),
@@ -122,6 +152,8 @@ def main(argv=None) -> int:
         "measured / predicted by warps x waves, > 256 K steps":
             _table(r.filter(pl.col("ksteps") > 256), ["num_warps", "ksteps_bin"], "waves_bin"),
         "measured / predicted by layout, warps x K steps": _table(r, ["num_warps", "ksteps_bin"], "layout"),
+        "measured / predicted by warps x the wave's whole-K stripe set (F / L2), waves":
+            _table(r, ["warps", "f_l2_bin"], "waves_bin"),
         "measured / predicted by log2 of the smaller operand row stride (bytes), warps":
             _table(r, ["num_warps"], "log2_stride"),
         "tile loads over the measured time, TB/s":
