@@ -624,6 +624,7 @@ def test_envelope_one_matches_twin(c, active):
 
 @settings(max_examples=200, deadline=None)
 @given(st.floats(0.0, 10.0), st.floats(1e-3, 10.0), st.integers(1, 64))
+@example(z=5.960464477539063e-08, dem=4.0, n=1)
 def test_ring_queue_lies_above_its_bounds_and_tends_to_them(z, dem, n):
     """The ring's slots queueing at the memory (exact mean-value analysis): one
     slot takes the whole cycle ``z + dem``; ``n`` slots never beat either bound,
@@ -639,9 +640,10 @@ def test_ring_queue_lies_above_its_bounds_and_tends_to_them(z, dem, n):
         assert_allclose(t, z + dem, rtol=1e-12)
     # two slots by hand: q1 = dem / (z + dem), X2 = 2 / (z + dem (1 + q1))
     two = (z + dem * (1 + dem / (z + dem))) / 2
-    # (to 1e-9: the recursion stops once the queue is saturated, X x dem > 1 - 1e-9,
-    # and answers dem; z = 1e-12, dem = 1 gives 1 against 1 + 1e-12 by hand)
-    assert_allclose(naive.ring_queue(z, dem, 2), two, rtol=1e-9)
+    # (to 2e-9: the recursion stops once the queue is saturated, X x dem > 1 - 1e-9,
+    # and answers dem, up to 1e-9 below the exact value before rounding; z = 6e-8,
+    # dem = 4 gives 4 against 4 (1 + 1.0000001e-9) by hand)
+    assert_allclose(naive.ring_queue(z, dem, 2), two, rtol=2e-9)
     far = int(20 * (z + dem) / dem) + 1  # twenty times the knee's slots
     assert_allclose(envelope._ring_queue(z, dem, far), dem, rtol=0.06)
 
