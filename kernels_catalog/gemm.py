@@ -44,6 +44,7 @@ from tsbatch.kernels.order import ORDER_GROUPED, ORDER_NAMES, ORDER_PERSISTENT
 
 __all__ = ["FAMILY", "COLUMNS", "DTYPES", "LIBRARY_TILES", "LIBRARY_TILES_FP8", "SCALE_MODES",
            "TRITON_VERSION_DEFAULT", "TRITON_PIPELINED_MN32", "triton_release", "mn32_wavefronts",
+           "wgmma_smem_reads", "WGMMA_M", "WGMMA_N_MAX",
            "FP8_PROMOTE_K", "FP8_SCALE_BLOCK", "ADMIT_RULES", "admit", "lower", "expand_library"]
 
 #: input dtype -> (bytes per element, output bytes, tensor-core rate key)
@@ -474,6 +475,38 @@ def sram_passes(v):
     return 1.0 + 2.0 * per
 
 
+#: Triton's warpgroup MMA (sm_90) instruction: 64 rows (``wgmma.mma_async.m64nNk*``,
+#: one warpgroup of four warps, 16 rows each) and at most 256 columns
+WGMMA_M = 64
+WGMMA_N_MAX = 256
+
+
+@jit_exact
+def wgmma_smem_reads(bm, bn, bk, eb, wg_m, wg_n, per_instruction):
+    """Shared-memory bytes the warpgroup MMAs of one ``bm x bn x bk`` tile step
+    read (A and B both from shared memory, by descriptor).
+
+    ``per_instruction`` (Triton on sm_90): every ``wgmma`` instruction reads its
+    own operands, and Triton's lowering issues ``bm / 64`` of them along M and
+    ``ceil(bn / wg_n / 256)`` along N for each K slice, each with its A rows and
+    its B columns (TritonGPU ``warpsPerTileV3`` lays the ``wg_m x wg_n``
+    warpgroups out, the MMAv3 instruction shape is m64nNk with N <= 256, and the
+    WGMMA lowering loops over the M and N repetitions of that shape): B is read
+    once per 64 rows, so a 128-row tile reads it twice whether one warpgroup
+    repeats the instruction over its 128 rows or two warpgroups take 64 each,
+    and A once per warpgroup along N and per 256 columns. Otherwise (the
+    library's kernels, Blackwell) one read of A per warpgroup along N and of B
+    per warpgroup along M."""
+    if not per_instruction:
+        return bk * eb * (wg_n * bm + wg_m * bn)
+    n_wg = bn // wg_n
+    reps_n = (n_wg + WGMMA_N_MAX - 1) // WGMMA_N_MAX
+    reps_m = bm // WGMMA_M
+    if reps_m < wg_m:
+        reps_m = wg_m
+    return bk * eb * (wg_n * reps_n * bm + reps_m * bn)
+
+
 @jit_exact
 def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_rm, eb_tab,
                 ob_tab, tc_tab, f32_code, wgmma_ok, wgmma_min, max_regs, sm_regs, sync_frac,
@@ -715,7 +748,8 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
             b_foot += (nb * 4.0 if nb * 4.0 > 32.0 else 32.0) * blocks
         work_iter[i, R_L2] = a_fetch + b_fetch  # split by the cache model later
         if wg:
-            smem_reads = bki * eb * (wg_n * bmi + wg_m * bni)
+            smem_reads = wgmma_smem_reads(bmi, bni, bki, eb, wg_m, wg_n,
+                                          hopper_wg and not lib[i])
         elif tc or lib[i]:
             # (the library's SGEMM kernels transpose A and B into M- and
             # N-contiguous shared tiles on the way in: conflict-free reads)

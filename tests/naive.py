@@ -700,6 +700,28 @@ def operand_sram_passes(v: int) -> float:
     return 1.0 + 2.0 * wavefront_per_byte
 
 
+def wgmma_smem_reads(bm: int, bn: int, bk: int, eb: int, wg_m: int, wg_n: int,
+                     per_instruction: bool) -> int:
+    """Shared-memory bytes one tile step's warpgroup MMAs read. Triton on sm_90
+    (``per_instruction``): one m64nN (N <= 256) instruction per 64 rows and per
+    256 columns of a warpgroup's share, each reading its A rows and B columns.
+    Otherwise one read of A per warpgroup along N, of B per warpgroup along M."""
+    if not per_instruction:
+        return bk * eb * (wg_n * bm + wg_m * bn)
+    a_reads = 0
+    b_reads = 0
+    n_wg = bn // wg_n
+    for _wn in range(wg_n):
+        for _wm in range(wg_m):
+            rows = bm // wg_m
+            for _rm in range(max(rows // 64, 1)):  # 64-row instructions of this warpgroup
+                for c0 in range(0, n_wg, 256):  # at most 256 columns each
+                    cols = min(256, n_wg - c0)
+                    a_reads += min(rows, 64) * bk * eb
+                    b_reads += cols * bk * eb
+    return a_reads + b_reads
+
+
 def gemm_lower_one(row: dict, hw) -> dict:
     """One candidate's lowered quantities, as ``lower`` documents them.
 
@@ -793,7 +815,8 @@ def gemm_lower_one(row: dict, hw) -> dict:
         a_foot += bm * 4.0 * blocks
         b_foot += max(nb * 4.0, 32.0) * blocks
     if wgmma:
-        smem_reads = bk * eb * (wg_n * bm + wg_m * bn)
+        smem_reads = wgmma_smem_reads(bm, bn, bk, eb, wg_m, wg_n,
+                                      hw.mma == "wgmma" and row.get("backend", "triton") != "cublas")
     elif on_tc or row.get("backend") == "cublas":  # library SGEMM: conflict-free staging
         smem_reads = bk * eb * (wn * bm + wm * bn)
     else:

@@ -565,3 +565,49 @@ def test_one_wide_operand_lowered_as_its_k_contiguous_layout():
         np.testing.assert_array_equal(plan.t_bytes[a], plan.t_bytes[b])
         assert plan.chain_us[a] == plan.chain_us[b]
     assert plan.work_iter[4, R_SMEM] != plan.work_iter[5, R_SMEM]
+
+
+@pytest.mark.parametrize("bm", [64, 128, 256, 512])
+@pytest.mark.parametrize("bn", [16, 64, 256, 512])
+@pytest.mark.parametrize("warps", [4, 8, 16])
+@pytest.mark.parametrize("per_instruction", [True, False])
+def test_wgmma_smem_reads_matches_twin(bm, bn, warps, per_instruction):
+    wg_m, wg_n = gemm._warpgroup_grid(bm, warps)
+    for bk, eb in ((16, 2), (64, 2), (128, 1), (32, 4)):
+        assert gemm.wgmma_smem_reads(bm, bn, bk, eb, wg_m, wg_n, per_instruction) \
+            == naive.wgmma_smem_reads(bm, bn, bk, eb, wg_m, wg_n, per_instruction)
+
+
+def test_wgmma_reads_b_once_per_64_rows_by_hand():
+    """Triton on sm_90 issues one m64nN wgmma per 64 rows of a warpgroup, each
+    reading its B columns: a 128-row tile reads B twice whether one warpgroup
+    (4 warps) repeats the instruction or two warpgroups (8 warps) take 64 rows
+    each; a 64-row tile once, with A read by each warpgroup along N. The
+    library's rows keep one B read per warpgroup along M."""
+    hw = get_hw("h100_sxm")
+    base = dict(m=4096, n=4096, k=4096, block_k=64, num_stages=3, split_k=1, tf32=False,
+                a_row_major=True, b_row_major=False, dtype="float16")
+    rows = [dict(base, block_m=128, block_n=64, num_warps=4),
+            dict(base, block_m=128, block_n=64, num_warps=8),
+            dict(base, block_m=64, block_n=128, num_warps=4),
+            dict(base, block_m=64, block_n=128, num_warps=8),
+            dict(base, block_m=256, block_n=128, num_warps=8)]
+    cols, _ = validate(pl.DataFrame(rows), get_family("gemm"))
+    plan = gemm.lower(cols, hw)
+    assert list(plan.extra["mma_path"]) == ["wgmma"] * 5
+    bk, eb = 64, 2
+    copies = [(r["block_m"] + r["block_n"]) * bk * eb for r in rows]  # 16-byte cp.async
+    reads = [bk * eb * (128 + 2 * 64),   # A once, B for rows 0-63 and 64-127
+             bk * eb * (128 + 2 * 64),   # the same with a warpgroup on each half
+             bk * eb * (64 + 128),       # one m64n128 instruction
+             bk * eb * (2 * 64 + 128),   # two warpgroups along N: A twice, B halves once
+             bk * eb * (256 + 4 * 128)]  # two warpgroups of 128 rows: B four times
+    for i in range(5):
+        assert plan.work_iter[i, R_SMEM] == reads[i] + copies[i], rows[i]
+    assert plan.work_iter[0, R_SMEM] == plan.work_iter[1, R_SMEM]
+    lib = [dict(r, backend="cublas") for r in rows[:2]]
+    cols, _ = validate(pl.DataFrame(lib), get_family("gemm"))
+    plan = gemm.lower(cols, hw)
+    assert list(plan.extra["mma_path"]) == ["wgmma"] * 2
+    assert plan.work_iter[0, R_SMEM] == bk * eb * (128 + 64) + copies[0]
+    assert plan.work_iter[1, R_SMEM] == bk * eb * (128 + 2 * 64) + copies[1]
