@@ -1,4 +1,5 @@
-"""Cached kernels load without numba's registry refresh (tsbatch.kernels._fastload).
+"""Cached kernels load without numba's registry refresh (tsbatch.kernels._fastload),
+and without importing numba's modules for the environments they carry.
 
 Each check is a new process sharing one fresh numba cache directory: the first
 compiles and stores two small kernels (one parallel, one serial), the next
@@ -60,3 +61,47 @@ def test_cached_kernels_load_without_refresh(tmp_path):
         assert {k: res[k] for k in ("r", "why", "order", "inc")} == \
                {k: cold[k] for k in ("r", "why", "order", "inc")}
     assert cold["r"][1] == 0 and cold["inc"] == [1, 2, 3]
+
+
+ENV_CODE = """
+import json, sys
+import numpy as np
+from numba import njit
+import _fastload_fixture as fx
+s, a = fx.filled(5, 2.5)
+hits = sum(fx.filled.stats.cache_hits.values())
+imported = "numba.np.arrayobj" in sys.modules
+# compiling numba's np.full anew in the same process still works ...
+b = njit(lambda n: np.full(n, 1.5))(4).tolist()
+# ... and so does the loaded kernel after that
+s2, a2 = fx.filled(3, -1.0)
+print(json.dumps({"s": s, "a": a.tolist(), "s2": s2, "a2": a2.tolist(), "b": b, "hits": hits,
+                  "imported": imported}))
+"""
+
+
+def _run_env(cache: Path, **env) -> dict:
+    full = {k: v for k, v in os.environ.items() if k != "TSBATCH_NUMBA_FASTLOAD"}
+    full.update(NUMBA_CACHE_DIR=str(cache), OMP_WAIT_POLICY="passive", TSBATCH_PRECOMPILED="0",
+                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]), **env)
+    res = subprocess.run([sys.executable, "-c", ENV_CODE], env=full, cwd=ROOT / "tests",
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_cached_environments_do_not_import_numbas_modules(tmp_path):
+    """A loaded kernel holding ``np.full``'s code gets that implementation's environment
+    without ``numba.np.arrayobj`` being imported (numba's own loading imports it); the
+    results are the same, and compiling ``np.full`` afterwards in that process works."""
+    cold = _run_env(tmp_path)
+    assert cold["hits"] == 0 and cold["imported"]  # compiled: the compiler imported it
+    warm = _run_env(tmp_path)
+    assert warm["hits"] == 1 and not warm["imported"]
+    plain = _run_env(tmp_path, TSBATCH_NUMBA_FASTLOAD="0")
+    assert plain["hits"] == 1 and plain["imported"]
+    keys = ("s", "a", "s2", "a2", "b")
+    for res in (warm, plain):
+        assert {k: res[k] for k in keys} == {k: cold[k] for k in keys}
+    assert cold["a"] == [-2.5, 2.5, 2.5, 2.5, 2.5] and cold["s"] == 7.5
+    assert cold["a2"] == [1.0, -1.0, -1.0] and cold["b"] == [1.5] * 4

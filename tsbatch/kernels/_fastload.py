@@ -36,6 +36,17 @@ looks up (the kernel's own and, where it has them, its Python and C
 wrappers') are named from the function descriptor instead. Same machine code,
 ~2 ms less per load; 12 of the 18 loads of a warm 1,000-row ``evaluate``.
 
+*Environments without numba's modules.* A cached kernel carries the
+environment of every function whose code it holds, numba's own
+implementations included (``np.full``'s in ``numba.np.arrayobj``); numba
+rebuilds each by importing the function's module, whose namespace the
+environment keeps as its globals. Only object-mode code reads them, and
+numba's implementation modules hold nopython code only, so where such a module
+(``numba.*``) is not imported yet the environment gets a namespace holding its
+name alone (:func:`_rebuilt_env`) instead of an import of the module and of
+numba's typing and lowering registrations it brings (``numba.np.arrayobj``:
+~20 ms of every warm start). A module imported already is used as numba would.
+
 Compiling still refreshes the context first (``CompilerBase.__init__``), as
 does any failure while loading, which retries with numba's own path.
 """
@@ -43,8 +54,12 @@ does any failure while loading, which retries with numba's own path.
 from __future__ import annotations
 
 import inspect
+import io
 import os
+import pickle
+import sys
 
+from numba.core import environment as _environment
 from numba.core.caching import FunctionCache, IndexDataCacheFile
 
 __all__ = ["install", "fast_loading", "code_only", "SHIPPED_DIR"]
@@ -130,6 +145,37 @@ def code_only(dispatcher) -> bool:
     return True
 
 
+def _rebuilt_env(modname, consts, env_name):
+    """numba's ``_rebuild_env`` (a cached environment), without importing a module
+    of numba's own that is not imported yet: its globals are read by object-mode
+    code only, which numba's implementations are not."""
+    if not (isinstance(modname, str) and modname.startswith("numba.")) or modname in sys.modules:
+        return _environment._rebuild_env(modname, consts, env_name)
+    env = _environment.lookup_environment(env_name)
+    if env is None:
+        env = _environment.Environment({"__name__": modname})
+        env.consts[:] = consts
+        env.env_name = env_name
+        _environment.Environment._memo[env_name] = env
+    return env
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if module == "numba.core.environment" and name == "_rebuild_env":
+            return _rebuilt_env
+        return super().find_class(module, name)
+
+
+class _TsbatchCacheFile(IndexDataCacheFile):
+    """numba's index and data files, read with :func:`_rebuilt_env` for environments."""
+
+    def _load_data(self, name):
+        with open(self._data_path(name), "rb") as f:
+            data = f.read()
+        return _Unpickler(io.BytesIO(data)).load()
+
+
 def _shipped_file(cache: FunctionCache, create: bool):
     """The shipped cache file of ``cache``'s function (None where there is none)."""
     try:
@@ -138,8 +184,8 @@ def _shipped_file(cache: FunctionCache, create: bool):
             os.makedirs(where, exist_ok=True)
         elif not os.path.isdir(where):
             return None
-        return IndexDataCacheFile(cache_path=where, filename_base=cache._impl.filename_base,
-                                  source_stamp=cache._impl.locator.get_source_stamp())
+        return _TsbatchCacheFile(cache_path=where, filename_base=cache._impl.filename_base,
+                                 source_stamp=cache._impl.locator.get_source_stamp())
     except (OSError, TypeError):
         return None
 
@@ -149,6 +195,8 @@ def install(dispatcher):
     cache = getattr(dispatcher, "_cache", None)
     if type(cache) is FunctionCache:
         cache.__class__ = _TsbatchCache
+        if ENABLED and type(cache._cache_file) is IndexDataCacheFile:
+            cache._cache_file.__class__ = _TsbatchCacheFile
         if PRECOMPILING:
             shipped = _shipped_file(cache, create=True)
             if shipped is not None:
