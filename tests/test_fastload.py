@@ -75,8 +75,16 @@ imported = "numba.np.arrayobj" in sys.modules
 b = njit(lambda n: np.full(n, 1.5))(4).tolist()
 # ... and so does the loaded kernel after that
 s2, a2 = fx.filled(3, -1.0)
-print(json.dumps({"s": s, "a": a.tolist(), "s2": s2, "a2": a2.tolist(), "b": b, "hits": hits,
-                  "imported": imported}))
+# a new jitted caller links the loaded kernel's code (its module for linking, parsed on
+# demand): the caller's module holds no bare declaration of it (a cached caller would need
+# the callee loaded first, which numba does not arrange for a linked callee)
+g = njit(lambda n: fx.filled(n, 2.0)[0] + 1.0)
+c = g(4)
+callee = fx.filled.overloads[fx.filled.signatures[0]].fndesc.mangled_name
+declared = [l for l in g.inspect_llvm(g.signatures[0]).splitlines()
+            if l.startswith("declare") and callee in l]
+print(json.dumps({"s": s, "a": a.tolist(), "s2": s2, "a2": a2.tolist(), "b": b, "c": c,
+                  "declared": declared, "hits": hits, "imported": imported}))
 """
 
 
@@ -93,15 +101,18 @@ def _run_env(cache: Path, **env) -> dict:
 def test_cached_environments_do_not_import_numbas_modules(tmp_path):
     """A loaded kernel holding ``np.full``'s code gets that implementation's environment
     without ``numba.np.arrayobj`` being imported (numba's own loading imports it); the
-    results are the same, and compiling ``np.full`` afterwards in that process works."""
+    results are the same, compiling ``np.full`` afterwards in that process works, and so
+    does compiling a caller that links the loaded kernel (loaded as machine code alone)."""
     cold = _run_env(tmp_path)
     assert cold["hits"] == 0 and cold["imported"]  # compiled: the compiler imported it
     warm = _run_env(tmp_path)
     assert warm["hits"] == 1 and not warm["imported"]
     plain = _run_env(tmp_path, TSBATCH_NUMBA_FASTLOAD="0")
     assert plain["hits"] == 1 and plain["imported"]
-    keys = ("s", "a", "s2", "a2", "b")
+    keys = ("s", "a", "s2", "a2", "b", "c")
     for res in (warm, plain):
         assert {k: res[k] for k in keys} == {k: cold[k] for k in keys}
     assert cold["a"] == [-2.5, 2.5, 2.5, 2.5, 2.5] and cold["s"] == 7.5
-    assert cold["a2"] == [1.0, -1.0, -1.0] and cold["b"] == [1.5] * 4
+    assert cold["a2"] == [1.0, -1.0, -1.0] and cold["b"] == [1.5] * 4 and cold["c"] == 5.0
+    for res in (cold, warm, plain):
+        assert res["declared"] == []

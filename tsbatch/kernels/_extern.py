@@ -21,11 +21,7 @@ symbol; numba loads a cached function's ``reload_init`` callables before its
 machine code (``CompileResult._rebuild``), so each caller carries a
 :class:`_Load` of every such callee: it imports the callee's module and
 compiles (in practice: loads from the cache) the callee's signature, which
-defines the symbol before the caller's object code is linked.
-
-As no caller links such a kernel's code, its cached code loads without the
-LLVM module numba keeps for linking (:func:`tsbatch.kernels._fastload.code_only`).
-"""
+defines the symbol before the caller's object code is linked."""
 
 from __future__ import annotations
 
@@ -34,8 +30,6 @@ import importlib
 import llvmlite.binding as ll
 from numba.core import cgutils
 from numba.core.imputils import fix_returning_optional, impl_ret_new_ref
-
-from tsbatch.kernels._fastload import code_only
 
 __all__ = ["separately_linked", "supported", "PREFIX"]
 
@@ -152,7 +146,6 @@ def separately_linked(dispatcher):
         ctx._defns[cres.entry_point].append(impl, impl.signature)
 
     dispatcher.add_overload = add_overload
-    code_only(dispatcher)  # nothing links its code: the cache loads the machine code alone
     if internal:
         def python_call(*args, **kws):
             raise TypeError(f"{module}.{qualname} is called from jitted code only "

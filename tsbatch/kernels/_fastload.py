@@ -25,16 +25,19 @@ what built it; anywhere else the lookup misses and the kernel compiles as it
 always did (and is then stored in the usual cache). ``TSBATCH_PRECOMPILED=0``
 ignores the shipped code (for measuring a cold start).
 
-*Code only.* A cached overload holds the kernel's machine code and, for
-callers that link it, its optimized LLVM module as bitcode; numba parses that
-bitcode on every load and walks its functions to learn which symbols the
-machine code defines. Nothing links a kernel that
-:func:`tsbatch.kernels._extern.separately_linked` marks (callers call its
-symbol), so :func:`code_only` makes its cache load the machine code alone: the
-bitcode handed to numba is that of an empty module, and the symbols the load
-looks up (the kernel's own and, where it has them, its Python and C
-wrappers') are named from the function descriptor instead. Same machine code,
-~2 ms less per load; 12 of the 18 loads of a warm 1,000-row ``evaluate``.
+*Machine code now, module for linking on demand.* A cached overload holds
+the kernel's machine code and, for jitted callers that link it, its optimized
+LLVM module as bitcode; numba parses that bitcode on every load and walks its
+functions to learn which symbols the machine code defines. In a warm process
+nothing is compiled, so nothing links it; and callers never link a kernel that
+:func:`tsbatch.kernels._extern.separately_linked` marks (they call its
+symbol). So a tsbatch kernel loads its machine code alone
+(:func:`_without_linking_module`): numba is handed the bitcode of an empty
+module, the symbols the load looks up (the kernel's own and, where it has them,
+its Python and C wrappers') are named from the function descriptor instead,
+and the kernel's own bitcode is parsed only if a caller compiled later in the
+process links it (:func:`_link_on_demand`). Same machine code; ~1-5 ms less
+per load, 18 loads in a warm 1,000-row ``evaluate``.
 
 *Environments without numba's modules.* A cached kernel carries the
 environment of every function whose code it holds, numba's own
@@ -62,7 +65,7 @@ import sys
 from numba.core import environment as _environment
 from numba.core.caching import FunctionCache, IndexDataCacheFile
 
-__all__ = ["install", "fast_loading", "code_only", "SHIPPED_DIR"]
+__all__ = ["install", "fast_loading", "SHIPPED_DIR"]
 
 #: ``TSBATCH_NUMBA_FASTLOAD=0`` keeps numba's own loading (for comparison)
 ENABLED = os.environ.get("TSBATCH_NUMBA_FASTLOAD", "1") != "0"
@@ -78,7 +81,7 @@ class _TsbatchCache(FunctionCache):
     """A :class:`FunctionCache` that loads fast and falls back to shipped code."""
 
     _shipped = None  # IndexDataCacheFile of the shipped cache, or None
-    _code_only = False  # load the machine code without its module for linking (code_only)
+    _wrappers = True  # whether the kernel has Python and C wrappers (install)
 
     def load_overload(self, sig, target_context):
         try:
@@ -98,9 +101,13 @@ class _TsbatchCache(FunctionCache):
                     found = self._shipped.load(key)
                 if found is None:
                     return None
-                if self._code_only:
-                    found = _without_linking_module(found, codegen, self._wrappers)
-                return self._impl.rebuild(target_context, found)
+                if not ENABLED:
+                    return self._impl.rebuild(target_context, found)
+                found, bitcode = _without_linking_module(found, codegen, self._wrappers)
+                cres = self._impl.rebuild(target_context, found)
+                if bitcode is not None:
+                    _link_on_demand(cres.library, bitcode)
+                return cres
         except Exception:
             # anything unexpected: numba's own path (refresh, then load)
             return super().load_overload(sig, target_context)
@@ -110,16 +117,17 @@ _EMPTY_BITCODE: dict[int, bytes] = {}
 
 
 def _without_linking_module(payload, codegen, wrappers: bool):
-    """``payload`` (a cached ``CompileResult``) with the bitcode of an empty
-    module in place of the kernel's module for linking, the symbols numba looks
-    up in the machine code declared to its JIT engine instead; ``payload``
-    unchanged where it is not numba's object-code form."""
+    """``(payload, bitcode)``: ``payload`` (a cached ``CompileResult``) with the
+    bitcode of an empty module in place of the kernel's module for linking (that
+    bitcode returned beside it), the symbols numba looks up in the machine code
+    declared to its JIT engine instead; ``(payload, None)`` unchanged where it
+    is not numba's object-code form."""
     libdata, fndesc = payload[0], payload[1]
     name, kind, data = libdata
     engine = getattr(codegen, "_engine", None)
     symbols = getattr(engine, "_defined_symbols", None)
     if kind != "object" or not isinstance(symbols, set):
-        return payload
+        return payload, None
     empty = _EMPTY_BITCODE.get(id(codegen))
     if empty is None:
         import llvmlite.binding as ll
@@ -130,19 +138,24 @@ def _without_linking_module(payload, codegen, wrappers: bool):
     if wrappers:
         names |= {fndesc.llvm_cpython_wrapper_name, fndesc.llvm_cfunc_wrapper_name}
     symbols |= names  # what numba's load learns from the module's functions
-    return ((name, kind, (data[0], empty)),) + tuple(payload[1:])
+    return ((name, kind, (data[0], empty)),) + tuple(payload[1:]), data[1]
 
 
-def code_only(dispatcher) -> bool:
-    """Load ``dispatcher``'s cached code without the module numba keeps for
-    linking it into callers (only for a kernel no caller links:
-    :func:`tsbatch.kernels._extern.separately_linked`); whether it applies."""
-    cache = getattr(dispatcher, "_cache", None)
-    if not isinstance(cache, _TsbatchCache) or not ENABLED:
-        return False
-    cache._code_only = True
-    cache._wrappers = not dispatcher.targetoptions.get("no_cpython_wrapper")
-    return True
+def _link_on_demand(library, bitcode: bytes) -> None:
+    """Give a library loaded by :func:`_without_linking_module` its module for
+    linking (numba's ``_get_module_for_linking``) parsed from ``bitcode`` when
+    a caller first links it, as numba's load would have parsed it."""
+
+    def module_for_linking():
+        import llvmlite.binding as ll
+
+        mod = ll.parse_bitcode(bitcode)
+        library._shared_module = mod
+        library._codegen._engine._load_defined_symbols(mod)
+        del library._get_module_for_linking  # numba's method from now on: returns mod
+        return mod
+
+    library._get_module_for_linking = module_for_linking
 
 
 def _rebuilt_env(modname, consts, env_name):
@@ -195,6 +208,7 @@ def install(dispatcher):
     cache = getattr(dispatcher, "_cache", None)
     if type(cache) is FunctionCache:
         cache.__class__ = _TsbatchCache
+        cache._wrappers = not dispatcher.targetoptions.get("no_cpython_wrapper")
         if ENABLED and type(cache._cache_file) is IndexDataCacheFile:
             cache._cache_file.__class__ = _TsbatchCacheFile
         if PRECOMPILING:
