@@ -116,3 +116,41 @@ def test_cached_environments_do_not_import_numbas_modules(tmp_path):
     assert cold["a2"] == [1.0, -1.0, -1.0] and cold["b"] == [1.5] * 4 and cold["c"] == 5.0
     for res in (cold, warm, plain):
         assert res["declared"] == []
+
+
+def test_cached_jit_checks_a_cache_directory_once(tmp_path, monkeypatch):
+    """``cached_jit`` kernels keep numba's cache files (same directory, index and key
+    as ``njit(cache=True)``), and numba's check that the directory is writable (a
+    temporary file) runs once for the kernels of one directory, not once per kernel."""
+    import importlib
+    import tempfile
+
+    from numba.core.caching import FunctionCache
+
+    from tsbatch.kernels import _fastload
+
+    (tmp_path / "fl_two_kernels.py").write_text(
+        "from tsbatch.kernels._fastload import cached_jit\n"
+        "jit = cached_jit(nogil=True)\n"
+        "@jit\n"
+        "def one(x):\n    return x + 1\n"
+        "@jit\n"
+        "def two(x):\n    return x * 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    made = []
+    real = tempfile.TemporaryFile
+
+    def counting(*args, **kws):
+        made.append(kws.get("dir"))
+        return real(*args, **kws)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", counting)
+    mod = importlib.import_module("fl_two_kernels")
+    assert len(made) == 1  # one check for the module's directory, not one per kernel
+    for disp in (mod.one, mod.two):
+        ours, numbas = disp._cache, FunctionCache(disp.py_func)
+        assert type(ours) is _fastload._TsbatchCache
+        assert ours.cache_path == numbas.cache_path
+        assert ours._cache_file._index_path == numbas._cache_file._index_path
+        assert ours._cache_file._source_stamp == numbas._cache_file._source_stamp
+    assert mod.one(2) == 3 and mod.two(2) == 4
