@@ -83,8 +83,11 @@ c = g(4)
 callee = fx.filled.overloads[fx.filled.signatures[0]].fndesc.mangled_name
 declared = [l for l in g.inspect_llvm(g.signatures[0]).splitlines()
             if l.startswith("declare") and callee in l]
+from numba.core.runtime import rtsys
+# numba's runtime library: machine code loaded from the cache has no LLVM functions left
+nrt_loaded = not list(rtsys.library._final_module.functions)
 print(json.dumps({"s": s, "a": a.tolist(), "s2": s2, "a2": a2.tolist(), "b": b, "c": c,
-                  "declared": declared, "hits": hits, "imported": imported}))
+                  "declared": declared, "hits": hits, "imported": imported, "nrt_loaded": nrt_loaded}))
 """
 
 
@@ -102,15 +105,21 @@ def test_cached_environments_do_not_import_numbas_modules(tmp_path):
     """A loaded kernel holding ``np.full``'s code gets that implementation's environment
     without ``numba.np.arrayobj`` being imported (numba's own loading imports it); the
     results are the same, compiling ``np.full`` afterwards in that process works, and so
-    does compiling a caller that links the loaded kernel (loaded as machine code alone)."""
+    does compiling a caller that links the loaded kernel (loaded as machine code alone).
+    numba's runtime library is compiled by the first process and loaded by the next."""
     cold = _run_env(tmp_path)
     assert cold["hits"] == 0 and cold["imported"]  # compiled: the compiler imported it
+    stored = list(tmp_path.rglob("tsbatch-nrt-*.nbo"))  # numba's runtime library, compiled once
+    assert len(stored) == 1 and not cold["nrt_loaded"]
     warm = _run_env(tmp_path)
-    assert warm["hits"] == 1 and not warm["imported"]
+    assert warm["hits"] == 1 and not warm["imported"] and warm["nrt_loaded"]
     plain = _run_env(tmp_path, TSBATCH_NUMBA_FASTLOAD="0")
-    assert plain["hits"] == 1 and plain["imported"]
+    assert plain["hits"] == 1 and plain["imported"] and not plain["nrt_loaded"]
+    stored[0].write_bytes(b"not a pickle")  # an unreadable runtime file: compiled again, rewritten
+    again = _run_env(tmp_path)
+    assert not again["nrt_loaded"] and _run_env(tmp_path)["nrt_loaded"]
     keys = ("s", "a", "s2", "a2", "b", "c")
-    for res in (warm, plain):
+    for res in (warm, plain, again):
         assert {k: res[k] for k in keys} == {k: cold[k] for k in keys}
     assert cold["a"] == [-2.5, 2.5, 2.5, 2.5, 2.5] and cold["s"] == 7.5
     assert cold["a2"] == [1.0, -1.0, -1.0] and cold["b"] == [1.5] * 4 and cold["c"] == 5.0

@@ -50,6 +50,14 @@ name alone (:func:`_rebuilt_env`) instead of an import of the module and of
 numba's typing and lowering registrations it brings (``numba.np.arrayobj``:
 ~20 ms of every warm start). A module imported already is used as numba would.
 
+*numba's runtime from the cache too.* Loaded code needs numba's runtime (NRT),
+whose few LLVM functions (reference counting, atomic operations) numba
+compiles in every process when the runtime starts (~15 ms). The first load
+of a process starts it with that library's machine code taken from a file
+beside the kernels' cache (:func:`_initialize_runtime`), keyed like a cached
+kernel (numba's and llvmlite's versions, the CPU name and features, the
+runtime's debug settings), and writes the file when it compiles the library.
+
 Compiling still refreshes the context first (``CompilerBase.__init__``), as
 does any failure while loading, which retries with numba's own path.
 """
@@ -87,9 +95,7 @@ class _TsbatchCache(FunctionCache):
     def load_overload(self, sig, target_context):
         try:
             if ENABLED:
-                from numba.core.runtime import rtsys
-
-                rtsys.initialize(target_context)  # what the loaded code needs at run time
+                _initialize_runtime(target_context, self._cache_path)  # what loaded code needs
             else:
                 target_context.refresh()
             with self._guard_against_spurious_io_errors():
@@ -112,6 +118,74 @@ class _TsbatchCache(FunctionCache):
         except Exception:
             # anything unexpected: numba's own path (refresh, then load)
             return super().load_overload(sig, target_context)
+
+
+def _initialize_runtime(ctx, cache_dir: str) -> None:
+    """``rtsys.initialize(ctx)`` (numba's runtime), its library of LLVM functions
+    loaded from ``cache_dir`` when compiled there before, else compiled and stored."""
+    from numba.core.compiler_lock import global_compiler_lock
+    from numba.core.runtime import nrtdynmod, rtsys
+
+    if rtsys._init:
+        return
+    with global_compiler_lock:
+        if rtsys._init:
+            return
+        compile_nrt = nrtdynmod.compile_nrt_functions
+        nrtdynmod.compile_nrt_functions = lambda c: _nrt_library(c, cache_dir, compile_nrt)
+        try:
+            rtsys.initialize(ctx)
+        finally:
+            nrtdynmod.compile_nrt_functions = compile_nrt
+
+
+#: the functions numba's runtime looks up in its library
+_NRT_FUNCTIONS = ("nrt_atomic_add", "nrt_atomic_sub", "nrt_atomic_cas", "NRT_MemInfo_data_fast",
+                  "NRT_incref", "NRT_decref", "nrt_unresolved_abort")
+
+
+def _nrt_library(ctx, cache_dir: str, compile_nrt):
+    """numba's ``compile_nrt_functions(ctx)``, through a file in ``cache_dir``."""
+    import hashlib
+
+    import llvmlite
+    import numba
+    from numba.core import config
+    from numba.core.runtime import nrtdynmod
+
+    codegen = ctx.codegen()
+    try:
+        key = repr((numba.__version__, llvmlite.__version__, codegen.magic_tuple(),
+                    config.DEBUG_NRT, config.DEBUG_NRT_STACK_LIMIT, config.OPT, config.MACHINE_BITS))
+        path = os.path.join(cache_dir, "tsbatch-nrt-%s.nbo" % hashlib.sha256(key.encode()).hexdigest()[:24])
+    except Exception:  # noqa: BLE001 - numba's own way
+        return compile_nrt(ctx)
+    try:
+        with open(path, "rb") as f:
+            stored_key, libdata = pickle.load(f)
+        if stored_key == key:
+            library = codegen.unserialize_library(libdata)
+            if all(library.get_pointer_to_function(n) for n in _NRT_FUNCTIONS):
+                return library
+    except Exception:  # noqa: BLE001 - no file, another version's, unreadable: compile
+        pass
+    try:
+        ir_mod, library = nrtdynmod.create_nrt_module(ctx)  # compile_nrt_functions, keeping
+        library.enable_object_caching()  # the machine code to store
+        library.add_ir_module(ir_mod)
+        library.finalize()
+        data = pickle.dumps((key, library.serialize_using_object_code()), protocol=-1)
+    except Exception:  # noqa: BLE001
+        return compile_nrt(ctx)
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return library
 
 
 _EMPTY_BITCODE: dict[int, bytes] = {}
