@@ -21,7 +21,8 @@ symbol; numba loads a cached function's ``reload_init`` callables before its
 machine code (``CompileResult._rebuild``), so each caller carries a
 :class:`_Load` of every such callee: it imports the callee's module and
 compiles (in practice: loads from the cache) the callee's signature, which
-defines the symbol before the caller's object code is linked."""
+defines the symbol before the caller's object code is linked.
+"""
 
 from __future__ import annotations
 
