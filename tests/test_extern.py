@@ -43,8 +43,13 @@ try:
     perr = None
 except TypeError as exc:
     perr = str(exc)
+out = np.zeros(1)
+direct = (int(fx.scaled_sum(x, 0.5, out)), float(out[0]))  # its Python wrapper, after a load too
+lib = fx.scaled_sum.overloads[fx.scaled_sum.signatures[0]].library
+shared = getattr(lib, "_shared_module", None)  # set by a load from the cache
+linkable = None if shared is None else len(list(shared.functions))
 print(json.dumps({"v": v, "n": int(n), "err": err, "hits": hits, "ir": ir, "callee": callee,
-                  "w": w, "perr": perr}))
+                  "w": w, "perr": perr, "direct": direct, "linkable": linkable}))
 """
 
 
@@ -82,3 +87,9 @@ def test_separately_linked_call_compiles_loads_and_raises(tmp_path):
     for res in (cold, warm):
         assert res["w"] == 8.0
         assert "called from jitted code only" in res["perr"]
+    # loaded from the cache as machine code alone (no caller links it: _fastload.code_only),
+    # its Python wrapper still found and called
+    assert cold["linkable"] != 0 and warm["linkable"] == 0
+    assert warm["direct"] == cold["direct"]
+    assert cold["direct"][0] == int(np.sum(x < 0.0))
+    assert cold["direct"][1] == pytest.approx(float(np.sum(0.5 * x)), rel=1e-14)

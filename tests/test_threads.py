@@ -90,3 +90,24 @@ def test_run_shares_in_a_forked_child(monkeypatch):
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     pytest.fail("the forked child's shares did not finish (the pool hung)")
+
+
+def test_num_threads_does_not_start_numbas_threading_layer():
+    """Before numba's threading layer starts, ``num_threads`` is ``NUMBA_NUM_THREADS``
+    (what ``numba.get_num_threads`` returns until ``set_num_threads``, which starts the
+    layer) and does not start it; afterwards it is numba's count."""
+    import subprocess
+    from pathlib import Path
+
+    code = ("import numba\n"
+            "from numba.np.ufunc import parallel\n"
+            "from tsbatch.kernels._threads import num_threads\n"
+            "before = num_threads()\n"
+            "started = parallel._is_initialized\n"
+            "numba.set_num_threads(1)\n"
+            "print(before, started, num_threads(), numba.config.NUMBA_NUM_THREADS)\n")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         env={**os.environ, "NUMBA_NUM_THREADS": "3"},
+                         timeout=120, check=True).stdout.split()
+    assert out == ["3", "False", "1", "3"]

@@ -11,9 +11,10 @@ From Python, one import (tables in memory; see :mod:`tsbatch.front.api`)::
     tsbatch.list_gpus(); tsbatch.list_families()
 
 Importing the package is cheap: numba, numpy and polars are imported by the
-first call that needs them. :class:`Pruner`, :class:`PruneResult`,
-:class:`NoFeasibleConfigError` and :func:`early_config_prune` (the Triton
-adapter) are loaded when first used.
+first call that needs them. The API's functions (:mod:`tsbatch.front.api`),
+:class:`Pruner`, :class:`PruneResult`, :class:`NoFeasibleConfigError` and
+:func:`early_config_prune` (the Triton adapter) are loaded when first used (the
+command line and the engine's modules import the package, not the API).
 """
 
 from __future__ import annotations
@@ -21,15 +22,13 @@ from __future__ import annotations
 __version__ = "0.1.0"
 MODEL_VERSION = "tilesight-gemm-1"
 
-from tsbatch.front.api import (  # noqa: E402
-    Explanation, evaluate_table, explain_config, list_families, list_gpus, prune_configs,
-    rank_table,
-)
 from tsbatch.errors import InputError  # noqa: E402
 from tsbatch.hw import HwSpec, get_hw, list_hw  # noqa: E402
 
-#: names loaded on first use (they import numba): name -> module
+#: names loaded on first use (the engine's import numba): name -> module
 _LAZY = {
+    **dict.fromkeys(("Explanation", "evaluate_table", "explain_config", "list_families",
+                     "list_gpus", "prune_configs", "rank_table"), "tsbatch.front.api"),
     "Pruner": "tsbatch.engine.prune",
     "PruneResult": "tsbatch.engine.prune",
     "NoFeasibleConfigError": "tsbatch.engine.prune",

@@ -16,37 +16,34 @@ import os
 # small machine; numba reads this when its threading layer first starts.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from numba import njit  # noqa: E402
-
-from tsbatch.kernels._fastload import fast_loading  # noqa: E402
+from tsbatch.kernels._fastload import cached_jit  # noqa: E402  (njit(cache=True, ...), tsbatch's cache)
 
 FASTMATH = {"contract", "arcp", "reassoc", "nsz", "afn"}
 
 #: decorator for scalar device-style helpers, inlined into callers
-jit_scalar = fast_loading(njit(cache=True, fastmath=FASTMATH, inline="always", nogil=True))
+jit_scalar = cached_jit(fastmath=FASTMATH, inline="always", nogil=True)
 #: the same helpers left as calls (numba's IR inlining copies a helper into
 #: every call site; a large one called from four places compiled 3-4x slower)
-jit_scalar_call = fast_loading(njit(cache=True, fastmath=FASTMATH, nogil=True))
+jit_scalar_call = cached_jit(fastmath=FASTMATH, nogil=True)
 #: decorator for serial array kernels
-jit_serial = fast_loading(njit(cache=True, fastmath=FASTMATH, nogil=True))
+jit_serial = cached_jit(fastmath=FASTMATH, nogil=True)
 #: decorator for serial array kernels that allocate nothing and keep no
 #: reference to their arrays: compiled without numba's runtime, so passing
 #: and using an array costs no reference counting (an atomic increment and
 #: decrement per array per call otherwise, which control flow keeps numba
 #: from pruning); they may only be called from jitted code that owns the arrays
-jit_borrow = fast_loading(njit(cache=True, fastmath=FASTMATH, nogil=True, _nrt=False))
+jit_borrow = cached_jit(fastmath=FASTMATH, nogil=True, _nrt=False)
 #: decorator for serial kernels whose arithmetic must match numpy's to the bit
 #: (lowering: plain IEEE operations in source order, no contraction)
-jit_exact = fast_loading(njit(cache=True, nogil=True))
+jit_exact = cached_jit(nogil=True)
 #: the same, inlined into callers (the simulator's small helpers)
-jit_exact_inline = fast_loading(njit(cache=True, nogil=True, inline="always"))
+jit_exact_inline = cached_jit(nogil=True, inline="always")
 #: decorator for row-parallel array kernels (``prange`` over rows)
-jit_parallel = fast_loading(njit(cache=True, fastmath=FASTMATH, nogil=True, parallel=True))
+jit_parallel = cached_jit(fastmath=FASTMATH, nogil=True, parallel=True)
 #: the same two for kernels that only jitted code calls, never Python (each
 #: also :func:`tsbatch.kernels._extern.separately_linked`): no CPython or C
 #: wrapper is compiled for them (a wrapper unboxes every array of a record
 #: argument: a third of such a kernel's compile and cached code)
 _INTERNAL = dict(no_cpython_wrapper=True, no_cfunc_wrapper=True)
-jit_serial_internal = fast_loading(njit(cache=True, fastmath=FASTMATH, nogil=True, **_INTERNAL))
-jit_borrow_internal = fast_loading(njit(cache=True, fastmath=FASTMATH, nogil=True, _nrt=False,
-                                        **_INTERNAL))
+jit_serial_internal = cached_jit(fastmath=FASTMATH, nogil=True, **_INTERNAL)
+jit_borrow_internal = cached_jit(fastmath=FASTMATH, nogil=True, _nrt=False, **_INTERNAL)

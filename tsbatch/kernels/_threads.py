@@ -17,6 +17,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
+from numba.np.ufunc import parallel as _numba_parallel
 
 __all__ = ["num_threads", "run_shares", "even_bounds"]
 
@@ -43,6 +44,13 @@ if hasattr(os, "register_at_fork"):
 
 
 def num_threads() -> int:
+    """``numba.get_num_threads()``. Until numba's threading layer has started,
+    nothing can have set a count (``numba.set_num_threads`` starts it), and numba
+    documents the count as ``NUMBA_NUM_THREADS`` then: that is returned without
+    starting the layer (loading its library and its threads, ~13 ms of a process
+    whose kernels are all serial)."""
+    if not getattr(_numba_parallel, "_is_initialized", True):
+        return max(1, int(numba.config.NUMBA_NUM_THREADS))
     return max(1, int(numba.get_num_threads()))
 
 
