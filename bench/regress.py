@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import hashlib
 import json
 import os
 import platform
@@ -151,8 +152,20 @@ def working_label() -> str:
     return f"{head}{'+dirty' if dirty else ''}"
 
 
+def pyc_prefix(root: Path) -> Path:
+    """Where a tree's Python bytecode goes in the guard's runs: one directory per tree,
+    outside it, so that each tree is timed with its own bytecode written by its own
+    warm-up run (as an installed copy has it), whatever .pyc files the tree holds
+    (a tree whose tests wrote .pyc files would otherwise start faster than one that
+    never ran them)."""
+    base = Path(os.environ.get("TSBATCH_REGRESS_DIR", "/tmp/tsbatch-regress"))
+    return base / "pyc" / hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:16]
+
+
 def version_env(root: Path, extra: dict | None = None) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(root), OMP_WAIT_POLICY="passive")
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_WAIT_POLICY="passive",
+               PYTHONPYCACHEPREFIX=str(pyc_prefix(root)))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.pop("NUMBA_CACHE_DIR", None)  # each tree keeps its kernels in its own __pycache__
     env.update(extra or {})
     return env
