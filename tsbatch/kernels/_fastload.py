@@ -72,7 +72,8 @@ import sys
 
 from numba import njit
 from numba.core import environment as _environment
-from numba.core.caching import CompileResultCacheImpl, FunctionCache, IndexDataCacheFile, NullCache
+from numba.core.caching import (CompileResultCacheImpl, FunctionCache, IndexDataCacheFile, NullCache,
+                                 _cache_log)
 
 __all__ = ["install", "fast_loading", "cached_jit", "SHIPPED_DIR"]
 
@@ -259,9 +260,12 @@ class _TsbatchCacheFile(IndexDataCacheFile):
     """numba's index and data files, read with :func:`_rebuilt_env` for environments."""
 
     def _load_data(self, name):
-        with open(self._data_path(name), "rb") as f:
+        path = self._data_path(name)
+        with open(path, "rb") as f:
             data = f.read()
-        return _Unpickler(io.BytesIO(data)).load()
+        found = _Unpickler(io.BytesIO(data)).load()
+        _cache_log("[cache] data loaded from %r", path)  # numba's NUMBA_DEBUG_CACHE line
+        return found
 
 
 #: module directories known to hold (True) or lack (False) a shipped cache
