@@ -539,7 +539,7 @@ class TopKScreen:
         1. *Survey* (bounds only): every row's bound is computed and kept
            (float32, rounded down, so still a lower bound), with its
            workload's id (at most 4 bytes; 2 below 65,536 workloads), and per
-           workload the first ``K + K // 4`` feasible rows by
+           workload the first ``K + K // 2`` feasible rows by
            ``(bound, position)`` over the *whole* input, the set ``P``.
         2. The rows of ``P`` are predicted and merged into the running set,
            whose ``K``-th key per workload is then at most a few rows from
@@ -562,7 +562,15 @@ class TopKScreen:
         p_wid = np.zeros(0, dtype=np.int64)
         p_lb = np.zeros(0)
         p_pos = np.zeros(0, dtype=np.int64)
-        step_w = self.k_w + self.k_w // 4
+        # P: K + K // 2 rows per workload. A wider P costs its own predictions but
+        # leaves a threshold closer to the final one for the third pass: rows
+        # predicted in full, 2M sweep, K + K // 4 -> K + K // 2 -> K + K: h100 top 1 %
+        # 46,157 -> 34,084 -> 34,129, 2 % 77,220 -> 59,778 -> 63,228, 5 % 145,410 ->
+        # 129,013 -> 133,038, 10 % 262,816 -> 254,094 -> 260,624; a100 5 % 136,887 ->
+        # 130,108 -> 134,501; l40s 5 % 212,929 -> 179,165 -> 174,797; within 0.04 %
+        # either way at 20 % (h100, a100) and on b200 at 5 % (docs/gemm_accuracy.md,
+        # "Speed, session 4")
+        step_w = self.k_w + self.k_w // 2
         cut = np.full(step_w.shape[0], np.inf)  # per workload: P's last bound once full
         pend: list = []  # rows below the cut, merged into P in bulk
         n_pend = 0
