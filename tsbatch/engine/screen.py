@@ -502,7 +502,16 @@ class TopKScreen:
 
     def _evaluate(self, df: pl.DataFrame, rows: np.ndarray, pos: np.ndarray,
                   wid: np.ndarray) -> pl.DataFrame:
-        sub = df[rows] if rows.shape[0] != df.height else df
+        if rows.shape[0] == df.height:
+            sub = df
+        elif rows.shape[0] and (rows[1:] > rows[:-1]).all():
+            # rows in input order (every caller's): a mask filter gives the same frame
+            # as the gather, ~3x faster (65k of 1M rows: 9.7 -> 3.4 ms)
+            mask = np.zeros(df.height, dtype=bool)
+            mask[rows] = True
+            sub = df.filter(pl.Series(mask))
+        else:
+            sub = df[rows]
         res = evaluate(sub, self.hw, self.family, timings=self.timings, cache_memo=self.memo,
                        **self.sampling)
         self.n_predicted += rows.shape[0]
