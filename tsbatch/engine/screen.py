@@ -637,8 +637,17 @@ class TopKScreen:
                 lb = lbs[i].astype(np.float64)
                 infeas = lb == np.inf
                 wid = wids[i].astype(np.int64)
-                self._screen_rows(df, pos, wid, lb, infeas, in_p if phase == 0 else ~in_p,
-                                  rounds=self.screen)
+                if phase == 0:
+                    # P's rows alone (~7 % of a batch), as a batch of their own: the
+                    # others are left out anyway, and the screen's arrays are then
+                    # P-sized, not batch-sized (its own work: ~0.05 -> ~0.01 s a 1M batch)
+                    sel = np.flatnonzero(in_p)
+                    if sel.size:
+                        self._screen_rows(df.filter(pl.Series(in_p)), pos[sel], wid[sel],
+                                          lb[sel], infeas[sel], np.ones(sel.size, dtype=bool),
+                                          rounds=self.screen)
+                else:
+                    self._screen_rows(df, pos, wid, lb, infeas, ~in_p, rounds=self.screen)
                 at += n
                 if progress is not None:
                     progress("best rows" if phase == 0 else "screen", n)
