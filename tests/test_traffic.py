@@ -103,6 +103,21 @@ def test_small_calls_take_numpy_and_agree(monkeypatch):
     assert np.array_equal(traffic.bottleneck_codes(util, lat, lat * 0.1, 0.6), small_b)
 
 
+@pytest.mark.parametrize("scaled", [False, True])
+def test_work_only_split_gives_the_same_work_matrix(scaled):
+    """A latency-only call's small split (numpy) makes the work matrix alone, to the bit."""
+    rng = np.random.default_rng(11 + scaled)
+    t_bytes, per_step, h15u, h2u, dramu, inv, work_iter, work_epi, tiles, ksteps = \
+        _problems(rng, 300, 3, 40)
+    scale = rng.uniform(1.0, 2.0, (300, 3)) if scaled else None
+    full = traffic._split_numpy(t_bytes, per_step, h15u, h2u, dramu, inv, True, work_iter,
+                                work_epi, tiles, ksteps, scale)
+    got = traffic._split_numpy(t_bytes, per_step, h15u, h2u, dramu, inv, True, work_iter,
+                               work_epi, tiles, ksteps, scale, work_only=True)
+    assert np.array_equal(got[0].view(np.int64), full[0].view(np.int64))
+    assert got[1:] == (None, None, None, None)
+
+
 def test_bottleneck_codes_match_numpy_and_twin():
     rng = np.random.default_rng(3)
     rows = 5000

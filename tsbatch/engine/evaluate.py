@@ -274,7 +274,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
     tiles = plan.g0 * plan.g1 * plan.g2
     work_iter, l15_hit, l2_hit, dram_bytes, l2_bytes = split_traffic(
         plan.t_bytes, plan.t_per_step, h15u, h2u, dramu, inv, hw.has_l15, plan.work_iter,
-        plan.work_epi, tiles, plan.ksteps, plan.t_dram_scale)
+        plan.work_epi, tiles, plan.ksteps, plan.t_dram_scale, work_only=latency_only)
     env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, tiles,
                              sms, p, plan.ksteps, plan.stages, plan.warps, plan.warps_full,
                              plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us, plan.persistent,

@@ -85,15 +85,19 @@ def _split_rows(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, wo
 
 
 def _split_numpy(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, work_epi,
-                 tiles, ksteps, dram_scale=None):
-    """The numpy form (rows of :data:`NUMPY_PAIRWISE_MIN` tensors or more)."""
-    h15, h2, dram_frac = h15u[inv], h2u[inv], dramu[inv]
+                 tiles, ksteps, dram_scale=None, work_only=False):
+    """The numpy form (rows of :data:`NUMPY_PAIRWISE_MIN` tensors or more);
+    ``work_only``: the work matrix alone, the other four ``None``."""
+    h15, dram_frac = h15u[inv], dramu[inv]
     req = np.where(per_step.astype(bool), t_bytes, 0.0)
     wi = work_iter.copy()
     wi[:, R_L15] = req.sum(axis=1) if has_l15 else 0.0
     wi[:, R_L2] = (req * (1.0 - h15)).sum(axis=1)
     dreq = req if dram_scale is None else req * dram_scale
     wi[:, R_DRAM] = (dreq * dram_frac).sum(axis=1)
+    if work_only:
+        return wi, None, None, None, None
+    h2 = h2u[inv]
     rows = t_bytes.shape[0]
     l2_req_b = (req * (1.0 - h15)).sum(axis=1)
     l2_hit = np.divide((req * (1.0 - h15) * h2).sum(axis=1), l2_req_b,
@@ -106,7 +110,7 @@ def _split_numpy(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, w
 
 
 def split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, work_epi,
-                  tiles, ksteps, dram_scale=None):
+                  tiles, ksteps, dram_scale=None, work_only=False):
     """Per row: the work matrix with its L1.5, L2 and DRAM columns set from the
     hit rates, and the L1.5 and L2 hit fractions and DRAM and L2 bytes.
 
@@ -115,7 +119,9 @@ def split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, 
     problem ``inv[i]``. ``dram_scale`` (``(n, T)`` or None): each tensor's DRAM
     time per requested byte (:attr:`TilePlan.t_dram_scale`, short contiguous
     runs), applied to the DRAM column and bytes only. ``work_iter`` is not changed (a new matrix is made).
-    Returns ``(work_iter, l15_hit, l2_hit, dram_bytes, l2_bytes)``.
+    Returns ``(work_iter, l15_hit, l2_hit, dram_bytes, l2_bytes)``; ``work_only``
+    (a latency-only call): on a small call (numpy) the last four are ``None``
+    and not computed (the same work matrix; a prune round's 50 rows: 60 -> 25 us).
     """
     f64 = lambda a: np.ascontiguousarray(a, dtype=np.float64)  # noqa: E731
     i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
@@ -124,7 +130,7 @@ def split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, 
         return _split_numpy(np.asarray(t_bytes), np.asarray(per_step), np.asarray(h15u),
                             np.asarray(h2u), np.asarray(dramu), np.asarray(inv), has_l15,
                             np.asarray(work_iter), np.asarray(work_epi), np.asarray(tiles),
-                            np.asarray(ksteps), dram_scale)
+                            np.asarray(ksteps), dram_scale, work_only)
     work_iter = f64(work_iter)
     out_wi = np.empty_like(work_iter)
     outs = tuple(np.empty(rows) for _ in range(4))
