@@ -722,6 +722,21 @@ def wgmma_smem_reads(bm: int, bn: int, bk: int, eb: int, wg_m: int, wg_n: int,
     return a_reads + b_reads
 
 
+def warp_grid_one(bm: int, bn: int, warps: int) -> tuple[int, int]:
+    """Warps along M and N of a warp-level MMA tile (kernels_catalog.gemm._warp_grid):
+    grow M while the per-warp rows (16 per MMA) are at least the per-warp columns
+    (8 per MMA) and M has room, else N if it has room, else M anyway."""
+    wm = wn = 1
+    while wm * wn < warps and wm * wn < 64:
+        if bm // (16 * wm) >= bn // (8 * wn) and bm >= 32 * wm:
+            wm *= 2
+        elif bn >= 16 * wn:
+            wn *= 2
+        else:
+            wm *= 2
+    return wm, wn
+
+
 def gemm_lower_one(row: dict, hw) -> dict:
     """One candidate's lowered quantities, as ``lower`` documents them.
 
@@ -749,16 +764,7 @@ def gemm_lower_one(row: dict, hw) -> dict:
             wg_m *= 2
         else:
             wg_n *= 2
-    # warps: grow M while the per-warp rows (16 per MMA) are at least the per-warp
-    # columns (8 per MMA) and M has room, else N if it has room, else M anyway
-    wm = wn = 1
-    while wm * wn < warps and wm * wn < 64:
-        if bm // (16 * wm) >= bn // (8 * wn) and bm >= 32 * wm:
-            wm *= 2
-        elif bn >= 16 * wn:
-            wn *= 2
-        else:
-            wm *= 2
+    wm, wn = warp_grid_one(bm, bn, warps)
     threads = warps * 32
     # float8: FP32 promotion of the partial sums (two accumulators in registers)
     # unless fast accumulation; block scaling always promotes; no FP8 tensor
@@ -955,14 +961,7 @@ def library_epilogue_chain_one(bm: int, bn: int, warps: int, ksteps: int, p: int
     tile whose K loop is one step exposes it."""
     if ksteps > 1:
         return 0.0
-    wm = wn = 1
-    while wm * wn < warps and wm * wn < 64:
-        if bm // (16 * wm) >= bn // (8 * wn) and bm >= 32 * wm:
-            wm *= 2
-        elif bn >= 16 * wn:
-            wn *= 2
-        else:
-            wm *= 2
+    wm, _wn = warp_grid_one(bm, bn, warps)
     passes = max(bm // wm // 8, 1)
     return passes * pass_us / max(p, 1)
 
