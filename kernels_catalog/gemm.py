@@ -1126,18 +1126,6 @@ def lower(cols: dict, hw) -> TilePlan:
 
     cyc = 1.0 / clock_mhz
     path_code = np.where(use_wgmma, 2, on_tc.astype(np.int64))
-    ovh_tile = np.full(rows, hw.cal("tile_overhead_cycles") * cyc)
-    lib_tc = lib & on_tc
-    if lib_tc.any():
-        # the library epilogue's passes through shared memory (_epilogue_chain)
-        sel = np.flatnonzero(lib_tc)
-        p_lib, _why = resident_tiles(smem_block[sel], regs[sel], threads[sel], hw)
-        extra = np.empty(sel.size, dtype=np.float64)
-        _epilogue_chain(i64(cols["block_m"])[sel], i64(cols["block_n"])[sel],
-                        i64(cols["num_warps"])[sel], ksteps[sel],
-                        np.ascontiguousarray(p_lib, dtype=np.int64),
-                        hw.cal("library_epilogue_pass_cycles") * cyc, extra)
-        ovh_tile[sel] += extra
     post = _library_split_reduction(hw, lib, split, m, n, ob_tab[dcode], rate[:, R_DRAM], rate[:, R_L2])
     pre = _library_tma_prologue(hw, lib, use_wgmma)
     group = clamp_group(group, g0)
@@ -1150,7 +1138,7 @@ def lower(cols: dict, hw) -> TilePlan:
         work_iter=work_iter, work_epi=work_epi, rate=rate, warps_full=4.0,
         lat_us=np.full(rows, hw.cal("mem_latency_us")),
         ovh_iter_us=np.full(rows, hw.cal("iter_overhead_cycles") * cyc),
-        ovh_tile_us=ovh_tile,
+        ovh_tile_us=np.full(rows, hw.cal("tile_overhead_cycles") * cyc),
         launch_us=np.full(rows, hw.launch_us),
         persistent=(order == ORDER_PERSISTENT).astype(np.int64),
         chain_us=chain,
@@ -1170,39 +1158,6 @@ def lower(cols: dict, hw) -> TilePlan:
             **({"pre_us": pre} if pre is not None else {}),
         },
     )
-
-
-@jit_exact
-def _epilogue_chain(bm, bn, warps, ksteps, p, pass_us, out):
-    """Per-tile time (us) the epilogue of a library tensor-core tile adds to
-    its SM, written into ``out`` (one row per library tensor-core row).
-
-    The library's kernels (CUTLASS's default tensor-op epilogue,
-    ``cutlass/epilogue/threadblock/epilogue.h``; cuBLAS's sm80 kernels are of
-    that kind) move the accumulator tile to global memory through shared
-    memory in ``OutputTileIterator::kIterations`` passes, one per 8 rows of a
-    warp tile (``kTensorOpRows``; the warp tile of :func:`_warp_grid`), each
-    pass a block barrier, the warps' shared stores, a second barrier, the
-    shared loads and then the global stores: a chain of ``pass_us`` a pass
-    (``library_epilogue_pass_cycles``) before the slice's stores can issue.
-    Triton's epilogue converts the tile's layout once. The ``p`` tiles
-    resident on an SM run their chains side by side (latency, not issue), so
-    a tile adds ``chain / p`` to its SM. Only where the tile's K loop is a
-    single step (k <= BK, the store-bound small-K calls): with two or more,
-    the tensor cores and the loads keep working under a tile's chain in
-    another resident tile's (on Hopper, the other consumer warpgroup's) main
-    loop, one step of which (0.1-2 us) is as long as the chain (0.03-0.5 us).
-    The rule reads no rate, so no rate falling can shorten a kernel."""
-    for i in range(bm.shape[0]):
-        if ksteps[i] > 1:
-            out[i] = 0.0
-            continue
-        wm, wn = _warp_grid(bm[i], bn[i], warps[i])
-        passes = bm[i] // wm // 8
-        if passes < 1:
-            passes = 1
-        q = p[i] if p[i] > 1 else 1
-        out[i] = passes * pass_us / q
 
 
 def _library_split_reduction(hw, lib, split, m, n, ob, dram_rate, l2_rate):

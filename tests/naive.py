@@ -953,19 +953,6 @@ def gemm_lower_one(row: dict, hw) -> dict:
     }
 
 
-def library_epilogue_chain_one(bm: int, bn: int, warps: int, ksteps: int, p: int,
-                               pass_us: float) -> float:
-    """Per-tile time a library tensor-core tile's epilogue adds to its SM
-    (kernels_catalog.gemm._epilogue_chain): one pass of ``pass_us`` per 8 rows
-    of the warp tile, the ``p`` resident tiles' chains side by side; only a
-    tile whose K loop is one step exposes it."""
-    if ksteps > 1:
-        return 0.0
-    wm, _wn = warp_grid_one(bm, bn, warps)
-    passes = max(bm // wm // 8, 1)
-    return passes * pass_us / max(p, 1)
-
-
 def gemm_admit(row: dict) -> int:
     """The first rule of ``kernels_catalog.gemm.ADMIT_RULES`` a GEMM row breaks
     (1-based; 0: none), one row at a time in plain Python floats, as
