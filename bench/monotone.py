@@ -1,0 +1,97 @@
+"""Does the GEMM model ever predict less time for more work?
+
+Two sweeps the guard (``bench/regress.py``) does not look at, because the
+measured files hold no such series:
+
+* **grid**: one Triton configuration, ``m`` growing one tile row at a time from
+  just below one wave (at one resident tile an SM) to past three waves; the
+  prediction must not fall when a tile is added;
+* **K**: a library (cuBLAS) call growing in ``k``; a call whose K
+  is a multiple of 8 (16-byte rows in fp16) must not be predicted slower than
+  the call one element longer (misaligned rows, one more element of work) or
+  than the next multiple of 8 (more work, the same alignment).
+
+Falls smaller than ``--tol`` (relative; default 0.1 %) are left out (the cache
+model's hit rates move by parts per million with the problem size). Prints
+every fall found, and exits 1 when there is one, so it can gate a model
+change::
+
+    python bench/monotone.py                # a100, h100, h200
+    python bench/monotone.py --hw h100 --tol 0.005
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+import polars as pl
+
+from tsbatch.front.api import evaluate_table
+from tsbatch.hw import get_hw
+
+CONFIG_KEYS = ["block_m", "block_n", "block_k", "num_stages", "num_warps"]
+SHAPES_K = [(2432, 7552), (6656, 1664), (512, 512), (8192, 8192), (10496, 1024)]
+
+
+def grid_rows(sms: int) -> pl.DataFrame:
+    rows = []
+    for bm, bn, bk, st, w in itertools.product([64, 128], [64, 128], [32, 64], [2, 3, 4], [4, 8]):
+        for t in range(sms - 3, 3 * sms + 4):
+            rows.append(dict(m=bm * t, n=bn, k=4096, block_m=bm, block_n=bn, block_k=bk,
+                             num_stages=st, num_warps=w, split_k=1, dtype="float16",
+                             a_row_major=True, b_row_major=False, tf32=False))
+    return pl.DataFrame(rows)
+
+
+def grid_falls(hw: str, sms: int, tol: float) -> pl.DataFrame:
+    df = grid_rows(sms)
+    out = evaluate_table(df, hw).with_columns(df["m"].alias("_m"))
+    out = out.sort([*CONFIG_KEYS, "_m"]).with_columns(
+        pl.col("latency_us").shift(-1).over(CONFIG_KEYS).alias("next_us"),
+        pl.col("_m").shift(-1).over(CONFIG_KEYS).alias("next_m"))
+    return (out.filter(pl.col("next_us") < pl.col("latency_us") * (1 - tol))
+            .select([*CONFIG_KEYS, pl.col("_m").alias("m"), "latency_us", "next_m", "next_us"]))
+
+
+def k_falls(hw: str, tol: float) -> pl.DataFrame:
+    t = pl.DataFrame([dict(m=m, n=n, k=k, dtype="float16", a_row_major=True, b_row_major=False,
+                           tf32=False, backend="cublas")
+                      for m, n in SHAPES_K for k in range(8, 208)])
+    t = t.with_columns(evaluate_table(t, hw).select("latency_us").to_series())
+    falls = []
+    for step in (1, 8):
+        nxt = t.with_columns((pl.col("k") - step).alias("k")).rename({"latency_us": "next_us"})
+        j = (t.filter(pl.col("k") % 8 == 0)
+             .join(nxt.select(["m", "n", "k", "next_us"]), on=["m", "n", "k"])
+             .filter(pl.col("next_us") < pl.col("latency_us") * (1 - tol))
+             .with_columns(pl.lit(step).alias("plus_k")))
+        falls.append(j.select(["m", "n", "k", "plus_k", "latency_us", "next_us"]))
+    return pl.concat(falls)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hw", default="a100,h100,h200", help="GPUs, comma-separated")
+    ap.add_argument("--tol", type=float, default=1e-3, help="relative fall left out")
+    args = ap.parse_args(argv)
+    found = 0
+    with pl.Config(tbl_rows=12, tbl_cols=-1, tbl_width_chars=160):
+        for hw in args.hw.split(","):
+            sms = get_hw(hw).sm_count
+            g = grid_falls(hw, sms, args.tol)
+            k = k_falls(hw, args.tol)
+            print(f"{hw}: grid sweep {len(g)} fall(s); library K sweep {len(k)} fall(s) "
+                  f"(aligned k against k + 1 and k + 8)")
+            for frame in (g, k):
+                if len(frame):
+                    print(frame)
+            found += len(g) + len(k)
+    print("monotone" if found == 0 else f"{found} fall(s) beyond {args.tol:g}")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
