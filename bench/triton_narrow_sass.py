@@ -11,7 +11,10 @@ operands on H100, session 4". Compiler facts, not timings; needs ``triton``.
 
     python bench/triton_narrow_sass.py
 """
-import re, sys, subprocess, tempfile, collections
+import collections
+import re
+import subprocess
+import tempfile
 from pathlib import Path
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
