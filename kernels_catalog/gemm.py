@@ -1134,12 +1134,15 @@ def lower(cols: dict, hw) -> TilePlan:
     # epilogue stores C by TMA from a subtile the other consumer warpgroup's loop
     # runs under; a call whose rows are not 16-byte aligned runs an sm80-style
     # kernel (mma.sync, cp.async or register staging) and pays the passes
-    eb_row = eb_tab[dcode]
-    ld_ok = lambda ld: (ld * eb_row) % 16 == 0  # noqa: E731
-    tma = lib & use_wgmma & ld_ok(np.where(a_rm, k, m)) & ld_ok(np.where(b_rm, n, k)) & ld_ok(n)
-    lib_tc = lib & on_tc & ~tma
-    if lib_tc.any():
-        sel = np.flatnonzero(lib_tc)
+    sel = np.flatnonzero(lib & on_tc)
+    if sel.size:
+        eb_sel = eb_tab[dcode[sel]]
+        ld_ok = lambda ld: (ld * eb_sel) % 16 == 0  # noqa: E731
+        ms, ns, ks = m[sel], n[sel], k[sel]
+        tma = (use_wgmma[sel] & ld_ok(np.where(a_rm[sel], ks, ms))
+               & ld_ok(np.where(b_rm[sel], ns, ks)) & ld_ok(ns))
+        sel = sel[~tma]
+    if sel.size:
         p_lib, _why = resident_tiles(smem_block[sel], regs[sel], threads[sel], hw)
         extra = np.empty(sel.size, dtype=np.float64)
         _epilogue_chain(i64(cols["block_m"])[sel], i64(cols["block_n"])[sel],
