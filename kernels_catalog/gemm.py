@@ -1126,6 +1126,31 @@ def lower(cols: dict, hw) -> TilePlan:
 
     cyc = 1.0 / clock_mhz
     path_code = np.where(use_wgmma, 2, on_tc.astype(np.int64))
+    ovh_tile = np.full(rows, hw.cal("tile_overhead_cycles") * cyc)
+    # the library epilogue's passes through shared memory (_epilogue_chain): the
+    # sm80-style kernels' default epilogue. Not the TMA kernels of Hopper and later
+    # (warpgroup MMA, every leading dimension a multiple of 16 bytes: a TMA
+    # descriptor's global strides must be, cuTensorMapEncodeTiled), whose
+    # epilogue stores C by TMA from a subtile the other consumer warpgroup's loop
+    # runs under; a call whose rows are not 16-byte aligned runs an sm80-style
+    # kernel (mma.sync, cp.async or register staging) and pays the passes
+    sel = np.flatnonzero(lib & on_tc)
+    if sel.size:
+        eb_sel = eb_tab[dcode[sel]]
+        ld_ok = lambda ld: (ld * eb_sel) % 16 == 0  # noqa: E731
+        ms, ns, ks = m[sel], n[sel], k[sel]
+        tma = (use_wgmma[sel] & ld_ok(np.where(a_rm[sel], ks, ms))
+               & ld_ok(np.where(b_rm[sel], ns, ks)) & ld_ok(ns))
+        sel = sel[~tma]
+    if sel.size:
+        p_lib, _why = resident_tiles(smem_block[sel], regs[sel], threads[sel], hw)
+        extra = np.empty(sel.size, dtype=np.float64)
+        _epilogue_chain(i64(cols["block_m"])[sel], i64(cols["block_n"])[sel],
+                        i64(cols["num_warps"])[sel], ksteps[sel],
+                        np.ascontiguousarray(p_lib, dtype=np.int64),
+                        hw.cal("library_epilogue_pass_cycles") * cyc,
+                        hw.cal("iter_overhead_cycles") * cyc, extra)
+        ovh_tile[sel] += extra
     post = _library_split_reduction(hw, lib, split, m, n, ob_tab[dcode], rate[:, R_DRAM], rate[:, R_L2])
     pre = _library_tma_prologue(hw, lib, use_wgmma)
     group = clamp_group(group, g0)
@@ -1138,7 +1163,7 @@ def lower(cols: dict, hw) -> TilePlan:
         work_iter=work_iter, work_epi=work_epi, rate=rate, warps_full=4.0,
         lat_us=np.full(rows, hw.cal("mem_latency_us")),
         ovh_iter_us=np.full(rows, hw.cal("iter_overhead_cycles") * cyc),
-        ovh_tile_us=np.full(rows, hw.cal("tile_overhead_cycles") * cyc),
+        ovh_tile_us=ovh_tile,
         launch_us=np.full(rows, hw.launch_us),
         persistent=(order == ORDER_PERSISTENT).astype(np.int64),
         chain_us=chain,
@@ -1158,6 +1183,40 @@ def lower(cols: dict, hw) -> TilePlan:
             **({"pre_us": pre} if pre is not None else {}),
         },
     )
+
+
+@jit_exact
+def _epilogue_chain(bm, bn, warps, ksteps, p, pass_us, hide_us, out):
+    """Per-tile time (us) the epilogue of a library sm80-style tensor-core tile
+    adds to its SM, written into ``out`` (one row per such row).
+
+    The library's sm80-style kernels (CUTLASS's default tensor-op epilogue,
+    ``cutlass/epilogue/threadblock/epilogue.h``; cuBLAS's sm80 kernels, and on
+    Hopper the kernels of calls a TMA kernel cannot take) move the accumulator
+    tile to global memory through shared memory in
+    ``OutputTileIterator::kIterations`` passes, one per 8 rows of a warp tile
+    (``kTensorOpRows``; the warp tile of :func:`_warp_grid`), each pass a block
+    barrier, the warps' shared stores, a second barrier, the shared loads and
+    then the global stores: a chain of ``pass_us`` a pass
+    (``library_epilogue_pass_cycles``) before the slice's stores can issue.
+    Triton's epilogue converts the tile's layout once. The ``p`` tiles resident
+    on an SM run their chains side by side (latency, not issue), so a tile adds
+    ``chain / p`` to its SM. Each main-loop step past the first hides
+    ``hide_us`` of it (``iter_overhead_cycles``: the part of another resident
+    tile's loop step, its issue, that no rate sets; the step itself is longer,
+    so this is a lower bound on what runs under the chain): a chain is never
+    hidden all at once when K crosses a multiple of BK (an extra step adds at
+    least ``hide_us`` to the tile, the chain falls by ``hide_us / p``), so the
+    prediction never falls for more K. The rule reads no rate, so no rate
+    falling can shorten a kernel."""
+    for i in range(bm.shape[0]):
+        wm, wn = _warp_grid(bm[i], bn[i], warps[i])
+        passes = bm[i] // wm // 8
+        if passes < 1:
+            passes = 1
+        q = p[i] if p[i] > 1 else 1
+        c = passes * pass_us - (ksteps[i] - 1) * hide_us
+        out[i] = c / q if c > 0.0 else 0.0
 
 
 def _library_split_reduction(hw, lib, split, m, n, ob, dram_rate, l2_rate):

@@ -953,6 +953,18 @@ def gemm_lower_one(row: dict, hw) -> dict:
     }
 
 
+def library_epilogue_chain_one(bm: int, bn: int, warps: int, ksteps: int, p: int,
+                               pass_us: float, hide_us: float) -> float:
+    """Per-tile time a library sm80-style tensor-core tile's epilogue adds to its
+    SM (kernels_catalog.gemm._epilogue_chain): one pass of ``pass_us`` per 8 rows
+    of the warp tile, less ``hide_us`` for each main-loop step past the first,
+    the ``p`` resident tiles' chains side by side."""
+    wm, _ = warp_grid_one(bm, bn, warps)
+    passes = max(bm // wm // 8, 1)
+    c = passes * pass_us - (ksteps - 1) * hide_us
+    return c / max(p, 1) if c > 0.0 else 0.0
+
+
 def gemm_admit(row: dict) -> int:
     """The first rule of ``kernels_catalog.gemm.ADMIT_RULES`` a GEMM row breaks
     (1-based; 0: none), one row at a time in plain Python floats, as

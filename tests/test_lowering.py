@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import naive
@@ -91,6 +92,97 @@ def test_lowering_covers_every_mma_path():
     assert list(plan.extra["mma_path"]) == ["wgmma", "mma_sync", "fma", "mma_sync"]
     assert plan.extra["register_spill"][3] > 0
     _check(rows, hw)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(pow2(4, 8), pow2(4, 8), pow2(0, 4), st.integers(1, 4),
+                          st.integers(0, 8)), min_size=1, max_size=30),
+       st.floats(0.01, 0.2), st.floats(0.0, 0.1))
+def test_epilogue_chain_matches_twin(rows, pass_us, hide_us):
+    bm, bn, w, ks, p = (np.array(c) for c in zip(*rows))
+    out = np.empty(len(rows))
+    gemm._epilogue_chain(bm.astype(np.int64), bn.astype(np.int64), w.astype(np.int64),
+                         ks.astype(np.int64), p.astype(np.int64), pass_us, hide_us, out)
+    for j, r in enumerate(rows):
+        assert out[j] == pytest.approx(naive.library_epilogue_chain_one(*r, pass_us, hide_us),
+                                       rel=1e-12, abs=1e-15)
+
+
+def test_library_epilogue_chain_in_the_plan():
+    """Library tensor-core rows carry their epilogue's passes in the per-tile
+    overhead where the main loop is one step (a store-bound k = 4), less one
+    iteration's issue per further step (k = 64, two steps), none where other
+    tiles' loops run under them all (k = 8192); Triton rows and the library's
+    SIMT SGEMM none."""
+    hw = get_hw("a100")
+    base = dict(m=6656, n=1664, block_k=32, num_stages=4, split_k=1, tf32=False,
+                a_row_major=False, b_row_major=True)
+    rows = [dict(base, k=4, block_m=128, block_n=128, num_warps=4, dtype="float16",
+                 backend="cublas"),
+            dict(base, k=4, block_m=64, block_n=64, num_warps=4, dtype="float16",
+                 backend="cublas"),
+            dict(base, k=8192, block_m=128, block_n=128, num_warps=4, dtype="float16",
+                 backend="cublas"),
+            dict(base, k=4, block_m=128, block_n=128, num_warps=4, dtype="float16",
+                 backend="triton"),
+            dict(base, k=4, block_m=128, block_n=64, block_k=16, num_warps=4,
+                 dtype="float32", backend="cublas"),
+            dict(base, k=64, block_m=128, block_n=128, num_warps=4, dtype="float16",
+                 backend="cublas")]
+    cols, _ = validate(pl.DataFrame(rows), get_family("gemm"))
+    plan = gemm.lower(cols, hw)
+    base_ovh = hw.cal("tile_overhead_cycles") / hw.rate("clock_mhz")
+    pass_us = hw.cal("library_epilogue_pass_cycles") / hw.rate("clock_mhz")
+    hide_us = hw.cal("iter_overhead_cycles") / hw.rate("clock_mhz")
+    p = [naive.resident_one(plan.smem_block[i], plan.regs_thread[i], plan.threads[i], 32,
+                            hw.sm_smem_bytes, hw.smem_per_block_bytes,
+                            hw.smem_reserved_per_block_bytes, hw.sm_registers,
+                            hw.register_alloc_unit, hw.sm_max_warps, hw.sm_max_threads,
+                            hw.sm_max_blocks, hw.max_threads_per_block)[0] for i in range(2)]
+    # 128 x 128 on 4 warps: 64-row warp tiles, 8 passes; 64 x 64: 32 rows, 4 passes
+    assert plan.ovh_tile_us[0] - base_ovh == pytest.approx(8 * pass_us / p[0], rel=1e-12)
+    assert plan.ovh_tile_us[1] - base_ovh == pytest.approx(4 * pass_us / p[1], rel=1e-12)
+    assert plan.ovh_tile_us[2] == base_ovh  # 256 steps: another tile's loop runs under them
+    assert plan.ovh_tile_us[3] == base_ovh  # Triton: one layout conversion
+    assert plan.ovh_tile_us[4] == base_ovh  # the SIMT SGEMM (IEEE float32)
+    assert plan.ksteps[5] == 2 and plan.smem_block[5] == plan.smem_block[0]
+    assert plan.ovh_tile_us[5] - base_ovh == pytest.approx((8 * pass_us - hide_us) / p[0],
+                                                           rel=1e-12)
+    # and the latency: with the passes costed, the small-K library call is slower
+    # than with them left out (library_epilogue_pass_cycles = 0), the long-K one
+    # the same
+    off = dataclasses.replace(hw, calibration={**hw.calibration,
+                                               "library_epilogue_pass_cycles": 0.0})
+    calls = pl.DataFrame([{k: r[k] for k in ("m", "n", "k", "dtype", "tf32", "a_row_major",
+                                             "b_row_major", "backend")} for r in rows[:3:2]])
+    on_lat = evaluate(calls, hw)["latency_us"].to_numpy()
+    off_lat = evaluate(calls, off)["latency_us"].to_numpy()
+    assert on_lat[0] > off_lat[0]
+    assert on_lat[1] == off_lat[1]
+
+
+@pytest.mark.parametrize("hw_name", ["h100", "h200"])
+def test_library_epilogue_passes_not_on_tma_kernels(hw_name):
+    """On Hopper a library call whose leading dimensions are all multiples of 16
+    bytes runs a TMA kernel (warpgroup MMA, TMA-store epilogue): no passes; one
+    with a misaligned K (odd k, 2-byte rows) runs an sm80-style kernel and pays
+    them; and the aligned call is not predicted slower than the misaligned one
+    an element longer (bench/monotone.py's rule)."""
+    hw = get_hw(hw_name)
+    base = dict(m=2432, n=7552, block_m=64, block_n=128, block_k=64, num_stages=6,
+                num_warps=4, split_k=1, tf32=False, a_row_major=True, b_row_major=False,
+                dtype="float16", backend="cublas")
+    rows = [dict(base, k=64), dict(base, k=63)]
+    cols, _ = validate(pl.DataFrame(rows), get_family("gemm"))
+    plan = gemm.lower(cols, hw)
+    base_ovh = hw.cal("tile_overhead_cycles") / hw.rate("clock_mhz")
+    assert plan.ovh_tile_us[0] == base_ovh
+    assert plan.ovh_tile_us[1] > base_ovh
+    calls = pl.DataFrame([{k: r[k] for k in ("m", "n", "k", "dtype", "tf32", "a_row_major",
+                                             "b_row_major", "backend")}
+                          for r in (dict(base, k=64), dict(base, k=65))])
+    lat = evaluate(calls, hw)["latency_us"].to_numpy()
+    assert lat[0] <= lat[1]
 
 
 @pytest.mark.parametrize("bm", [16, 32, 64, 128, 256])

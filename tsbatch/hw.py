@@ -118,6 +118,17 @@ CALIBRATION_DEFAULTS: dict[str, tuple[float, str]] = {
         "blocks, or 8+ warps per block): their asynchronous MMA chains are "
         "arbitrated onto the same tensor cores",
     ),
+    "library_epilogue_pass_cycles": (
+        100.0,
+        "SM cycles of one pass of a library (cuBLAS/CUTLASS) tensor-core kernel's "
+        "epilogue, which stages the accumulator tile through shared memory in "
+        "passes of 8 rows of every warp tile: a block barrier, the warps' "
+        "shared stores, a second barrier, the shared loads the global stores "
+        "wait on (two barriers and two dependent shared-memory accesses, "
+        "about 2 x 20 + 2 x 30 cycles on Ampere and Hopper: an estimate from "
+        "published microbenchmark magnitudes, not fitted; "
+        "docs/gemm_accuracy.md, Library small-K kernels, session 4)",
+    ),
     "l2_latency_cycles": (
         200.0,
         "SM cycles one load that misses L1 and hits L2 waits (a spilled register "
