@@ -174,6 +174,33 @@ def tc_net(gpu: str) -> dict:
     }
 
 
+def net_spread(gpu: str, min_us: float, tol: float = 1e-3) -> dict[str, np.ndarray]:
+    """Per backend, the net ``tc_efficiency`` of every problem of ``gpu``'s file (:data:`TC_FILES`).
+
+    Each problem (its tensor-core dtypes only) counts once, at its fastest
+    measured configuration, when that takes ``min_us`` or more; NaN where no
+    value in (0, 1] reaches it.
+    """
+    from tsbatch.measured.accuracy import GEMM, load_measured
+
+    rel, dtypes = TC_FILES[gpu]
+    root = os.environ.get("TSBATCH_SHARED_DATA", os.path.join("..", "shared", "data"))
+    path = rel if rel.startswith("bench/") else os.path.join(root, rel)
+    hw0 = get_hw(gpu)
+    d = pl.concat(load_measured([path]).frames["gemm"], how="diagonal_relaxed")
+    mine = [h for h in d["_hw"].unique().to_list() if get_hw(h).key == hw0.key]
+    d = d.filter(pl.col("_hw").is_in(mine), pl.col("dtype").is_in(list(dtypes)))
+    cols = [c for c in GEMM.input_cols if c in d.columns]
+    out = {}
+    for backend in sorted(d["backend"].unique().to_list()):
+        x = (d.filter(pl.col("backend") == backend).sort("measured_us", maintain_order=True)
+             .group_by(PROBLEM, maintain_order=True).first().filter(pl.col("measured_us") >= min_us))
+        out[backend] = np.array([np.nan if (v := net_tc_efficiency(x[i].select(cols), hw0,
+                                                                  float(x["measured_us"][i]), tol)) is None
+                                 else v for i in range(x.height)])
+    return out
+
+
 def grid_points(axes: dict[str, list[float]], hw0):
     """Every combination of ``axes`` (name -> values, in order) applied to ``hw0``'s calibration.
 
@@ -201,6 +228,8 @@ def main(argv=None) -> int:
                     help="the Triton rows scored: fp16/bf16 (default), IEEE FP32 or TF32")
     ap.add_argument("--tc-net", action="store_true",
                     help="derive tc_efficiency net of the model's step costs on the GPU's reference row")
+    ap.add_argument("--spread", type=float, metavar="MIN_US",
+                    help="with --tc-net: the net value of every problem measured at MIN_US or more")
     args = ap.parse_args(argv)
     if args.tc_net:
         if args.gpu not in TC_FILES:
@@ -214,6 +243,13 @@ def main(argv=None) -> int:
               f"{r['shipped']:g} predicts it in {r['predicted_us_shipped']:.1f} us")
         print("  net   " + ("none in (0, 1]: the model predicts the row slower than measured at 1.0"
                             if r["net"] is None else f"{r['net']:.4f}"))
+        if args.spread is not None:
+            for backend, v in net_spread(args.gpu, args.spread).items():
+                ok = v[np.isfinite(v)]
+                q = " ".join(f"{x:.3f}" for x in np.percentile(ok, [10, 25, 50, 75, 90])) if ok.size else "-"
+                print(f"  {backend:7s} {v.size:4d} problems >= {args.spread:g} us: net p10/p25/median/p75/p90 "
+                      f"{q}, max {ok.max() if ok.size else float('nan'):.3f}; none in (0, 1]: "
+                      f"{int((~np.isfinite(v)).sum())}")
         return 0
     if not args.grid:
         ap.error("give NAME=v1,v2,... or --tc-net")

@@ -67,3 +67,35 @@ def test_no_value_when_the_model_is_too_slow_at_one():
     row = _library_row(8192, 8192, 8192)
     t1 = float(evaluate(row, with_calibration(hw0, tc_efficiency=1.0))["latency_us"][0])
     assert net_tc_efficiency(row, hw0, 0.95 * t1) is None
+
+
+def test_spread_takes_each_problems_fastest_configuration(tmp_path, monkeypatch):
+    """A file whose "measured" times are the model's own at 0.7 gives 0.7 for
+    every problem: a library problem measured three times (t, t, 1.3 t: the
+    median of repeats counts) and a Triton problem in two configurations, the
+    second timed slower than either prediction (the fastest counts)."""
+    import calibrate_constants as cc
+
+    hw0 = get_hw("h100")
+    lib = pl.concat([_library_row(8192, 8192, 8192)] * 3)
+    tri = pl.concat([_library_row(4096, 14336, 4096, "float16")] * 2).with_columns(
+        pl.lit("triton").alias("backend"), pl.Series("block_m", [128, 64], dtype=pl.Int32),
+        pl.Series("block_n", [128, 128], dtype=pl.Int32), pl.Series("block_k", [64, 64], dtype=pl.Int32),
+        pl.Series("num_stages", [4, 3], dtype=pl.Int32), pl.Series("num_warps", [4, 4], dtype=pl.Int32),
+        pl.Series("group_m", [8, 8], dtype=pl.Int32))
+    hw7 = with_calibration(hw0, tc_efficiency=0.7)
+    t_lib = float(evaluate(lib.head(1), hw7)["latency_us"][0])
+    t_tri = evaluate(tri, hw7)["latency_us"].to_numpy()
+    times = [t_lib, 1.3 * t_lib, t_lib, t_tri[0], 1.5 * t_tri.max()]
+    f = pl.concat([lib, tri]).with_columns(pl.Series("time_ms", [t / 1e3 for t in times]),
+                                           pl.lit("h100").alias("gpu"))
+    path = tmp_path / "h100_tiny.parquet"
+    f.write_parquet(path)
+    monkeypatch.setitem(cc.TC_FILES, "h100", (str(path), ("float16", "bfloat16")))
+    got = cc.net_spread("h100", min_us=1.0, tol=1e-4)
+    assert sorted(got) == ["cublas", "triton"]
+    assert got["cublas"].shape == (1,) and got["triton"].shape == (1,)
+    assert got["cublas"][0] == pytest.approx(0.7, abs=1e-3)
+    assert got["triton"][0] == pytest.approx(0.7, abs=1e-3)
+    # a floor above both problems leaves none
+    assert all(v.size == 0 for v in cc.net_spread("h100", min_us=2.0 * t_lib + 2.0 * t_tri.max()).values())
