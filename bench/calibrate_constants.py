@@ -17,6 +17,22 @@ label of the float32 rows was still wrong; it was corrected on 2026-12-01);
 constant on half the problems of every group and score the other half. The chosen values are written by hand into
 ``hw/<gpu>.toml`` ``[calibration]`` with this provenance; the full data set,
 most of which the subsample never saw, is the check. Nothing else is fitted.
+
+``--tc-net`` derives ``tc_efficiency`` instead, net of the model's own step
+costs (docs/gemm_accuracy.md, "tc_efficiency net of step costs, session 5"):
+
+    python bench/calibrate_constants.py h200 --tc-net
+
+The reference row is chosen by the rule the shipped values were read by: the
+GPU's fastest measured GEMM (TFLOPS at the median of its repeats) on the tensor
+cores' dtypes (float16/bfloat16; float8 where the GPU's file holds only FP8
+GEMMs), any backend, in its measured file (:data:`TC_FILES`). The gross value
+is that row's TFLOPS over the measured tensor-core peak; the net value is the
+``tc_efficiency`` at which the model's own prediction of that row (its whole
+waves, per-step bookkeeping, pick over tiles and everything else) equals the
+measured time, found by bisection (the prediction falls as the value rises).
+Where even 1.0 predicts the row slower than measured, no value in (0, 1] is
+net of the model's step costs and the script says so.
 """
 
 from __future__ import annotations
@@ -75,6 +91,116 @@ def score(d: pl.DataFrame, hw) -> dict:
     }
 
 
+#: each GPU's measured GEMM file (relative to the shared data folder, or to the
+#: repository for ``bench/measured``) and the tensor-core dtypes its reference row
+#: is read from: the file the shipped ``tc_efficiency`` (or, where carried, the
+#: figure beside it) comes from
+TC_FILES = {
+    "a100": ("gemm/a100_triton_mm.parquet", ("float16", "bfloat16")),
+    "h100": ("gemm/h100_triton_mm.parquet", ("float16", "bfloat16")),
+    "h200": ("bench/measured/h200-2026-11-30/gemm.parquet", ("float16", "bfloat16")),
+    "h800": ("gemm/pipeweave_fp8_gemm_train.parquet", ("float8",)),
+    "h20": ("gemm/pipeweave_fp8_gemm_train.parquet", ("float8",)),
+}
+
+
+def reference_row(frame: pl.DataFrame, dtypes) -> pl.DataFrame:
+    """The fastest row of ``frame`` (``m, n, k, dtype, measured_us``) in TFLOPS among ``dtypes``.
+
+    One row, with ``tflops`` added; an error if no row has one of ``dtypes``.
+    """
+    d = frame.filter(pl.col("dtype").is_in(list(dtypes)), pl.col("measured_us").is_finite(),
+                     pl.col("measured_us") > 0)
+    if d.height == 0:
+        raise ValueError(f"no measured row of dtype {', '.join(dtypes)}")
+    d = d.with_columns(tflops=2.0 * pl.col("m") * pl.col("n") * pl.col("k") / pl.col("measured_us") / 1e6)
+    return d.sort("tflops", descending=True, maintain_order=True).head(1)
+
+
+def with_calibration(hw0, **values):
+    """A copy of ``hw0`` whose ``[calibration]`` has ``values`` (the others unchanged)."""
+    cal = dict(hw0.calibration)
+    cal.update(values)
+    return dataclasses.replace(hw0, calibration=cal)
+
+
+def net_tc_efficiency(row: pl.DataFrame, hw0, measured_us: float, tol: float = 1e-5) -> float | None:
+    """The ``tc_efficiency`` in (0, 1] with which the model predicts ``row`` in ``measured_us``.
+
+    ``row`` is one row of :func:`evaluate`'s input columns. Bisection on the
+    model's own prediction, which does not rise as the tensor cores' rate does;
+    None where even 1.0 predicts the row slower than ``measured_us``.
+    """
+    def pred(eff: float) -> float:
+        return float(evaluate(row, with_calibration(hw0, tc_efficiency=eff))["latency_us"][0])
+
+    lo, hi = 0.05, 1.0
+    if pred(hi) > measured_us:
+        return None
+    if pred(lo) <= measured_us:
+        return lo
+    while hi - lo > tol:
+        mid = 0.5 * (lo + hi)
+        if pred(mid) > measured_us:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def tc_net(gpu: str) -> dict:
+    """Gross and net ``tc_efficiency`` of ``gpu`` on its reference row (:data:`TC_FILES`)."""
+    from tsbatch.measured.accuracy import GEMM, load_measured
+
+    rel, dtypes = TC_FILES[gpu]
+    root = os.environ.get("TSBATCH_SHARED_DATA", os.path.join("..", "shared", "data"))
+    path = rel if rel.startswith("bench/") else os.path.join(root, rel)
+    hw0 = get_hw(gpu)
+    frames = load_measured([path]).frames["gemm"]
+    d = pl.concat(frames, how="diagonal_relaxed")
+    mine = [h for h in d["_hw"].unique().to_list() if get_hw(h).key == hw0.key]
+    d = d.filter(pl.col("_hw").is_in(mine))
+    ref = reference_row(d, dtypes)
+    row = ref.select([c for c in GEMM.input_cols if c in ref.columns])
+    meas = float(ref["measured_us"][0])
+    peak = hw0.tc_tflops(dtypes[0])
+    now = hw0.cal("tc_efficiency")
+    return {
+        "gpu": gpu, "file": rel, "row": ref.row(0, named=True), "measured_us": meas,
+        "tflops": float(ref["tflops"][0]), "peak_tflops": peak,
+        "gross": float(ref["tflops"][0]) / peak, "shipped": now,
+        "predicted_us_shipped": float(evaluate(row, hw0)["latency_us"][0]),
+        "net": net_tc_efficiency(row, hw0, meas),
+    }
+
+
+def net_spread(gpu: str, min_us: float, tol: float = 1e-3) -> dict[str, np.ndarray]:
+    """Per backend, the net ``tc_efficiency`` of every problem of ``gpu``'s file (:data:`TC_FILES`).
+
+    Each problem (its tensor-core dtypes only) counts once, at its fastest
+    measured configuration, when that takes ``min_us`` or more; NaN where no
+    value in (0, 1] reaches it.
+    """
+    from tsbatch.measured.accuracy import GEMM, load_measured
+
+    rel, dtypes = TC_FILES[gpu]
+    root = os.environ.get("TSBATCH_SHARED_DATA", os.path.join("..", "shared", "data"))
+    path = rel if rel.startswith("bench/") else os.path.join(root, rel)
+    hw0 = get_hw(gpu)
+    d = pl.concat(load_measured([path]).frames["gemm"], how="diagonal_relaxed")
+    mine = [h for h in d["_hw"].unique().to_list() if get_hw(h).key == hw0.key]
+    d = d.filter(pl.col("_hw").is_in(mine), pl.col("dtype").is_in(list(dtypes)))
+    cols = [c for c in GEMM.input_cols if c in d.columns]
+    out = {}
+    for backend in sorted(d["backend"].unique().to_list()):
+        x = (d.filter(pl.col("backend") == backend).sort("measured_us", maintain_order=True)
+             .group_by(PROBLEM, maintain_order=True).first().filter(pl.col("measured_us") >= min_us))
+        out[backend] = np.array([np.nan if (v := net_tc_efficiency(x[i].select(cols), hw0,
+                                                                  float(x["measured_us"][i]), tol)) is None
+                                 else v for i in range(x.height)])
+    return out
+
+
 def grid_points(axes: dict[str, list[float]], hw0):
     """Every combination of ``axes`` (name -> values, in order) applied to ``hw0``'s calibration.
 
@@ -95,12 +221,38 @@ def grid_points(axes: dict[str, list[float]], hw0):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("gpu")
-    ap.add_argument("grid", nargs="+", help="NAME=v1,v2,... (a named calibration constant)")
+    ap.add_argument("grid", nargs="*", help="NAME=v1,v2,... (a named calibration constant)")
     ap.add_argument("--problems", type=int, default=80)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rows", choices=sorted(ROWS), default="half",
                     help="the Triton rows scored: fp16/bf16 (default), IEEE FP32 or TF32")
+    ap.add_argument("--tc-net", action="store_true",
+                    help="derive tc_efficiency net of the model's step costs on the GPU's reference row")
+    ap.add_argument("--spread", type=float, metavar="MIN_US",
+                    help="with --tc-net: the net value of every problem measured at MIN_US or more")
     args = ap.parse_args(argv)
+    if args.tc_net:
+        if args.gpu not in TC_FILES:
+            ap.error(f"--tc-net knows {', '.join(TC_FILES)}, not '{args.gpu}'")
+        r = tc_net(args.gpu)
+        row = r["row"]
+        print(f"{args.gpu}: reference row {row['m']}x{row['n']}x{row['k']} {row['dtype']} {row['backend']} "
+              f"(A {'row' if row['a_row_major'] else 'col'}, B {'row' if row['b_row_major'] else 'col'}) of "
+              f"{r['file']}: {r['measured_us']:.1f} us measured = {r['tflops']:.1f} TFLOPS")
+        print(f"  gross {r['gross']:.4f} (/ {r['peak_tflops']:.1f} TFLOPS measured peak); shipped "
+              f"{r['shipped']:g} predicts it in {r['predicted_us_shipped']:.1f} us")
+        print("  net   " + ("none in (0, 1]: the model predicts the row slower than measured at 1.0"
+                            if r["net"] is None else f"{r['net']:.4f}"))
+        if args.spread is not None:
+            for backend, v in net_spread(args.gpu, args.spread).items():
+                ok = v[np.isfinite(v)]
+                q = " ".join(f"{x:.3f}" for x in np.percentile(ok, [10, 25, 50, 75, 90])) if ok.size else "-"
+                print(f"  {backend:7s} {v.size:4d} problems >= {args.spread:g} us: net p10/p25/median/p75/p90 "
+                      f"{q}, max {ok.max() if ok.size else float('nan'):.3f}; none in (0, 1]: "
+                      f"{int((~np.isfinite(v)).sum())}")
+        return 0
+    if not args.grid:
+        ap.error("give NAME=v1,v2,... or --tc-net")
     axes = {}
     for item in args.grid:
         name, _, vals = item.partition("=")
