@@ -1142,6 +1142,8 @@ def lower(cols: dict, hw) -> TilePlan:
         tma = (use_wgmma[sel] & ld_ok(np.where(a_rm[sel], ks, ms))
                & ld_ok(np.where(b_rm[sel], ns, ks)) & ld_ok(ns))
         sel = sel[~tma]
+    sm80 = np.zeros(rows, dtype=np.bool_)
+    sm80[sel] = True
     if sel.size:
         p_lib, _why = resident_tiles(smem_block[sel], regs[sel], threads[sel], hw)
         extra = np.empty(sel.size, dtype=np.float64)
@@ -1153,6 +1155,8 @@ def lower(cols: dict, hw) -> TilePlan:
         ovh_tile[sel] += extra
     post = _library_split_reduction(hw, lib, split, m, n, ob_tab[dcode], rate[:, R_DRAM], rate[:, R_L2])
     pre = _library_tma_prologue(hw, lib, use_wgmma)
+    serial = _library_split_serial(hw, lib, split, m, n, i64(cols["block_m"]),
+                                   i64(cols["block_n"]), i64(cols["num_warps"]), sm80, cyc)
     group = clamp_group(group, g0)
     return TilePlan(
         g0=g0, g1=g1, g2=split, order=order, group=group, ksteps=ksteps,
@@ -1181,6 +1185,7 @@ def lower(cols: dict, hw) -> TilePlan:
             "tiles": tiles,
             **({"post_us": post} if post is not None else {}),
             **({"pre_us": pre} if pre is not None else {}),
+            **({"serial_us": serial} if serial is not None else {}),
         },
     )
 
@@ -1243,6 +1248,63 @@ def _library_split_reduction(hw, lib, split, m, n, ob, dram_rate, l2_rate):
         return None
     return np.where(sel, float(hw.launch_overhead_us) + hw.cal("mem_latency_us")
                     + split * 4.0 * mn / l2_rate + ob * mn / dram_rate, 0.0)
+
+
+@jit_exact
+def _split_serial_chain(bm, bn, warps, split, sm80, link_us, pass_us, out):
+    """``(split_k - 1)`` links of a library in-place split-K chain per row
+    (:func:`_library_split_serial`), written into ``out``: each link
+    ``link_us``, plus on sm80-style tensor-core tiles (``sm80``) the waiter's
+    own epilogue passes (one of ``pass_us`` per 8 rows of its warp tile, as
+    :func:`_epilogue_chain` counts them)."""
+    for i in range(bm.shape[0]):
+        c = link_us
+        if sm80[i]:
+            wm, wn = _warp_grid(bm[i], bn[i], warps[i])
+            passes = bm[i] // wm // 8
+            if passes < 1:
+                passes = 1
+            c += passes * pass_us
+        s = split[i] - 1
+        out[i] = s * c if s > 0 else 0.0
+
+
+def _library_split_serial(hw, lib, split, m, n, bm, bn, warps, sm80, cyc):
+    """Per-row serial chain (us) of a library split-K call that reduces in
+    place, 0 elsewhere; None when no row has one.
+
+    A split-K call whose fp32 partials do not fit the library's workspace
+    (:data:`LIBRARY_WORKSPACE_BYTES`; the others reduce in a second kernel,
+    :func:`_library_split_reduction`) reduces in C itself: cuBLASLt's
+    ``CUBLASLT_REDUCTION_SCHEME_INPLACE``, "using the output buffer (and output
+    data type) and counters (in workspace) to guarantee the sequentiality"
+    (``cublasLt.h``), as CUTLASS's serial split-K (``kSplitKSerial``,
+    ``cutlass/gemm/kernel/gemm.h``: split ``s`` waits on the tile's semaphore
+    until split ``s - 1`` released it, adds its partial to the C that split
+    wrote, then releases ``s + 1``). The splits of one output tile therefore
+    finish one after another: ``split_k - 1`` links, each the predecessor's
+    C stores made visible before its release (``st.release.gpu``: one L2 round
+    trip), the waiter's acquire poll that sees it (one more) and its load of
+    the source C tile (one more), three ``l2_latency_cycles``, then the
+    waiter's own epilogue passes on sm80-style tiles (``sm80``;
+    ``library_epilogue_pass_cycles`` each, the passes of
+    :func:`_epilogue_chain`). Nothing fitted. The envelope takes it as a
+    critical path: the kernel lasts at least one wave plus the chain
+    (:func:`tsbatch.engine.evaluate.evaluate_plan`), which later waves hide.
+    """
+    if not lib.any():
+        return None
+    ws = LIBRARY_WORKSPACE_BYTES.get(hw.arch, LIBRARY_WORKSPACE_BYTES["ampere"])
+    sel = np.flatnonzero(lib & (split > 1) & (split * 4.0 * m.astype(np.float64) * n > ws))
+    if sel.size == 0:
+        return None
+    out = np.zeros(lib.shape[0], dtype=np.float64)
+    chain = np.empty(sel.size, dtype=np.float64)
+    _split_serial_chain(bm[sel], bn[sel], warps[sel], split[sel], sm80[sel],
+                        3.0 * hw.cal("l2_latency_cycles") * cyc,
+                        hw.cal("library_epilogue_pass_cycles") * cyc, chain)
+    out[sel] = chain
+    return out
 
 
 def _library_tma_prologue(hw, lib, use_wgmma):

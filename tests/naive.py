@@ -965,6 +965,19 @@ def library_epilogue_chain_one(bm: int, bn: int, warps: int, ksteps: int, p: int
     return c / max(p, 1) if c > 0.0 else 0.0
 
 
+def library_split_serial_one(bm: int, bn: int, warps: int, split: int, sm80: bool,
+                             link_us: float, pass_us: float) -> float:
+    """Serial chain of a library split-K call that reduces in place
+    (kernels_catalog.gemm._split_serial_chain): ``split - 1`` links of
+    ``link_us``, each plus the waiter's epilogue passes (one of ``pass_us`` per
+    8 rows of its warp tile) on sm80-style tensor-core tiles."""
+    c = link_us
+    if sm80:
+        wm, _ = warp_grid_one(bm, bn, warps)
+        c += max(bm // wm // 8, 1) * pass_us
+    return (split - 1) * c if split > 1 else 0.0
+
+
 def gemm_admit(row: dict) -> int:
     """The first rule of ``kernels_catalog.gemm.ADMIT_RULES`` a GEMM row breaks
     (1-based; 0: none), one row at a time in plain Python floats, as

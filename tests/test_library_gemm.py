@@ -5,7 +5,9 @@ rows only, checked by hand (issue 21, docs/gemm_accuracy.md "Library kernels").
 - a library tensor-core kernel's warp fragments hold one 32-byte MMA K-step;
 - Hopper TF32 with both operands M/N-contiguous runs mma.sync, not wgmma;
 - a split-K library call whose fp32 partials fit the library's workspace pays a
-  second (reduction) kernel (issue 35).
+  second (reduction) kernel (issue 35);
+- one whose partials do not fit reduces in place, its splits one after another
+  (a serial chain after the first wave; issue 35, session 5).
 """
 
 from __future__ import annotations
@@ -183,6 +185,62 @@ def test_library_split_k_reduction_in_the_latency():
                       block_m=int(bm), block_n=int(bn), block_k=int(bk), num_stages=int(st[1:]),
                       num_warps=int(w[1:]), split_k=int(sk[1:]))
     assert r["t_epilogue_us"] > plan.extra["post_us"][0] > get_hw("a100").launch_overhead_us
+
+
+@pytest.mark.parametrize("hw", ["a100", "h100_sxm"])
+def test_library_split_k_in_place_is_serial(hw):
+    """A library split-K row whose fp32 partials do not fit the workspace reduces
+    in place, its splits one after another (cuBLASLt's INPLACE scheme): a serial
+    chain of split_k - 1 links, three L2 latencies each plus, on an sm80-style
+    tile, the waiter's epilogue passes; a row that reduces in the workspace, an
+    unsplit one and a Triton split-K row have none."""
+    spec = get_hw(hw)
+    cyc = 1.0 / spec.rate("clock_mhz")
+    ws = gemm.LIBRARY_WORKSPACE_BYTES[spec.arch]
+    tile = dict(block_m=64, block_n=64, block_k=64, num_stages=4, num_warps=4)
+    m, n = 1280, 1024  # 16 fp32 partials of 1280 x 1024: 84 MB, past either workspace
+    assert 16 * 4 * m * n > ws
+    # k = 13824 (27648-byte rows): aligned, a TMA kernel on Hopper (no passes)
+    plan = _lower_one(hw, m=m, n=n, k=13824, dtype="float16", tf32=False, split_k=16, **tile)
+    link = 3.0 * spec.cal("l2_latency_cycles") * cyc
+    sm80 = spec.mma not in ("wgmma", "tcgen05")
+    passes = 4 * spec.cal("library_epilogue_pass_cycles") * cyc if sm80 else 0.0  # 32-row warp tiles
+    assert plan.extra["serial_us"][0] == pytest.approx(15 * (link + passes), rel=1e-12)
+    # misaligned (k = 13823: 2-byte rows): an sm80-style kernel everywhere, passes too
+    mis = _lower_one(hw, m=m, n=n, k=13823, dtype="float16", tf32=False, split_k=16, **tile)
+    assert mis.extra["serial_us"][0] == pytest.approx(
+        15 * (link + 4 * spec.cal("library_epilogue_pass_cycles") * cyc), rel=1e-12)
+    for over in (dict(m=32, n=64, split_k=16), dict(split_k=1)):
+        assert "serial_us" not in _lower_one(hw, **{**dict(m=m, n=n, k=13824, dtype="float16",
+                                                           tf32=False, **tile), **over}).extra
+    assert "serial_us" not in _lower_one(hw, backend="triton", m=m, n=n, k=13824,
+                                         dtype="float16", tf32=False, split_k=16, **tile).extra
+
+
+def test_library_split_k_serial_chain_in_the_latency():
+    """The chain follows one wave: a one-wave in-place split-K grid (A100 1280 x 64
+    x 13824 on 64 x 64 / split 16: 320 tiles, 324 slots) is predicted its
+    envelope plus the whole chain, in the epilogue; a grid of many waves (4096 x
+    4096 on 64 x 64 / split 16, 64 waves) runs the chain under its later waves."""
+    from tsbatch.engine.evaluate import evaluate_plan
+    spec = get_hw("a100")
+    tile = dict(block_m=64, block_n=64, block_k=64, num_stages=4, num_warps=4, split_k=16)
+    for (m, n, k), whole in (((1280, 64, 13824), True), ((4096, 4096, 13824), False)):
+        plan = _lower_one("a100", m=m, n=n, k=k, dtype="float16", tf32=False, **tile)
+        chain = plan.extra["serial_us"][0]
+        assert chain > 0.0
+        on = evaluate_plan(plan, spec)
+        off_plan = plan
+        off_plan.extra = {k_: v for k_, v in plan.extra.items() if k_ != "serial_us"}
+        off = evaluate_plan(off_plan, spec)
+        add = on["latency_us"][0] - off["latency_us"][0]
+        assert on["t_epilogue_us"][0] - off["t_epilogue_us"][0] == pytest.approx(add, abs=1e-9)
+        if whole:
+            assert on["waves"][0] == 1
+            assert add == pytest.approx(chain, rel=1e-9)
+        else:
+            assert on["waves"][0] > 8
+            assert add == 0.0
 
 
 @pytest.mark.parametrize("hw", ["a100", "h100_sxm"])

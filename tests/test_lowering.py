@@ -108,6 +108,20 @@ def test_epilogue_chain_matches_twin(rows, pass_us, hide_us):
                                        rel=1e-12, abs=1e-15)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(pow2(4, 8), pow2(4, 8), pow2(0, 4), st.integers(1, 16),
+                          st.booleans()), min_size=1, max_size=30),
+       st.floats(0.01, 2.0), st.floats(0.0, 0.2))
+def test_split_serial_chain_matches_twin(rows, link_us, pass_us):
+    bm, bn, w, sk, sm80 = (np.array(c) for c in zip(*rows))
+    out = np.empty(len(rows))
+    gemm._split_serial_chain(bm.astype(np.int64), bn.astype(np.int64), w.astype(np.int64),
+                             sk.astype(np.int64), sm80.astype(np.bool_), link_us, pass_us, out)
+    for j, r in enumerate(rows):
+        assert out[j] == pytest.approx(naive.library_split_serial_one(*r, link_us, pass_us),
+                                       rel=1e-12, abs=1e-15)
+
+
 def test_library_epilogue_chain_in_the_plan():
     """Library tensor-core rows carry their epilogue's passes in the per-tile
     overhead where the main loop is one step (a store-bound k = 4), less one

@@ -280,6 +280,9 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
                              plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us, plan.persistent,
                              plan.launch_us, share_eff=plan.share_eff, sync=plan.sync_us,
                              chain=plan.chain_us, streams=plan.streams, latency_only=latency_only)
+    serial = plan.extra.get("serial_us")
+    if serial is not None:
+        env = _serial_bound(env, serial, plan, work_iter, tiles, sms, p)
     t3 = time.perf_counter()
     # a wait before the first load (a library TMA kernel's descriptor fetch) and a
     # second kernel after the tiles (a library split-K's reduction)
@@ -320,6 +323,38 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
     if timings is not None:
         _tick_plan(timings, t0, t1, t2, t3, u, v)
     return out
+
+
+def _serial_bound(env: dict, serial: np.ndarray, plan: TilePlan, work_iter: np.ndarray,
+                  tiles: np.ndarray, sms: int, p: np.ndarray) -> dict:
+    """The envelope's latency raised, where a row's tiles end in a serial chain
+    (``serial_us``: a library split-K call reducing in place, whose splits of
+    one output tile add to C one after another), to one wave of its grid plus
+    the chain: the last tile of the first wave cannot finish before its
+    splits' loops and then the chain's links. Later waves run under the chain
+    (their tiles' predecessors finished a wave earlier), so a grid of many
+    waves is not raised; the bound is non-decreasing in the work as the
+    envelope is (one wave's tiles, ``min(tiles, sms x p)``, grow with the grid).
+    The raise is part of the epilogue."""
+    idx = np.flatnonzero((serial > 0.0) & (p > 0))
+    if idx.size == 0:
+        return env
+    one = np.minimum(tiles[idx], sms * p[idx])
+    take = lambda a: None if a is None else a[idx]  # noqa: E731
+    wave = evaluate_envelopes(work_iter[idx], plan.work_epi[idx], plan.rate[idx], one, sms,
+                              p[idx], plan.ksteps[idx], plan.stages[idx], plan.warps[idx],
+                              plan.warps_full, plan.lat_us[idx], plan.ovh_iter_us[idx],
+                              plan.ovh_tile_us[idx], plan.persistent[idx], plan.launch_us[idx],
+                              share_eff=take(plan.share_eff), sync=take(plan.sync_us),
+                              chain=take(plan.chain_us), streams=take(plan.streams),
+                              latency_only=True)
+    lat = env["latency_us"]
+    add = np.maximum(wave["latency_us"] + serial[idx] - lat[idx], 0.0)
+    lat = lat.copy()
+    epi = env["t_epilogue_us"].copy()
+    lat[idx] += add
+    epi[idx] += add
+    return {**env, "latency_us": lat, "t_epilogue_us": epi}
 
 
 def _tick_plan(timings: dict, t0, t1, t2, t3, u: int, v: int) -> None:
