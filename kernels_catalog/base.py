@@ -88,6 +88,9 @@ class TilePlan:
     #: per-row chain of one iteration's best issue order (us, one issue stream at
     #: the SM's full rates; :mod:`tsbatch.kernels.dag`), None: no chain
     chain_us: np.ndarray | None = None
+    #: per-row epilogue layout conversion of one tile through shared memory (us),
+    #: serial between full waves (:func:`tsbatch.kernels.envelope.wave_time`); None: 0
+    conv_us: np.ndarray | None = None
     #: per-row issue streams per tile that interleave their chains (None: 1)
     streams: np.ndarray | None = None
     #: per-row index of the winning legal order (None: the family has one order)

@@ -1153,6 +1153,17 @@ def lower(cols: dict, hw) -> TilePlan:
                         hw.cal("library_epilogue_pass_cycles") * cyc,
                         hw.cal("iter_overhead_cycles") * cyc, extra)
         ovh_tile[sel] += extra
+    # Triton's Hopper epilogue converts the accumulator from the wgmma layout to a
+    # blocked one through shared memory before its stores (a convert_layout: the
+    # tile written and read back, 2 x BM x BN x output bytes at the SM's
+    # shared-memory rate); serial between full waves (envelope.wave_time). The
+    # library's persistent TMA kernels store from a subtile under the loop instead
+    tri_wg = use_wgmma & ~lib & (order != ORDER_PERSISTENT)
+    conv = None
+    if tri_wg.any():
+        conv = np.where(tri_wg & (rate[:, R_SMEM] > 0.0),
+                        2.0 * t_foot[:, 2] / np.where(rate[:, R_SMEM] > 0.0, rate[:, R_SMEM], 1.0),
+                        0.0)
     post = _library_split_reduction(hw, lib, split, m, n, ob_tab[dcode], rate[:, R_DRAM], rate[:, R_L2])
     pre = _library_tma_prologue(hw, lib, use_wgmma)
     serial = _library_split_serial(hw, lib, split, m, n, i64(cols["block_m"]),
@@ -1171,6 +1182,7 @@ def lower(cols: dict, hw) -> TilePlan:
         launch_us=np.full(rows, hw.launch_us),
         persistent=(order == ORDER_PERSISTENT).astype(np.int64),
         chain_us=chain,
+        conv_us=conv,
         useful_flops=useful_flops,
         share_eff=share_eff,
         sync_us=np.full(rows, hw.cal("iter_sync_cycles") * cyc),

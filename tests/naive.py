@@ -483,13 +483,15 @@ def queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, stag
 
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
-              chain=0.0, streams=1.0, terms=11):
+              chain=0.0, streams=1.0, terms=11, conv=0.0):
     """``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``: full waves
     of ``sms * p`` tiles, then a tail of fewer tiles on fewer SMs (recomputed);
     a persistent grid is one run of ``ceil(tiles / sms)`` tiles per SM.
     ``terms``: bit 1 the queued wave, bit 2 the ring's queue in the loop, bit 4
     (without bit 2) a floor of that queue, bit 8 the busiest resource's floor
-    between waves (the model: 11; the screen's bound: 4)."""
+    between waves (the model: 11; the screen's bound: 4). ``conv``: a tile's
+    layout conversion, serial at each turnover between full waves (``p`` of
+    them): a later wave takes at least its time less its stores' drain plus them."""
     conc = sms * p
     ring = 1 if terms & 2 else (2 if terms & 4 else 0)
     args = (work_iter, work_epi, rate, shared, compute)
@@ -526,11 +528,15 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
                 if qd > inc:
                     inc += beta * (qd - inc)
         hf_c = min(hf, res[3])  # hidden: off the drain first, then off the loop
+        # the p slots turn over together: their conversions before the next wave,
+        # which may start under the stores' drain
+        turn = max(res[0] - store + p * conv - inc, 0.0) if conv > 0.0 else 0.0
+        inc += turn
         # one wave plus (full - 1) waves less the hidden part (no cancellation)
         total[0] += res[0] + (full - 1) * inc
         total[1] += res[1] + (full - 1) * (res[1] - h)
         total[2] += res[2] + (full - 1) * (res[2] - (hf - hf_c))
-        total[3] += res[3] + (full - 1) * (res[3] - hf_c)
+        total[3] += res[3] + (full - 1) * (res[3] - hf_c + turn)
     if tail:
         res = envelope_one(*args, math.ceil(tail / sms), min(tail, sms), ksteps, stages,
                            warps_tile, warps_full, lat, ovh_iter, ovh_tile, 0, share_eff, sync,
@@ -950,6 +956,10 @@ def gemm_lower_one(row: dict, hw) -> dict:
         "smem_rate": hw.smem_bytes_per_clk * hw.rate("clock_mhz") * cuda_boost,
         "share_eff": hw.cal("wgmma_share_efficiency") if wgmma else 1.0,
         "useful_flops": 2.0 * row["m"] * row["n"] * row["k"],
+        # Triton's wgmma epilogue: the C tile through shared memory (written, read)
+        "conv_us": (2.0 * bm * bn * ob / (hw.smem_bytes_per_clk * hw.rate("clock_mhz") * cuda_boost)
+                    if wgmma and row.get("backend", "triton") != "cublas"
+                    and row.get("order", "grouped") != "persistent" else 0.0),
     }
 
 

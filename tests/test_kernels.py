@@ -494,7 +494,8 @@ def envelope_cases(draw):
                 ovh_iter=float(rng.uniform(0.0, 0.1)), ovh_tile=float(rng.uniform(0.0, 1.0)),
                 persistent=draw(st.integers(0, 1)), launch=float(rng.uniform(0.0, 5.0)),
                 share_eff=float(rng.uniform(0.5, 1.0)) if draw(st.booleans()) else 1.0,
-                sync=float(rng.uniform(0.0, 0.2)) * draw(st.integers(0, 1)))
+                sync=float(rng.uniform(0.0, 0.2)) * draw(st.integers(0, 1)),
+                conv=float(rng.uniform(0.0, 2.0)) * draw(st.integers(0, 1)))
 
 
 def _envelopes(cases, terms=None):
@@ -503,7 +504,8 @@ def _envelopes(cases, terms=None):
                               cases[0]["sms"], col("p"), col("ksteps"), col("stages"),
                               col("warps_tile"), 4.0, col("lat"), col("ovh_iter"),
                               col("ovh_tile"), col("persistent"), col("launch"),
-                              share_eff=col("share_eff"), sync=col("sync"), terms=terms)
+                              share_eff=col("share_eff"), sync=col("sync"), terms=terms,
+                              conv=np.array([c.get("conv", 0.0) for c in cases]))
 
 
 def _twin_wave(c, terms=envelope.MODEL_TERMS):
@@ -511,7 +513,7 @@ def _twin_wave(c, terms=envelope.MODEL_TERMS):
                            COMPUTE.tolist(), c["tiles"], c["sms"], c["p"], c["ksteps"],
                            c["stages"], c["warps_tile"], c["warps_full"], c["lat"],
                            c["ovh_iter"], c["ovh_tile"], c["persistent"], c["share_eff"],
-                           c["sync"], terms=terms)
+                           c["sync"], terms=terms, conv=c.get("conv", 0.0))
 
 
 #: a case hypothesis found (CI, session 6): 4,960 waves whose prologue is mostly
@@ -594,6 +596,7 @@ def test_evaluate_envelopes_match_twin(cases):
                               col("p"), col("ksteps"), col("stages"), col("warps_tile"), 4.0,
                               col("lat"), col("ovh_iter"), col("ovh_tile"), col("persistent"),
                               col("launch"), share_eff=col("share_eff"), sync=col("sync"),
+                              conv=np.array([c.get("conv", 0.0) for c in cases]),
                               latency_only=True)
     assert "util" not in lean
     for k in ("latency_us", "t_prologue_us", "t_steady_us", "t_epilogue_us", "t_steady_iter_us",
@@ -726,9 +729,11 @@ QUEUE_ABOVE_ISOLATED = {
 @given(envelope_cases(), st.integers(2, 12))
 @example(QUEUE_ABOVE_ISOLATED, 2)
 def test_wave_seams_hide_at_most_the_prologue_and_never_the_stores(c, full):
-    """Inter-wave overlap: W full waves cost no more than W isolated waves, no
-    less than W waves without their prologues and their drains' compute (what
-    the previous wave's stores may run under), and never less than the stores."""
+    """Inter-wave overlap: W full waves cost no more than W isolated waves (and
+    the p layout conversions of each turnover, ``conv``, which an isolated wave
+    does not pay), no less than W waves without their prologues and their
+    drains' compute (what the previous wave's stores may run under), and never
+    less than the stores."""
     c = dict(c, persistent=0, tiles=full * c["sms"] * c["p"])
     t, pro, *_ = _twin_wave(c)
     one = naive.envelope_one(c["work_iter"], c["work_epi"], c["rate"], SHARED.tolist(),
@@ -736,7 +741,8 @@ def test_wave_seams_hide_at_most_the_prologue_and_never_the_stores(c, full):
                              c["warps_tile"], c["warps_full"], c["lat"], c["ovh_iter"],
                              c["ovh_tile"], 0, c["share_eff"], c["sync"])
     isolated, one_pro, one_store = full * one[0], one[1], one[5]
-    assert t <= isolated * (1 + 1e-12)
+    turns = (full - 1) * c["p"] * c.get("conv", 0.0)
+    assert t <= (isolated + turns) * (1 + 1e-12)
     drain_compute = max(one[3] - one_store - c["p"] * c["ovh_tile"], 0.0)
     # at most the prologue, the drain's compute and the stores of each later wave hide
     assert t >= isolated - (full - 1) * (one_pro + drain_compute + one_store) - 1e-9 * isolated
@@ -977,3 +983,23 @@ def test_queued_wave_two_slots_closed_form():
     # the busiest resource is DRAM, all of it once per tile: the whole share queues
     assert naive.busiest(work_iter, work_epi, rate, SHARED.tolist(), COMPUTE.tolist(), 2,
                          108, 2, 4.0, 4.0)[1] == 1.0
+
+
+def test_layout_conversion_paid_once_per_turnover_between_full_waves():
+    """``conv``: with no stores to drain, each full wave after the first pays the
+    ``p`` resident tiles' conversions, nothing else moves; a grid of one wave or
+    one partial wave pays none, and a tail after full waves none of its own."""
+    base = dict(work_iter=[1.0, 0.0, 0.0, 2.0, 3.0, 1.0, 0.5, 0.0, 0.0], work_epi=[0.0] * N_RES,
+                rate=[10.0, 0.0, 0.0, 20.0, 30.0, 400.0, 200.0, 0.0, 0.0], sms=4, ksteps=16,
+                stages=3, warps_tile=4.0, warps_full=4.0, lat=0.6, ovh_iter=0.03, ovh_tile=0.0,
+                persistent=0, launch=0.0, share_eff=1.0, sync=0.0)
+    for p in (1, 2, 3):
+        for tiles, turns in ((4 * p, 0), (3, 0), (3 * 4 * p, 2), (3 * 4 * p + 1, 2)):
+            c = dict(base, p=p, tiles=tiles)
+            plain, conv = _envelopes([dict(c, conv=0.0), dict(c, conv=0.25)])["latency_us"]
+            assert_allclose(conv - plain, turns * p * 0.25, rtol=1e-9, atol=1e-12)
+            assert_allclose(_twin_wave(dict(c, conv=0.25))[0], conv, rtol=FASTMATH_RTOL)
+    # stores that drain longer than the conversions: never less than without them
+    c = dict(base, p=1, tiles=12, work_epi=[0.0] * 5 + [4000.0, 4000.0, 0.0, 0.0])
+    plain, conv = _envelopes([dict(c, conv=0.0), dict(c, conv=0.25)])["latency_us"]
+    assert conv >= plain

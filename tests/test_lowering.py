@@ -59,6 +59,7 @@ def _check(rows: list[dict], hw) -> None:
             "cuda_rate": plan.rate[i, R_CUDA], "smem_rate": plan.rate[i, R_SMEM],
             "useful_flops": plan.useful_flops[i],
             "chain_us": 0.0 if plan.chain_us is None else plan.chain_us[i],
+            "conv_us": 0.0 if plan.conv_us is None else plan.conv_us[i],
         }
         for key, w in want.items():
             g = got[key]
@@ -656,3 +657,22 @@ def test_wgmma_reads_b_once_per_64_rows_by_hand():
     assert list(plan.extra["mma_path"]) == ["wgmma"] * 2
     assert plan.work_iter[0, R_SMEM] == bk * eb * (128 + 64) + copies[0]
     assert plan.work_iter[1, R_SMEM] == bk * eb * (128 + 2 * 64) + copies[1]
+
+
+def test_layout_conversion_only_on_triton_wgmma_tiles():
+    """The epilogue's layout conversion between full waves: Triton's Hopper wgmma
+    tiles (2 x BM x BN x output bytes at the SM's shared-memory rate); not the
+    library's rows (TMA-store epilogue), not A100's mma.sync tiles."""
+    base = dict(m=8192, n=8192, k=4096, block_m=128, block_n=128, block_k=64, num_stages=4,
+                num_warps=4, split_k=1, tf32=False, a_row_major=True, b_row_major=True,
+                dtype="float16")
+    cols, _ = validate(pl.DataFrame([dict(base, backend="triton"), dict(base, backend="cublas")]),
+                       get_family("gemm"))
+    h100 = get_hw("h100")
+    plan = gemm.lower(cols, h100)
+    assert str(plan.extra["mma_path"][0]) == "wgmma"
+    want = 2.0 * 128 * 128 * 2 / (h100.smem_bytes_per_clk * h100.rate("clock_mhz"))
+    assert plan.conv_us[0] == pytest.approx(want, rel=1e-12)  # 0.30 us at 1730 MHz
+    assert plan.conv_us[1] == 0.0
+    a100 = gemm.lower(cols, get_hw("a100"))
+    assert a100.conv_us is None or not a100.conv_us.any()

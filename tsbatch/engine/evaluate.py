@@ -281,7 +281,8 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
                              sms, p, plan.ksteps, plan.stages, plan.warps, plan.warps_full,
                              plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us, plan.persistent,
                              plan.launch_us, share_eff=plan.share_eff, sync=plan.sync_us,
-                             chain=plan.chain_us, streams=plan.streams, latency_only=latency_only)
+                             chain=plan.chain_us, streams=plan.streams, conv=plan.conv_us,
+                             latency_only=latency_only)
     serial = plan.extra.get("serial_us")
     if serial is not None:
         env = _serial_bound(env, serial, plan, work_iter, tiles, sms, p)
@@ -349,7 +350,7 @@ def _serial_bound(env: dict, serial: np.ndarray, plan: TilePlan, work_iter: np.n
                               plan.ovh_tile_us[idx], plan.persistent[idx], plan.launch_us[idx],
                               share_eff=take(plan.share_eff), sync=take(plan.sync_us),
                               chain=take(plan.chain_us), streams=take(plan.streams),
-                              latency_only=True)
+                              conv=take(plan.conv_us), latency_only=True)
     lat = env["latency_us"]
     add = np.maximum(wave["latency_us"] + serial[idx] - lat[idx], 0.0)
     lat = lat.copy()

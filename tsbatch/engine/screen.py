@@ -209,7 +209,9 @@ def lower_bound(plan: TilePlan, p: np.ndarray, hw: HwSpec, *, own: bool = False,
         bound_work_numpy(plan, p, hw, wave_samples, work_iter)
     # every other envelope input exactly as evaluate_plan passes it (the chain
     # too: it does not depend on the hit rates, and the loop's bookkeeping joins
-    # it where there is one, so leaving it out would not give a lower bound)
+    # it where there is one, so leaving it out would not give a lower bound);
+    # not the layout conversion between full waves (plan.conv_us): it only adds
+    # time, and net of the stores still exposed it is not monotone in the work
     kw = {"share_eff": plan.share_eff, "sync": plan.sync_us, "chain": plan.chain_us,
           "streams": plan.streams}
     env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, plan.g0 * plan.g1 * plan.g2,

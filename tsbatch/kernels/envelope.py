@@ -439,8 +439,16 @@ def _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, sta
 @jit_scalar
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
-              chain=0.0, streams=1.0, terms=MODEL_TERMS):
+              chain=0.0, streams=1.0, terms=MODEL_TERMS, conv=0.0):
     """Whole-grid time by waves (Algorithm 2): full waves plus a recomputed tail.
+
+    ``conv`` (us, 0: none) is a tile's epilogue layout conversion through shared
+    memory before its stores can issue (Triton's Hopper wgmma tiles): between
+    full waves the ``p`` slots of an SM turn over together (they started the
+    wave together at equal rates), and no block of the next wave can start
+    before the ``p`` conversions of the last are done: each full wave after the
+    first takes at least its own time less its stores' drain (which may run
+    under the next wave) plus ``p * conv``. Only ever adds time.
 
     Returns ``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``.
     ``terms`` (bits :data:`TERM_QUEUED_WAVE`, :data:`TERM_RING`,
@@ -514,10 +522,21 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
                     qd = t  # never more than the wave alone, from scratch
                 if qd > inc:
                     inc += beta * (qd - inc)
+        # the slots' turnover between full waves: their p layout conversions run
+        # between the loop's end and the next wave's blocks, so a later wave
+        # takes at least its own time less its stores' drain plus them (the
+        # drain itself may run under the next wave; t - store does not fall
+        # when work rises)
+        turn = 0.0
+        if conv > 0.0:
+            turn = t - store + p * conv - inc
+            if turn < 0.0:
+                turn = 0.0
+        inc += turn
         T += t + (full - 1) * inc
         tp += a + (full - 1) * (a - h)
         ts += b + (full - 1) * (b - (hf - hf_c))
-        te += c + (full - 1) * (c - hf_c)
+        te += c + (full - 1) * (c - hf_c + turn)
         s_it = s
     if tail > 0:
         active = tail if tail < sms else sms
@@ -547,7 +566,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
 @jit_borrow
 def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
                warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff, sync,
-               chain, streams, terms, out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util,
+               chain, streams, terms, conv, out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util,
                lo, hi):
     R = work_iter.shape[1] if want_util else 0
     for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: no wraparound check per access
@@ -566,7 +585,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
                                           tiles[i], sms, p[i], ksteps[i], stages[i],
                                           warps_tile[i], warps_full, lat[i], ovh_iter[i],
                                           ovh_tile[i], persistent[i], share_eff[i], sync[i],
-                                          chain[i], streams[i], terms)
+                                          chain[i], streams[i], terms, conv[i])
         total = t + launch[i]
         out_t[i] = total
         out_pro[i] = a
@@ -589,7 +608,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
 
 def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages, warps_tile,
                        warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff=None, sync=None,
-                       latency_only=False, chain=None, streams=None, terms=None):
+                       latency_only=False, chain=None, streams=None, terms=None, conv=None):
     """Batched :func:`wave_time` plus launch time and per-resource utilization.
 
     ``work_iter``, ``work_epi``, ``rate`` are ``(n, N_RES)``; rates in work
@@ -605,6 +624,8 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
     Returns a dict of arrays: ``latency_us, t_prologue_us, t_steady_us,
     t_epilogue_us, t_steady_iter_us, waves, tail_tiles, util`` (n, N_RES);
     ``latency_only=True`` leaves out ``util`` (the other arrays are the same).
+    ``conv`` (per row, default 0): :func:`wave_time`'s layout conversion of a
+    tile between full waves; it only adds time, so a lower bound may leave it out.
     ``terms`` (default :data:`MODEL_TERMS`): :func:`wave_time`'s terms kept
     (:data:`BOUND_TERMS`: a latency never above the model's, the screen's
     lower bound).
@@ -633,7 +654,8 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
             f(lat), f(ovh_iter), f(ovh_tile), i(persistent), f(launch),
             f(1.0 if share_eff is None else share_eff), f(0.0 if sync is None else sync),
             f(0.0 if chain is None else chain), f(1.0 if streams is None else streams),
-            np.int64(MODEL_TERMS if terms is None else int(terms)), out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
+            np.int64(MODEL_TERMS if terms is None else int(terms)),
+            f(0.0 if conv is None else conv), out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
             out["t_steady_iter_us"], waves, tail, util, not latency_only)
     run_shares(_envelopes, args, even_bounds(n))
     out["waves"] = waves
