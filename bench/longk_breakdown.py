@@ -25,7 +25,13 @@ the whole loop in L2 sizes and the waves: ``F = (rows of A + columns of B the
 wave's tiles cover) x k x elt`` with the grouped launch order's ``min(g0,
 max(group_m, conc / g1))`` row stripes and ``min(g1, conc / min(group_m, g0))``
 column stripes, ``conc`` = SMs x resident tiles (docs/gemm_accuracy.md, "A100
-Triton and the operands' row stride, session 4").
+Triton and the operands' row stride, session 4"); and, for the launches whose
+``m`` and ``n`` are both at least 512 (no skinny streams), by the pages one SM's
+resident tiles read their K-contiguous operands from over the whole loop,
+``resident x (ceil(BM k elt / 2 MiB) + ceil(BN k elt / 2 MiB))``, an M/N-contiguous
+operand counting none (a step of it lies in one or two pages, which move on
+with K), in launches of at most 4 waves by layout and in all of them by waves
+(docs/gemm_accuracy.md, "Long-K loss by operand layout, session 5").
 ``--dtypes`` takes the measured file's labels (``float32`` is IEEE FP32,
 ``tf32`` the TF32 rows). Nothing is fitted; the figures are read off the
 data and the model.
@@ -44,6 +50,10 @@ ROOT = Path(__file__).resolve().parent.parent
 KSTEP_EDGES = [32, 256, 1024, 4096]
 WAVE_EDGES = [1, 4, 16, 64]
 F_EDGES = [1, 4, 16]
+PAGE_EDGES = [8, 16, 24, 32, 48]
+#: the page size the SM page set is counted in (2 MiB: the GPU's large page,
+#: which the CUDA allocator uses for allocations of that size and more)
+PAGE_BYTES = 2 * 1024 * 1024
 ELT = {"float16": 2, "bfloat16": 2, "float32": 4, "tf32": 4, "float8": 1}
 
 
@@ -141,12 +151,19 @@ def main(argv=None) -> int:
     r = r.with_columns((stripes * pl.col("k") * elt / pl.col("l2")).alias("f_l2"),
                        pl.when(pl.col("num_warps") <= 2).then(pl.lit("<=2"))
                        .otherwise(pl.lit(">2")).alias("warps"))
-    r = r.with_columns(_bin("ksteps", KSTEP_EDGES).alias("ksteps_bin"),
+    pages = lambda blk: (pl.col(blk) * pl.col("k") * elt / PAGE_BYTES).ceil()  # noqa: E731
+    r = r.with_columns((pl.col("resident_tiles").cast(pl.Float64)
+                        * (pl.when(pl.col("a_row_major")).then(pages("block_m")).otherwise(0.0)
+                           + pl.when(pl.col("b_row_major")).then(0.0).otherwise(pages("block_n"))))
+                       .cast(pl.Int64).alias("sm_pages"))
+    r = r.with_columns(_bin("sm_pages", PAGE_EDGES).alias("sm_pages_bin"),
+                       _bin("ksteps", KSTEP_EDGES).alias("ksteps_bin"),
                        _bin_real("f_l2", F_EDGES).alias("f_l2_bin"),
                        _bin("waves", WAVE_EDGES).alias("waves_bin"),
                        (loads / pl.col("measured_us") / 1e6).alias("load_tbps_measured"),
                        (loads / pl.col("latency_us") / 1e6).alias("load_tbps_model"),
                        pl.format("{}x{}", "block_m", "block_n").alias("tile"))
+    sq = r.filter((pl.col("m") >= 512) & (pl.col("n") >= 512))
     tables = {
         "measured / predicted by warps x K steps": _table(r, ["label", "num_warps"], "ksteps_bin"),
         "measured / predicted by warps x waves, > 256 K steps":
@@ -154,6 +171,11 @@ def main(argv=None) -> int:
         "measured / predicted by layout, warps x K steps": _table(r, ["num_warps", "ksteps_bin"], "layout"),
         "measured / predicted by warps x the wave's whole-K stripe set (F / L2), waves":
             _table(r, ["warps", "f_l2_bin"], "waves_bin"),
+        "measured / predicted by the SM's page set (2 MiB pages of K-contiguous rows), layout; "
+        "m, n >= 512, at most 4 waves":
+            _table(sq.filter(pl.col("waves") <= 4), ["warps", "layout"], "sm_pages_bin"),
+        "measured / predicted by the SM's page set, waves; m, n >= 512":
+            _table(sq, ["warps", "sm_pages_bin"], "waves_bin"),
         "measured / predicted by log2 of the smaller operand row stride (bytes), warps":
             _table(r, ["num_warps"], "log2_stride"),
         "tile loads over the measured time, TB/s":
