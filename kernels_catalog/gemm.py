@@ -1098,9 +1098,8 @@ def lower(cols: dict, hw) -> TilePlan:
         work_epi[lst, R_DRAM] /= lse
     # the envelope's busiest SM runs whole tiles (t_crit): its C stores, beyond the
     # grid's average tile's, at the L2 and DRAM (split-K partials are whole already)
-    edge = (t_crit != t_bytes).any(axis=1)
     epi_crit = None
-    if edge.any():
+    if (t_crit != t_bytes).any():  # a grid with edge tiles
         c_more = np.where(split > 1, 0.0, t_crit[:, 2] - t_bytes[:, 2])
         epi_crit = np.column_stack([c_more, c_more])
         if lse != 1.0 and lib.any():
