@@ -105,6 +105,13 @@ class TilePlan:
     #: the cache model takes every block at its full size, so that problems of
     #: one grid share their cache results whatever m and n (None: ``t_bytes``)
     t_foot: np.ndarray | None = None
+    #: per-row block bytes of each tensor for the tile the busiest SM runs, where
+    #: they differ from ``t_bytes`` (GEMM edge tiles: ``t_bytes`` is the grid's
+    #: average tile, the busiest SM runs whole ones), and the extra
+    #: once-per-tile L2 and DRAM bytes of that tile ``(n, 2)``: the envelope
+    #: takes these, the grid's totals ``t_bytes`` (None: ``t_bytes``, none)
+    t_crit: np.ndarray | None = None
+    epi_crit: np.ndarray | None = None
     #: per-row DRAM time per byte of each tensor's DRAM traffic relative to its
     #: ``t_bytes`` (runs shorter than the DRAM access; None: 1)
     t_dram_scale: np.ndarray | None = None

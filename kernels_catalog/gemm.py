@@ -511,7 +511,7 @@ def wgmma_smem_reads(bm, bn, bk, eb, wg_m, wg_n, per_instruction):
 def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_rm, eb_tab,
                 ob_tab, tc_tab, f32_code, wgmma_ok, wgmma_min, max_regs, sm_regs, sync_frac,
                 tc_eff, wg_share, g0, g1, ksteps, tiles, smem_block, threads, regs, spill, use_wg,
-                on_tc, t_bytes, t_foot, work_iter, work_epi, rate, share_eff, useful_flops, smem_bpc,
+                on_tc, t_bytes, t_foot, t_crit, work_iter, work_epi, rate, share_eff, useful_flops, smem_bpc,
                 f8_code, f16_code, scode, fast, lib, hopper_wg, staged_mn, pipe_stages,
                 copy_smem, sms, g_dram, t_dram_scale, clk_cap, lo, hi):
     """One pass over rows ``lo:hi`` (a share; :func:`lower` runs the shares on the
@@ -713,6 +713,12 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         b_eff = math.ceil(b_run / 32.0) * 32.0 / b_run
         a_fetch = a_bytes * a_eff
         b_fetch = b_bytes * b_eff
+        # the busiest SM's tiles are whole ones wherever the grid has one: an edge
+        # tile's in-bound rows, min(BM, m), not the grid's average (``t_crit``)
+        rows_w = float(m[i]) if m[i] < bmi else float(bmi)
+        cols_w = float(n[i]) if n[i] < bni else float(bni)
+        a_crit = rows_w * kk * eb * a_eff
+        b_crit = kk * cols_w * eb * b_eff
         # the DRAM's access: a run shorter than g_dram (dram_access_bytes) costs a
         # whole access of DRAM time, over the sectors counted above, and at most
         # twice them (H100: 32 B and 64 B runs measured alike, 1.65 / 1.66 against
@@ -742,9 +748,11 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
             # grid dim 1, B's 128x128 scales (ceil(BN/128) per K block, at least
             # one 32-byte sector) along dim 0
             a_fetch += rows_a * 4.0 * blocks
+            a_crit += rows_w * 4.0 * blocks
             a_foot += bmi * 4.0 * blocks
             nb = (bni + FP8_SCALE_BLOCK - 1) // FP8_SCALE_BLOCK
             b_fetch += (nb * 4.0 if nb * 4.0 > 32.0 else 32.0) * blocks
+            b_crit += (nb * 4.0 if nb * 4.0 > 32.0 else 32.0) * blocks
             b_foot += (nb * 4.0 if nb * 4.0 > 32.0 else 32.0) * blocks
         work_iter[i, R_L2] = a_fetch + b_fetch  # split by the cache model later
         if wg:
@@ -823,6 +831,9 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         t_foot[i, 0] = a_foot
         t_foot[i, 1] = b_foot
         t_foot[i, 2] = float(bmi * bni * ob)
+        t_crit[i, 0] = a_crit
+        t_crit[i, 1] = b_crit
+        t_crit[i, 2] = rows_w * cols_w * ob
         share_eff[i] = wg_share if wg else 1.0
         useful_flops[i] = 2.0 * m[i] * n[i] * k[i]
         if tc_eff < 1.0:
@@ -1025,6 +1036,7 @@ def lower(cols: dict, hw) -> TilePlan:
     on_tc = np.empty(rows, dtype=np.bool_)
     t_bytes = np.empty((rows, 3), dtype=np.float64)
     t_foot = np.empty((rows, 3), dtype=np.float64)
+    t_crit = np.empty((rows, 3), dtype=np.float64)
     work_iter = np.zeros((rows, N_RES), dtype=np.float64)
     work_epi = np.zeros((rows, N_RES), dtype=np.float64)
     # rates per microsecond (per SM for private resources, chip for shared)
@@ -1073,7 +1085,7 @@ def lower(cols: dict, hw) -> TilePlan:
                 float(hw.cal("wgmma_min_warps")), int(hw.max_registers_per_thread),
                 int(hw.sm_registers), float(hw.mma_sync_fraction), float(hw.cal("tc_efficiency")),
                 float(hw.cal("wgmma_share_efficiency")), g0, g1, ksteps, tiles, smem_block,
-                threads, regs, spill, use_wgmma, on_tc, t_bytes, t_foot, work_iter, work_epi, rate,
+                threads, regs, spill, use_wgmma, on_tc, t_bytes, t_foot, t_crit, work_iter, work_epi, rate,
                 share_eff, useful_flops, float(hw.smem_bytes_per_clk), _DTYPE_CODE["float8"],
                 _DTYPE_CODE["float16"], scode, b8(fast), lib, hw.mma == "wgmma", b8(staged_mn),
                 pipe_stages, copy_smem, sms, g_dram, t_dram_scale, clk_cap), even_bounds(rows))
@@ -1084,6 +1096,14 @@ def lower(cols: dict, hw) -> TilePlan:
         # DRAM rate (hw.py CALIBRATION_DEFAULTS; its SIMT SGEMM at the full one)
         lst = lib & on_tc
         work_epi[lst, R_DRAM] /= lse
+    # the envelope's busiest SM runs whole tiles (t_crit): its C stores, beyond the
+    # grid's average tile's, at the L2 and DRAM (split-K partials are whole already)
+    epi_crit = None
+    if (t_crit != t_bytes).any():  # a grid with edge tiles
+        c_more = np.where(split > 1, 0.0, t_crit[:, 2] - t_bytes[:, 2])
+        epi_crit = np.column_stack([c_more, c_more])
+        if lse != 1.0 and lib.any():
+            epi_crit[lib & on_tc, 1] /= lse
 
     # power-limited tensor clock: tc_efficiency is the sustained share of the
     # tensor-core peak when every SM issues MMAs (the ceiling of measured GEMM
@@ -1174,6 +1194,7 @@ def lower(cols: dict, hw) -> TilePlan:
         stages=pipe_stages, smem_block=smem_block, regs_thread=regs,
         threads=threads, warps=i64(cols["num_warps"]),
         t_mask=t_mask, t_per_step=t_per_step, t_bytes=t_bytes, t_foot=t_foot,
+        t_crit=t_crit if epi_crit is not None else None, epi_crit=epi_crit,
         t_dram_scale=t_dram_scale if g_dram > 32.0 else None,
         work_iter=work_iter, work_epi=work_epi, rate=rate, warps_full=4.0,
         lat_us=np.full(rows, hw.cal("mem_latency_us")),

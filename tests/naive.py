@@ -806,6 +806,10 @@ def gemm_lower_one(row: dict, hw) -> dict:
     kk = kdim / ksteps if kdim < ksteps * bk and row.get("backend", "triton") != "cublas" else bk
     a_fetch = rows_a * kk * eb * (math.ceil(a_run / 32) * 32 / a_run)
     b_fetch = kk * cols_b * eb * (math.ceil(b_run / 32) * 32 / b_run)
+    # the busiest SM's tile is a whole one: min(BM, m) rows, min(BN, n) columns
+    rows_w, cols_w = min(row["m"], bm), min(row["n"], bn)
+    a_crit = rows_w * kk * eb * (math.ceil(a_run / 32) * 32 / a_run)
+    b_crit = kk * cols_w * eb * (math.ceil(b_run / 32) * 32 / b_run)
     blocks = bk / 128
     nb = _ceil_div(bn, 128)
     # the cache model sees every block at its full tile size
@@ -824,6 +828,8 @@ def gemm_lower_one(row: dict, hw) -> dict:
     if f8 and mode == "block":  # fp32 1x128 (A) and 128x128 (B) scales
         a_fetch += rows_a * 4.0 * blocks
         b_fetch += max(nb * 4.0, 32.0) * blocks
+        a_crit += rows_w * 4.0 * blocks
+        b_crit += max(nb * 4.0, 32.0) * blocks
         a_foot += bm * 4.0 * blocks
         b_foot += max(nb * 4.0, 32.0) * blocks
     if wgmma:
@@ -946,6 +952,8 @@ def gemm_lower_one(row: dict, hw) -> dict:
         "chain_us": chain,
         "t_bytes": (a_fetch, b_fetch, c_bytes),
         "t_foot": (a_foot, b_foot, float(bm * bn * ob)),
+        "t_crit": (a_crit, b_crit, float(rows_w * cols_w * ob)),
+        "c_more": 0.0 if split > 1 else rows_w * cols_w * ob - c_bytes,
         "t_dram_scale": dram_scale,
         "l2_epi": l2_epi,
         "dram_epi": bm * bn * 4.0 if split > 1 else c_bytes,

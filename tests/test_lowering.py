@@ -53,6 +53,8 @@ def _check(rows: list[dict], hw) -> None:
             "tensor_core": plan.work_iter[i, R_TC], "cuda_core": plan.work_iter[i, R_CUDA],
             "l2_iter": plan.work_iter[i, R_L2], "smem": plan.work_iter[i, R_SMEM],
             "t_bytes": tuple(plan.t_bytes[i]), "t_foot": tuple(plan.t_foot[i]), "l2_epi": plan.work_epi[i, R_L2],
+            "t_crit": tuple((plan.t_bytes if plan.t_crit is None else plan.t_crit)[i]),
+            "c_more": 0.0 if plan.epi_crit is None else plan.epi_crit[i, 0],
             "t_dram_scale": (1.0, 1.0, 1.0) if plan.t_dram_scale is None else tuple(plan.t_dram_scale[i]),
             "dram_epi": plan.work_epi[i, R_DRAM], "cuda_epi": plan.work_epi[i, R_CUDA],
             "tc_rate": plan.rate[i, R_TC], "share_eff": plan.share_eff[i],

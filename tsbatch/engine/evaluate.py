@@ -26,7 +26,7 @@ from tsbatch.errors import InputError
 from tsbatch.hw import HwSpec, UnknownHardwareError, get_hw
 from tsbatch.kernels._heap import keep_freed_heap
 from tsbatch.kernels.envelope import (
-    N_RES, R_NAMES, evaluate_envelopes,
+    N_RES, R_DRAM, R_L2, R_NAMES, evaluate_envelopes,
 )
 from tsbatch.kernels.occupancy import REASON_TEXT, resident_tiles
 from tsbatch.kernels.reuse import cache_hit_rates
@@ -277,7 +277,18 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
     work_iter, l15_hit, l2_hit, dram_bytes, l2_bytes = split_traffic(
         plan.t_bytes, plan.t_per_step, h15u, h2u, dramu, inv, hw.has_l15, plan.work_iter,
         plan.work_epi, tiles, plan.ksteps, plan.t_dram_scale, work_only=latency_only)
-    env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, tiles,
+    # the envelope's tiles: where a GEMM grid has edge tiles, the busiest SM runs
+    # whole ones (plan.t_crit: their bytes split by the same hit rates, their C
+    # stores in epi_crit), while the totals above are the grid's (its average tile)
+    work_epi = plan.work_epi
+    if plan.t_crit is not None:
+        work_iter = split_traffic(
+            plan.t_crit, plan.t_per_step, h15u, h2u, dramu, inv, hw.has_l15, plan.work_iter,
+            plan.work_epi, tiles, plan.ksteps, plan.t_dram_scale, work_only=True)[0]
+        work_epi = work_epi.copy()
+        work_epi[:, R_L2] += plan.epi_crit[:, 0]
+        work_epi[:, R_DRAM] += plan.epi_crit[:, 1]
+    env = evaluate_envelopes(work_iter, work_epi, plan.rate, tiles,
                              sms, p, plan.ksteps, plan.stages, plan.warps, plan.warps_full,
                              plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us, plan.persistent,
                              plan.launch_us, share_eff=plan.share_eff, sync=plan.sync_us,
@@ -285,7 +296,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
                              latency_only=latency_only)
     serial = plan.extra.get("serial_us")
     if serial is not None:
-        env = _serial_bound(env, serial, plan, work_iter, tiles, sms, p)
+        env = _serial_bound(env, serial, plan, work_iter, work_epi, tiles, sms, p)
     t3 = time.perf_counter()
     # a wait before the first load (a library TMA kernel's descriptor fetch) and a
     # second kernel after the tiles (a library split-K's reduction)
@@ -329,7 +340,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
 
 
 def _serial_bound(env: dict, serial: np.ndarray, plan: TilePlan, work_iter: np.ndarray,
-                  tiles: np.ndarray, sms: int, p: np.ndarray) -> dict:
+                  work_epi: np.ndarray, tiles: np.ndarray, sms: int, p: np.ndarray) -> dict:
     """The envelope's latency raised, where a row's tiles end in a serial chain
     (``serial_us``: a library split-K call reducing in place, whose splits of
     one output tile add to C one after another), to one wave of its grid plus
@@ -344,7 +355,7 @@ def _serial_bound(env: dict, serial: np.ndarray, plan: TilePlan, work_iter: np.n
         return env
     one = np.minimum(tiles[idx], sms * p[idx])
     take = lambda a: None if a is None else a[idx]  # noqa: E731
-    wave = evaluate_envelopes(work_iter[idx], plan.work_epi[idx], plan.rate[idx], one, sms,
+    wave = evaluate_envelopes(work_iter[idx], work_epi[idx], plan.rate[idx], one, sms,
                               p[idx], plan.ksteps[idx], plan.stages[idx], plan.warps[idx],
                               plan.warps_full, plan.lat_us[idx], plan.ovh_iter_us[idx],
                               plan.ovh_tile_us[idx], plan.persistent[idx], plan.launch_us[idx],
