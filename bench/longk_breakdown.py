@@ -18,6 +18,9 @@ the row count
   stride of ``A`` is ``k`` elements when it is row-major, else ``m``; of
   ``B`` ``n`` when row-major, else ``k``),
 
+by configuration (block sizes, stages, warps: the model's resident tiles
+and bottleneck beside the ratio; docs/gemm_accuracy.md, "Triton's large
+Hopper GEMMs, session 5"),
 and the bytes the tiles load, ``tiles x ksteps x (BM + BN) x BK x elt``,
 over the measured and over the predicted time (TB/s), by tile and K steps;
 and by warps (2 or fewer / more), the stripe set one wave works through over
@@ -182,9 +185,10 @@ def main(argv=None) -> int:
         res = evaluate(part.drop([c for c in part.columns if c.startswith("_") or c in
                                   ("measured_us", "bucket", "label")]), hw)
         spec = get_hw(hw)
-        out.append(res.select("latency_us", "feasible", "waves", "resident_tiles").with_columns(
+        out.append(res.select("latency_us", "feasible", "waves", "resident_tiles", "bottleneck",
+                              "mma_path").with_columns(
             part.select("m", "n", "k", "a_row_major", "b_row_major", "block_m", "block_n", "block_k",
-                        "num_warps", "group_m", "measured_us", "label")).with_columns(
+                        "num_stages", "num_warps", "group_m", "measured_us", "label")).with_columns(
             pl.lit(float(spec.sm_count)).alias("sms"), pl.lit(float(spec.l2_bytes)).alias("l2")))
     r = pl.concat(out).filter(pl.col("feasible"))
     elt = pl.col("label").replace_strict(ELT, default=2).cast(pl.Float64)
@@ -220,7 +224,9 @@ def main(argv=None) -> int:
                        _bin("waves", WAVE_EDGES).alias("waves_bin"),
                        (loads / pl.col("measured_us") / 1e6).alias("load_tbps_measured"),
                        (loads / pl.col("latency_us") / 1e6).alias("load_tbps_model"),
-                       pl.format("{}x{}", "block_m", "block_n").alias("tile"))
+                       pl.format("{}x{}", "block_m", "block_n").alias("tile"),
+                       pl.format("{}x{}x{}/s{}/w{}", "block_m", "block_n", "block_k", "num_stages",
+                                 "num_warps").alias("config"))
     sq = r.filter((pl.col("m") >= 512) & (pl.col("n") >= 512))
     cols = ("m", "n", "k", "block_m", "block_n", "block_k", "a_row_major", "b_row_major",
             "label", "group_m", "resident_tiles", "sms")
@@ -252,6 +258,15 @@ def main(argv=None) -> int:
         "tile loads over the predicted time, TB/s":
             _table(r, ["num_warps", "tile"], "ksteps_bin", "load_tbps_model"),
     }
+    by_config = (r.group_by("config", "mma_path")
+                 .agg(pl.len().alias("rows"), pl.col("ratio").median().round(3).alias("meas/pred"),
+                      pl.col("resident_tiles").median().alias("resident"),
+                      pl.col("bottleneck").mode().first().alias("model bottleneck"),
+                      pl.col("load_tbps_measured").median().round(2).alias("loads TB/s meas"),
+                      pl.col("load_tbps_model").median().round(2).alias("loads TB/s model"))
+                 .sort("config"))
+    tables["by configuration (tile/stages/warps): measured / predicted, the model's median resident "
+           "tiles and most frequent bottleneck, tile loads over the measured and predicted time"] = by_config
     pl.Config.set_tbl_rows(200)
     pl.Config.set_tbl_cols(20)
     pl.Config.set_fmt_str_lengths(40)

@@ -24,6 +24,7 @@ from kernels_catalog.base import Family, TilePlan
 from kernels_catalog.registry import FAMILIES, detect_family, get_family, no_family_message
 from tsbatch.errors import InputError
 from tsbatch.hw import HwSpec, UnknownHardwareError, get_hw
+from tsbatch.kernels._heap import keep_freed_heap
 from tsbatch.kernels.envelope import (
     N_RES, R_NAMES, evaluate_envelopes,
 )
@@ -224,6 +225,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
     values; the other outputs and the utilisation are not made: a small
     call, as a prune round's, spends most of its time outside the kernels).
     """
+    keep_freed_heap()  # once per process: the next call reuses this one's temporaries
     t0 = time.perf_counter()
     p, reason = residency(plan, hw) if resident is None else resident
     rows = len(plan)
@@ -436,6 +438,7 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
     polars.DataFrame
         The input columns followed by :data:`RESULT_COLUMNS`, row order kept.
     """
+    keep_freed_heap()  # once per process: the next call reuses this one's temporaries
     t0 = time.perf_counter()
     fam = get_family(family)
     df = to_polars(candidates)

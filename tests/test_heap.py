@@ -1,0 +1,90 @@
+"""Freed heap kept between evaluations (tsbatch.kernels._heap)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tsbatch.kernels import _heap
+
+GLIBC = (getattr(os, "confstr", None) is not None
+         and (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"))
+
+# one process: three rounds of an evaluation's temporaries (160 columns of
+# 32k float64, 40 MiB, each written), all freed at the end of a round; the
+# minor page faults of the last round
+_ROUNDS = r"""
+import json, resource, sys
+import numpy as np
+from tsbatch.kernels import _heap
+if sys.argv[1] == "call":
+    _heap.keep_freed_heap()
+def one_round():
+    cols = []
+    for _ in range(160):
+        a = np.empty(32768)
+        a[:] = 1.0
+        cols.append(a)
+    del cols
+for _ in range(2):
+    one_round()
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+one_round()
+f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+print(json.dumps({"faults": f1 - f0, "pages": 160 * 32768 * 8 // 4096, "state": _heap._state}))
+"""
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "TSBATCH_KEEP_HEAP")}
+    env.update(extra)
+    return env
+
+
+def _rounds(mode: str, **extra) -> dict:
+    out = subprocess.run([sys.executable, "-c", _ROUNDS, mode], env=_env(**extra),
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+def test_a_call_after_keep_freed_heap_reuses_the_freed_heap():
+    kept = _rounds("call")
+    assert kept["state"] is True
+    assert kept["faults"] < 0.1 * kept["pages"]
+    # the same process without it: glibc gives the top of the heap back, and
+    # the round takes it again page by page (what the setting is for)
+    off = _rounds("call", TSBATCH_KEEP_HEAP="0")
+    assert off["state"] is False
+    assert off["faults"] > 0.5 * off["pages"]
+    assert _rounds("none")["faults"] > 0.5 * off["pages"]
+
+
+@pytest.mark.parametrize("extra", [{"TSBATCH_KEEP_HEAP": "0"}, {"MALLOC_TRIM_THRESHOLD_": "1000000"},
+                                   {"MALLOC_MMAP_THRESHOLD_": "1000000"},
+                                   {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1000000"}])
+def test_a_users_malloc_settings_are_left_alone(monkeypatch, extra):
+    for k in _heap._USER_SETTINGS + ("GLIBC_TUNABLES", "TSBATCH_KEEP_HEAP"):
+        monkeypatch.delenv(k, raising=False)
+    assert _heap._wanted() is GLIBC
+    for k, v in extra.items():
+        monkeypatch.setenv(k, v)
+    assert _heap._wanted() is False
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+def test_evaluate_sets_it_once_per_process():
+    code = ("import polars as pl\nfrom tsbatch.kernels import _heap\n"
+            "from tsbatch.engine.evaluate import evaluate\n"
+            "before = _heap._state\n"
+            "evaluate(pl.DataFrame({'m': [256], 'n': [256], 'k': [256], 'dtype': ['float16'],"
+            " 'block_m': [64], 'block_n': [64], 'block_k': [32], 'num_stages': [3],"
+            " 'num_warps': [4]}), 'h100')\n"
+            "print(before, _heap._state)")
+    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-2:] == ["None", "True"]
