@@ -34,7 +34,12 @@ resident tiles read their K-contiguous operands from over the whole loop,
 ``resident x (ceil(BM k elt / 2 MiB) + ceil(BN k elt / 2 MiB))``, an M/N-contiguous
 operand counting none (a step of it lies in one or two pages, which move on
 with K), in launches of at most 4 waves by layout and in all of them by waves
-(docs/gemm_accuracy.md, "Long-K loss by operand layout, session 5").
+(docs/gemm_accuracy.md, "Long-K loss by operand layout, session 5"); and
+by the distinct 2 MiB pages one SM's resident tiles read in a K step, both
+operands, a page two resident tiles share counted once
+(:func:`distinct_sm_pages`: SM 0's tiles in the grouped order; the count an
+L1 TLB of 2 MiB entries would hold), by resident tiles (one or more) and
+waves (docs/gemm_accuracy.md, "Address translation on A100, session 5").
 ``--dtypes`` takes the measured file's labels (``float32`` is IEEE FP32,
 ``tf32`` the TF32 rows). Nothing is fitted; the figures are read off the
 data and the model.
@@ -54,6 +59,7 @@ KSTEP_EDGES = [32, 256, 1024, 4096]
 WAVE_EDGES = [1, 4, 16, 64]
 F_EDGES = [1, 4, 16]
 PAGE_EDGES = [8, 16, 24, 32, 48]
+STEP_PAGE_EDGES = [8, 12, 16, 20, 24, 32, 48]
 #: the page size the SM page set is counted in (2 MiB: the GPU's large page,
 #: which the CUDA allocator uses for allocations of that size and more)
 PAGE_BYTES = 2 * 1024 * 1024
@@ -86,6 +92,58 @@ def _table(df: pl.DataFrame, rows: list[str], col: str, val: str = "ratio") -> p
          .agg(pl.col(val).median().round(2).alias("v"), pl.len().alias("n"))
          .with_columns(pl.format("{} ({})", "v", "n").alias("cell")))
     return t.pivot(on=col, index=rows, values="cell", sort_columns=True).sort(rows)
+
+
+def _grouped_coords(g0: int, g1: int, group: int, pid: int) -> tuple[int, int]:
+    """(row, column) tile of program ``pid`` in Triton's grouped launch order."""
+    gm = max(group, 1)
+    width = gm * g1
+    gid = pid // width
+    first = gid * gm
+    size = min(g0 - first, gm)
+    inner = pid - gid * width
+    return first + inner % size, inner // size
+
+
+def distinct_sm_pages(m, n, k, bm, bn, bk, a_rm, b_rm, elt, group, p, sms) -> int:
+    """The 2 MiB pages that SM 0's ``p`` resident tiles (programs ``0, S, ..., (p-1) S``
+    of the grouped order, ``S`` SMs) read in one K step (the first), both operands,
+    a page two tiles share counted once.
+
+    Per operand as stored (row stride ``s`` bytes): a K-contiguous one is read as
+    the tile's ``BM`` (``BN``) rows, a ``BK``-element run each, an M/N-contiguous
+    one as ``BK`` rows, a ``BM`` (``BN``)-element run each at the block's column.
+    A block of rows lies in the pages ``floor(start / P) .. floor(end / P)``: all
+    of them when ``s < P`` (the tiles' intervals are merged), one a row when
+    ``s >= P`` (distinct blocks read distinct pages)."""
+    g0 = -(-m // bm)
+    g1 = -(-n // bn)
+    tiles = g0 * g1
+    ops = ((bm if a_rm else bk, (k if a_rm else m) * elt, (bk if a_rm else bm) * elt, a_rm, 0),
+           (bk if b_rm else bn, (n if b_rm else k) * elt, (bn if b_rm else bk) * elt, not b_rm, 1))
+    total = 0
+    for rows, stride, run, kc, axis in ops:
+        spans = set()
+        for t in range(max(int(p), 1)):
+            pid = t * sms
+            if pid >= tiles:
+                break
+            blk = _grouped_coords(g0, g1, group, pid)[axis]
+            start = blk * rows * stride if kc else blk * run
+            end = start + (rows - 1) * stride + run - 1
+            spans.add((start // PAGE_BYTES, end // PAGE_BYTES))
+        if stride >= PAGE_BYTES:
+            total += sum(min(rows, hi - lo + 1) for lo, hi in spans)
+            continue
+        hi_seen = None
+        for lo, hi in sorted(spans):
+            if hi_seen is None or lo > hi_seen + 1:
+                total += hi - lo + 1
+                hi_seen = hi
+            elif hi > hi_seen:
+                total += hi - hi_seen
+                hi_seen = hi
+    return total
 
 
 def main(argv=None) -> int:
@@ -170,6 +228,14 @@ def main(argv=None) -> int:
                        pl.format("{}x{}x{}/s{}/w{}", "block_m", "block_n", "block_k", "num_stages",
                                  "num_warps").alias("config"))
     sq = r.filter((pl.col("m") >= 512) & (pl.col("n") >= 512))
+    cols = ("m", "n", "k", "block_m", "block_n", "block_k", "a_row_major", "b_row_major",
+            "label", "group_m", "resident_tiles", "sms")
+    dist = [distinct_sm_pages(m, n, k, bm, bn, bk, bool(ar), bool(br), ELT.get(lab, 2), g, p, int(s))
+            for m, n, k, bm, bn, bk, ar, br, lab, g, p, s in zip(*(sq[c].to_list() for c in cols))]
+    sq = sq.with_columns(pl.Series("step_pages", dist, dtype=pl.Int64)).with_columns(
+        _bin("step_pages", STEP_PAGE_EDGES).alias("step_pages_bin"),
+        pl.when(pl.col("resident_tiles") <= 1).then(pl.lit("1")).otherwise(pl.lit(">=2"))
+        .alias("resident"))
     tables = {
         "measured / predicted by warps x K steps": _table(r, ["label", "num_warps"], "ksteps_bin"),
         "measured / predicted by warps x waves, > 256 K steps":
@@ -182,6 +248,9 @@ def main(argv=None) -> int:
             _table(sq.filter(pl.col("waves") <= 4), ["warps", "layout"], "sm_pages_bin"),
         "measured / predicted by the SM's page set, waves; m, n >= 512":
             _table(sq, ["warps", "sm_pages_bin"], "waves_bin"),
+        "measured / predicted by the distinct 2 MiB pages SM 0's resident tiles read per step "
+        "(both operands, shared pages once), resident tiles x waves; m, n >= 512":
+            _table(sq.filter(pl.col("num_warps") > 2), ["resident", "waves_bin"], "step_pages_bin"),
         "measured / predicted by log2 of the smaller operand row stride (bytes), warps":
             _table(r, ["num_warps"], "log2_stride"),
         "tile loads over the measured time, TB/s":
@@ -201,6 +270,7 @@ def main(argv=None) -> int:
     pl.Config.set_tbl_rows(200)
     pl.Config.set_tbl_cols(20)
     pl.Config.set_fmt_str_lengths(40)
+    pl.Config.set_tbl_width_chars(200)
     print(f"{args.data}: {r.height} feasible Triton rows, dtypes {dtypes}, bucket {args.bucket}; "
           f"cells are 'median (rows)'")
     for name, t in tables.items():
