@@ -139,6 +139,15 @@ def triton_mn_falls(hw: str, tol: float, shapes=SHAPES_MN_TRITON,
                       for ax in ("m", "n")])
 
 
+def _report(line: str, *frames) -> int:
+    """Print a sweep's summary line and the frames of its falls; their count."""
+    print(line)
+    for frame in frames:
+        if len(frame):
+            print(frame)
+    return sum(len(f) for f in frames)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -154,20 +163,12 @@ def main(argv=None) -> int:
             sms = get_hw(hw).sm_count
             g = grid_falls(hw, sms, args.tol)
             k = k_falls(hw, args.tol)
-            print(f"{hw}: grid sweep {len(g)} fall(s); library K sweep {len(k)} fall(s) "
-                  f"(aligned k against k + 1 and k + 8)")
-            for frame in (g, k):
-                if len(frame):
-                    print(frame)
-            found += len(g) + len(k)
+            found += _report(f"{hw}: grid sweep {len(g)} fall(s); library K sweep {len(k)} fall(s) "
+                             "(aligned k against k + 1 and k + 8)", g, k)
             lib = library_mn_falls(hw, args.tol)
             tri = triton_mn_falls(hw, args.tol)
-            print(f"{hw}: library m / n sweep {len(lib)} fall(s); Triton m / n sweep "
-                  f"{len(tri)} fall(s) (one configuration, steps of 16)")
-            for frame in (lib, tri):
-                if len(frame):
-                    print(frame)
-            mn_found += len(lib) + len(tri)
+            mn_found += _report(f"{hw}: library m / n sweep {len(lib)} fall(s); Triton m / n sweep "
+                                f"{len(tri)} fall(s) (one configuration, steps of 16)", lib, tri)
     if args.gate_mn:
         found += mn_found
     elif mn_found:
