@@ -268,12 +268,16 @@ def split_shared(d: pl.DataFrame, seed: int, problems: int) -> pl.DataFrame:
     return d.join(pl.concat(out), on="_problem")
 
 
-def score_shared(d: pl.DataFrame, hw) -> pl.DataFrame:
+def score_shared(d: pl.DataFrame, hw, by_bucket: bool = False) -> pl.DataFrame:
     """Per group (:data:`SHARED_KEYS`): the accuracy metrics and ``bias`` (median measured / predicted).
 
     Each family is predicted by its own ``tsbatch accuracy`` predictor path
-    (:func:`evaluate` with the family) under ``hw``.
+    (:func:`evaluate` with the family) under ``hw``. ``by_bucket``: per group
+    and time bucket of the regression guard (the problem's best measured time,
+    ``tsbatch.measured.regress_metrics.BUCKETS``) instead.
     """
+    from tsbatch.measured.regress_metrics import add_slices
+
     from tsbatch.measured.accuracy import FAMILIES
     from tsbatch.measured.metrics import accuracy_metrics
 
@@ -286,14 +290,25 @@ def score_shared(d: pl.DataFrame, hw) -> pl.DataFrame:
                 else lat.is_finite())
         parts.append(part.with_columns(lat.alias("predicted_us"), feas.alias("feasible")))
     sc = pl.concat(parts, how="diagonal_relaxed").drop("dtype", strict=False).rename({"label": "dtype"})
-    m = accuracy_metrics(sc, SHARED_KEYS)
+    keys = SHARED_KEYS
+    if by_bucket:
+        sc, keys = add_slices(sc), [*SHARED_KEYS, "bucket"]
+    m = accuracy_metrics(sc, keys)
     bias = (sc.filter(pl.col("feasible") & pl.col("predicted_us").is_finite())
-            .group_by(SHARED_KEYS).agg((pl.col("measured_us") / pl.col("predicted_us")).median().alias("bias")))
-    return m.join(bias, on=SHARED_KEYS, how="left").sort(SHARED_KEYS)
+            .group_by(keys).agg((pl.col("measured_us") / pl.col("predicted_us")).median().alias("bias")))
+    return m.join(bias, on=keys, how="left").sort(keys)
+
+
+#: a bucket slice enters the ``buckets`` objective with at least this many problems
+#: (the regression guard's ``--min-problems``)
+MIN_SLICE_PROBLEMS = 3
 
 
 def shared_objective(m: pl.DataFrame) -> float:
-    """The ``--shared`` objective: the mean MAPE over the groups, each group weighing the same."""
+    """The ``--shared`` objective: the mean MAPE over the rows of ``m`` (groups, or group x bucket
+    slices of at least :data:`MIN_SLICE_PROBLEMS` problems), each weighing the same."""
+    if "bucket" in m.columns:
+        m = m.filter(pl.col("problems") >= MIN_SLICE_PROBLEMS)
     return float(m["mape_pct"].mean())
 
 
@@ -320,7 +335,7 @@ def _fmt_groups(m: pl.DataFrame, col: str, fmt: str) -> str:
                     f"{format(r[col], fmt)}" for r in m.iter_rows(named=True))
 
 
-def shared_main(gpu: str, axes: dict[str, list[float]], problems: int, seed: int) -> int:
+def shared_main(gpu: str, axes: dict[str, list[float]], problems: int, seed: int, buckets: bool = False) -> int:
     """``--shared``: the grid on every family's fit problems, then the held-out half (see ``--help``)."""
     hw0 = get_hw(gpu)
     d = split_shared(load_shared(gpu), seed, problems)
@@ -328,11 +343,11 @@ def shared_main(gpu: str, axes: dict[str, list[float]], problems: int, seed: int
     held = d.filter(pl.col("half") == "held")
     print(f"{gpu}: {fit['_problem'].n_unique()} fit problems ({fit.height} rows) searched, "
           f"{held['_problem'].n_unique()} held-out ({held.height} rows); seed {seed}; objective: mean MAPE "
-          "over file x dtype x backend groups", flush=True)
+          "over file x dtype x backend groups" + (" x time buckets (>= 3 problems)" if buckets else ""), flush=True)
     best = None
     for values, hw in grid_points(axes, hw0):
         m = score_shared(fit, hw)
-        obj = shared_objective(m)
+        obj = shared_objective(score_shared(fit, hw, by_bucket=True) if buckets else m)
         # ties keep the point nearest the shipped values (relative distance)
         dist = sum(abs(v - hw0.calibration.get(k, CALIBRATION_DEFAULTS[k][0]))
                    / max(abs(hw0.calibration.get(k, CALIBRATION_DEFAULTS[k][0])), 1e-9) for k, v in values.items())
@@ -343,7 +358,9 @@ def shared_main(gpu: str, axes: dict[str, list[float]], problems: int, seed: int
     obj, _, values, hw = best
     print("best: " + " ".join(f"{k}={v:g}" for k, v in values.items()) + f" (objective {obj:.3f} on the fit problems)")
     ms, mb = score_shared(held, hw0), score_shared(held, hw)
-    print(f"held-out half: objective shipped {shared_objective(ms):.3f}, best {shared_objective(mb):.3f}")
+    print(f"held-out half: objective shipped {shared_objective(ms):.3f}, best {shared_objective(mb):.3f} (groups); "
+          f"{shared_objective(score_shared(held, hw0, True)):.3f}, {shared_objective(score_shared(held, hw, True)):.3f}"
+          " (group x bucket slices)")
     t = ms.select(*SHARED_KEYS, "problems", *[pl.col(c).alias(f"ship_{c}") for c in
                                               ("mape_pct", "bias", "spearman", "top5_retention_pct")]).join(
         mb.select(*SHARED_KEYS, *[pl.col(c).alias(f"best_{c}") for c in
@@ -366,6 +383,9 @@ def main(argv=None) -> int:
                          "on --problems problems per stratum of the fit half of bench/cross_validate.py's "
                          "split (--seed), objective the mean MAPE over file x dtype x backend groups, then "
                          "the held-out half with the best and the shipped values")
+    ap.add_argument("--objective", choices=("groups", "buckets"), default="groups",
+                    help="with --shared: mean MAPE over the groups (default), or over group x time bucket "
+                         "slices of at least 3 problems (the regression guard's buckets)")
     ap.add_argument("--tc-net", action="store_true",
                     help="derive tc_efficiency net of the model's step costs on the GPU's reference row")
     ap.add_argument("--spread", type=float, metavar="MIN_US",
@@ -400,7 +420,7 @@ def main(argv=None) -> int:
             ap.error(f"'{name}' is not a calibration constant; known: {', '.join(CALIBRATION_DEFAULTS)}")
         axes[name] = [float(v) for v in vals.split(",") if v]
     if args.shared:
-        return shared_main(args.gpu, axes, args.problems, args.seed)
+        return shared_main(args.gpu, axes, args.problems, args.seed, args.objective == "buckets")
     d = load(args.gpu, args.problems, args.seed, args.rows)
     hw0 = get_hw(args.gpu)
     print(f"{args.gpu}: {d.select(PROBLEM).unique().height} problems, {d.height} rows", flush=True)

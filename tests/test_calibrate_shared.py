@@ -108,3 +108,19 @@ def test_score_groups_and_objective(root):
     both = m.join(far, on=SHARED_KEYS, suffix="_far")
     moved = both.filter((pl.col("mape_pct") - pl.col("mape_pct_far")).abs() > 1e-6)
     assert {"attention", "triton"} <= set(moved["backend"])
+
+
+def test_bucket_objective_counts_slices_of_three_problems_or_more(root):
+    from calibrate_constants import MIN_SLICE_PROBLEMS
+
+    d = load_shared("a100", str(root))
+    m = score_shared(d, get_hw("a100"), by_bucket=True)
+    assert "bucket" in m.columns and m["bucket"].null_count() == 0
+    # every problem sits in one bucket: the slices' problems add up to the groups'
+    whole = score_shared(d, get_hw("a100"))
+    per = m.group_by(SHARED_KEYS).agg(pl.col("problems").sum())
+    assert per.join(whole.select(*SHARED_KEYS, "problems"), on=SHARED_KEYS, suffix="_g") \
+        .select((pl.col("problems") == pl.col("problems_g")).all()).item()
+    kept = m.filter(pl.col("problems") >= MIN_SLICE_PROBLEMS)
+    assert 0 < kept.height < m.height  # the hand-made data has slices on both sides of the floor
+    assert shared_objective(m) == pytest.approx(float(kept["mape_pct"].mean()))
