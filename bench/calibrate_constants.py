@@ -201,6 +201,117 @@ def net_spread(gpu: str, min_us: float, tol: float = 1e-3) -> dict[str, np.ndarr
     return out
 
 
+#: the measured-data folders whose rows share a GPU's envelope constants (the
+#: loop's ``mem_latency_us``, ``iter_overhead_cycles``, ``iter_sync_cycles``, ...):
+#: every GEMM file (Triton of every dtype, its library rows, LLMCompass) and the
+#: attention files (FlexAttention), read as ``tsbatch accuracy`` reads them
+SHARED_DIRS = ("gemm", "attention")
+#: group columns of ``--shared``: one group per measured file x dtype label x backend
+SHARED_KEYS = ["set", "dtype", "backend"]
+
+
+def load_shared(gpu: str, root: str | None = None) -> pl.DataFrame:
+    """Every measured row of ``gpu`` in :data:`SHARED_DIRS`, median-aggregated by ``load_measured``.
+
+    Columns: the families' input columns, ``measured_us``, ``_hw``, ``_problem``
+    and ``_unit`` (unique over all files), ``family``, ``set`` (the file's stem)
+    and ``label`` (the accuracy report's dtype label: ``tf32`` apart from IEEE
+    ``float32``); ``backend`` is the family name for families without one.
+    """
+    from pathlib import Path
+
+    from tsbatch.measured.accuracy import FAMILIES, _dtype_label, load_measured
+
+    root = Path(root or os.environ.get("TSBATCH_SHARED_DATA", os.path.join("..", "shared", "data")))
+    key = get_hw(gpu).key
+    specs = {s.name: s for s in FAMILIES}
+    parts, p0, u0 = [], 0, 0
+    for sub in SHARED_DIRS:
+        for f in sorted((root / sub).glob("*.parquet")):
+            loaded = load_measured([f], families=("gemm", "attention"))
+            for fam, frames in loaded.frames.items():
+                spec = specs[fam]
+                for fr in frames:
+                    n_p, n_u = int(fr["_problem"].max()) + 1, int(fr["_unit"].max()) + 1
+                    fr = fr.filter(pl.col("_hw") == key)
+                    if fr.height:
+                        fr = fr.with_columns(pl.col("_problem") + p0, pl.col("_unit") + u0,
+                                             pl.lit(f.stem).alias("set"), pl.lit(fam).alias("family"),
+                                             _dtype_label(spec).alias("label"))
+                        if "backend" not in fr.columns:
+                            fr = fr.with_columns(pl.lit(fam).alias("backend"))
+                        parts.append(fr)
+                    p0, u0 = p0 + n_p, u0 + n_u
+    if not parts:
+        raise ValueError(f"no measured row of {gpu} under {root}/{{{','.join(SHARED_DIRS)}}}")
+    return pl.concat(parts, how="diagonal_relaxed")
+
+
+def split_shared(d: pl.DataFrame, seed: int, problems: int) -> pl.DataFrame:
+    """``d`` with ``half`` ('fit' / 'held') and ``searched``: the split of ``bench/cross_validate.py``.
+
+    Within each stratum (GPU, set, dtype label) the problems are permuted with
+    ``numpy.random.default_rng(seed)`` (strata in sorted order); the first half
+    (rounded down) is the fit half, of which the first ``problems`` (0: all)
+    are searched. All rows of a problem (every configuration and backend) go
+    to one half.
+    """
+    probs = d.select("_hw", "set", "label", "_problem").unique().sort("_hw", "set", "label", "_problem")
+    rng = np.random.default_rng(seed)
+    out = []
+    for _, g in probs.group_by(["_hw", "set", "label"], maintain_order=True):
+        ids = g["_problem"].to_numpy()[rng.permutation(g.height)]
+        nfit = len(ids) // 2
+        cap = nfit if problems <= 0 else min(problems, nfit)
+        out.append(pl.DataFrame({"_problem": ids, "half": ["fit"] * nfit + ["held"] * (len(ids) - nfit),
+                                 "searched": [i < cap for i in range(len(ids))]}))
+    return d.join(pl.concat(out), on="_problem")
+
+
+def score_shared(d: pl.DataFrame, hw, by_bucket: bool = False) -> pl.DataFrame:
+    """Per group (:data:`SHARED_KEYS`): the accuracy metrics and ``bias`` (median measured / predicted).
+
+    Each family is predicted by its own ``tsbatch accuracy`` predictor path
+    (:func:`evaluate` with the family) under ``hw``. ``by_bucket``: per group
+    and time bucket of the regression guard (the problem's best measured time,
+    ``tsbatch.measured.regress_metrics.BUCKETS``) instead.
+    """
+    from tsbatch.measured.regress_metrics import add_slices
+
+    from tsbatch.measured.accuracy import FAMILIES
+    from tsbatch.measured.metrics import accuracy_metrics
+
+    specs = {s.name: s for s in FAMILIES}
+    parts = []
+    for (fam,), part in d.group_by(["family"], maintain_order=True):
+        pred = evaluate(part.select(specs[fam].input_cols), hw, family=fam)
+        lat = pred["latency_us"].cast(pl.Float64)
+        feas = (pred["feasible"].cast(pl.Boolean).fill_null(False) if "feasible" in pred.columns
+                else lat.is_finite())
+        parts.append(part.with_columns(lat.alias("predicted_us"), feas.alias("feasible")))
+    sc = pl.concat(parts, how="diagonal_relaxed").drop("dtype", strict=False).rename({"label": "dtype"})
+    keys = SHARED_KEYS
+    if by_bucket:
+        sc, keys = add_slices(sc), [*SHARED_KEYS, "bucket"]
+    m = accuracy_metrics(sc, keys)
+    bias = (sc.filter(pl.col("feasible") & pl.col("predicted_us").is_finite())
+            .group_by(keys).agg((pl.col("measured_us") / pl.col("predicted_us")).median().alias("bias")))
+    return m.join(bias, on=keys, how="left").sort(keys)
+
+
+#: a bucket slice enters the ``buckets`` objective with at least this many problems
+#: (the regression guard's ``--min-problems``)
+MIN_SLICE_PROBLEMS = 3
+
+
+def shared_objective(m: pl.DataFrame) -> float:
+    """The ``--shared`` objective: the mean MAPE over the rows of ``m`` (groups, or group x bucket
+    slices of at least :data:`MIN_SLICE_PROBLEMS` problems), each weighing the same."""
+    if "bucket" in m.columns:
+        m = m.filter(pl.col("problems") >= MIN_SLICE_PROBLEMS)
+    return float(m["mape_pct"].mean())
+
+
 def grid_points(axes: dict[str, list[float]], hw0):
     """Every combination of ``axes`` (name -> values, in order) applied to ``hw0``'s calibration.
 
@@ -218,6 +329,47 @@ def grid_points(axes: dict[str, list[float]], hw0):
         yield values, dataclasses.replace(hw0, calibration=cal)
 
 
+def _fmt_groups(m: pl.DataFrame, col: str, fmt: str) -> str:
+    short = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "tf32": "tf32"}
+    return " ".join(f"{r['set'].split('_')[1][:4]}/{short.get(r['dtype'], r['dtype'])}/{r['backend'][:3]} "
+                    f"{format(r[col], fmt)}" for r in m.iter_rows(named=True))
+
+
+def shared_main(gpu: str, axes: dict[str, list[float]], problems: int, seed: int, buckets: bool = False) -> int:
+    """``--shared``: the grid on every family's fit problems, then the held-out half (see ``--help``)."""
+    hw0 = get_hw(gpu)
+    d = split_shared(load_shared(gpu), seed, problems)
+    fit = d.filter((pl.col("half") == "fit") & pl.col("searched"))
+    held = d.filter(pl.col("half") == "held")
+    print(f"{gpu}: {fit['_problem'].n_unique()} fit problems ({fit.height} rows) searched, "
+          f"{held['_problem'].n_unique()} held-out ({held.height} rows); seed {seed}; objective: mean MAPE "
+          "over file x dtype x backend groups" + (" x time buckets (>= 3 problems)" if buckets else ""), flush=True)
+    best = None
+    for values, hw in grid_points(axes, hw0):
+        m = score_shared(fit, hw)
+        obj = shared_objective(score_shared(fit, hw, by_bucket=True) if buckets else m)
+        # ties keep the point nearest the shipped values (relative distance)
+        dist = sum(abs(v - hw0.calibration.get(k, CALIBRATION_DEFAULTS[k][0]))
+                   / max(abs(hw0.calibration.get(k, CALIBRATION_DEFAULTS[k][0])), 1e-9) for k, v in values.items())
+        if best is None or obj < best[0] - 1e-9 or (abs(obj - best[0]) <= 1e-9 and dist < best[1]):
+            best = (obj, dist, values, hw)
+        label = " ".join(f"{k}={v:g}" for k, v in values.items())
+        print(f"{label:50s} objective {obj:7.3f} | {_fmt_groups(m, 'mape_pct', '.2f')}", flush=True)
+    obj, _, values, hw = best
+    print("best: " + " ".join(f"{k}={v:g}" for k, v in values.items()) + f" (objective {obj:.3f} on the fit problems)")
+    ms, mb = score_shared(held, hw0), score_shared(held, hw)
+    print(f"held-out half: objective shipped {shared_objective(ms):.3f}, best {shared_objective(mb):.3f} (groups); "
+          f"{shared_objective(score_shared(held, hw0, True)):.3f}, {shared_objective(score_shared(held, hw, True)):.3f}"
+          " (group x bucket slices)")
+    t = ms.select(*SHARED_KEYS, "problems", *[pl.col(c).alias(f"ship_{c}") for c in
+                                              ("mape_pct", "bias", "spearman", "top5_retention_pct")]).join(
+        mb.select(*SHARED_KEYS, *[pl.col(c).alias(f"best_{c}") for c in
+                                  ("mape_pct", "bias", "spearman", "top5_retention_pct")]), on=SHARED_KEYS)
+    with pl.Config(tbl_rows=100, tbl_cols=20, tbl_width_chars=250, float_precision=3):
+        print(t)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("gpu")
@@ -226,6 +378,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rows", choices=sorted(ROWS), default="half",
                     help="the Triton rows scored: fp16/bf16 (default), IEEE FP32 or TF32")
+    ap.add_argument("--shared", action="store_true",
+                    help="score every family that shares the constants (all GEMM files, FlexAttention): fit "
+                         "on --problems problems per stratum of the fit half of bench/cross_validate.py's "
+                         "split (--seed), objective the mean MAPE over file x dtype x backend groups, then "
+                         "the held-out half with the best and the shipped values")
+    ap.add_argument("--objective", choices=("groups", "buckets"), default="groups",
+                    help="with --shared: mean MAPE over the groups (default), or over group x time bucket "
+                         "slices of at least 3 problems (the regression guard's buckets)")
     ap.add_argument("--tc-net", action="store_true",
                     help="derive tc_efficiency net of the model's step costs on the GPU's reference row")
     ap.add_argument("--spread", type=float, metavar="MIN_US",
@@ -259,6 +419,8 @@ def main(argv=None) -> int:
         if name not in CALIBRATION_DEFAULTS:
             ap.error(f"'{name}' is not a calibration constant; known: {', '.join(CALIBRATION_DEFAULTS)}")
         axes[name] = [float(v) for v in vals.split(",") if v]
+    if args.shared:
+        return shared_main(args.gpu, axes, args.problems, args.seed, args.objective == "buckets")
     d = load(args.gpu, args.problems, args.seed, args.rows)
     hw0 = get_hw(args.gpu)
     print(f"{args.gpu}: {d.select(PROBLEM).unique().height} problems, {d.height} rows", flush=True)
