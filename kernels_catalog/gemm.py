@@ -568,6 +568,22 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         # alignment the leading dimensions allow
         va = vector_bytes(k[i] if a_rm[i] else m[i], eb)
         vb = vector_bytes(n[i] if b_rm[i] else k[i], eb)
+        if lib[i]:
+            # a library kernel has one operand alignment (CUTLASS's generator,
+            # CreateGemmOperator: A and B are TensorDescriptions of the same
+            # `alignment`, C of `alignment_c = min(8, alignment)`; can_implement
+            # asks each leading dimension to be a multiple of its own), so a call
+            # with any leading dimension narrower than 16 bytes runs a kernel that
+            # loads both A and B at that narrowest width; C's rows (n, where C has
+            # more than one column) bound it where they allow fewer than 8 of C's
+            # elements
+            al = va // eb if va // eb < vb // eb else vb // eb
+            if n[i] > 1:
+                ac = vector_bytes(n[i], ob) // ob
+                if ac < 8 and ac < al:
+                    al = ac
+            va = al * eb
+            vb = al * eb
         if wg and lib[i] and dcode[i] == f32_code and not a_rm[i] and b_rm[i]:
             # library TF32 with both operands M/N-contiguous (A column-major, B
             # row-major): wgmma reads 32-bit operands from shared memory K-major only

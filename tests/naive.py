@@ -864,6 +864,15 @@ def gemm_lower_one(row: dict, hw) -> dict:
     # (the library's kernels come in the same operand alignments: same rule)
     va = operand_vector_bytes(row["k"] if row["a_row_major"] else row["m"], eb)
     vb = operand_vector_bytes(row["n"] if row["b_row_major"] else row["k"], eb)
+    if row.get("backend") == "cublas":
+        # one alignment per library kernel (CUTLASS: A and B at `alignment`, C at
+        # min(8, alignment)): the narrowest of A's and B's rows, and of C's
+        # (n > 1) where they allow fewer than 8 elements
+        al = min(va // eb, vb // eb)
+        ac = operand_vector_bytes(row["n"], ob) // ob if row["n"] > 1 else 8
+        if ac < 8:
+            al = min(al, ac)
+        va = vb = al * eb
     a_sync, b_sync = va < 4, vb < 4
     if (a_sync or b_sync) and not staged:
         pipe_stages = 1

@@ -678,3 +678,41 @@ def test_layout_conversion_only_on_triton_wgmma_tiles():
     assert plan.conv_us[1] == 0.0
     a100 = gemm.lower(cols, get_hw("a100"))
     assert a100.conv_us is None or not a100.conv_us.any()
+
+
+def test_library_kernel_has_one_alignment_by_hand():
+    """A library kernel loads A and B at one alignment (CUTLASS's generator:
+    A and B of the same ``alignment``, C of ``min(8, alignment)``): a call runs
+    at the narrowest of A's, B's and C's leading dimensions (C's where it allows
+    fewer than 8 elements). A100 fp16 128x128x32 / 3 stages / 8 warps, A and B
+    column-major: m = 2396 (A's rows 8-byte aligned) moves the library row's A
+    and B copies from one SRAM pass to three (sram_passes(8)), 2 x 128 x 32 x 2
+    bytes each, and the Triton row's A copy only; n = 1151 (C's rows 2 bytes)
+    stages the library row's loads through registers (one pipeline stage) and
+    not the Triton row's (its A and B are aligned); an fp8 call whose C rows
+    hold 8 bf16 elements (n = 8) keeps its 16-byte loads."""
+    base = dict(m=2400, n=1152, k=2048, block_m=128, block_n=128, block_k=32, num_stages=3,
+                num_warps=8, split_k=1, dtype="float16", tf32=False, a_row_major=False,
+                b_row_major=False)
+    rows = [dict(base), dict(base, m=2396), dict(base, backend="cublas"),
+            dict(base, m=2396, backend="cublas"), dict(base, n=1151),
+            dict(base, n=1151, backend="cublas")]
+    cols, _ = validate(pl.DataFrame(rows), get_family("gemm"))
+    plan = gemm.lower(cols, get_hw("a100"))
+    smem = plan.work_iter[:, R_SMEM]
+    tile = 128 * 32 * 2
+    assert smem[1] - smem[0] == (gemm.sram_passes(8) - 1.0) * tile
+    assert smem[3] - smem[2] == 2 * (gemm.sram_passes(8) - 1.0) * tile
+    assert plan.stages.tolist() == [3, 3, 3, 3, 3, 1]
+    # and the twin agrees row by row (it writes C at the full DRAM rate)
+    hw = get_hw("a100")
+    _check(rows, dataclasses.replace(hw, calibration={**hw.calibration,
+                                                      "library_store_efficiency": 1.0}))
+    fp8 = dict(m=4096, n=8, k=4096, block_m=128, block_n=128, block_k=128, num_stages=4,
+               num_warps=4, split_k=1, dtype="float8", tf32=False, a_row_major=True,
+               b_row_major=False)
+    cols, _ = validate(pl.DataFrame([fp8, dict(fp8, n=16), dict(fp8, backend="cublas"),
+                                     dict(fp8, n=16, backend="cublas")]), get_family("gemm"))
+    plan = gemm.lower(cols, get_hw("h100_sxm"))
+    smem = plan.work_iter[:, R_SMEM]
+    assert smem[2] == smem[3] and smem[0] == smem[1]
