@@ -358,18 +358,14 @@ def ring_queue_floor(z: float, dem: float, n: int, steps: int) -> float:
 
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0,
-                 sync=0.0, chain=0.0, streams=1.0, ring=1, fill_share=1.0):
-    """``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store, T_own)`` of one SM's share.
-    ``fill_share`` (active SMs / the chip's): the L1.5 tier (resource 4) also
-    carries the active SMs' DRAM fills (resource 6's loop bytes) at the chip's
-    rate, a throughput term only (not in the ring's queue demand)."""
+                 sync=0.0, chain=0.0, streams=1.0, ring=1):
+    """``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store, T_own)`` of one SM's share."""
     frac = min(1.0, p * warps_tile / warps_full)  # compute issue-slot fraction
     groups_share = p * warps_tile > warps_full  # several issue groups on the tensor cores
     comp_times = [0.0]
     mem_times = [0.0]
     epi_times = [0.0]
     rates = [0.0] * len(work_iter)  # each resource's rate on this SM (0: absent)
-    mem_l15 = 0.0
     for r in range(len(work_iter)):
         if rate[r] <= 0.0:
             continue  # resource absent on this chip
@@ -388,8 +384,6 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
             per_epi = 0.0
         (comp_times if compute[r] else mem_times).append(per_iter)
         epi_times.append(per_epi)
-        if r == 4:  # resource 4: the L1.5 tier
-            mem_l15 = per_iter
     # the loop's bookkeeping: on the busiest resource, or a segment of the chain
     comp = max(comp_times) + (ovh_iter if chain <= 0.0 else 0.0)
     if sync > 0.0:  # barrier stall, run under the other resident tiles' work
@@ -400,27 +394,23 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     epi = max(epi_times)
     tiles = persist_tiles if persist_tiles > 0 else p
     N = tiles * ksteps
-    # the L1.5 tier's requests and its share of the chip's DRAM fills
-    fill = work_iter[6] * fill_share / rates[4] if rates[4] > 0.0 else 0.0
-    thr = mem_l15 + fill if rates[4] > 0.0 else 0.0
     d = max(p * (stages - 1), 0)
     lat_bound = (lat + mem) / d if d > 0 else (lat + mem + comp) / p
-    steady = max(comp, mem, lat_bound, thr)
+    steady = max(comp, mem, lat_bound)
     if ring and d > 0 and mem > 0.0:  # the ring's p * stages slots queue at the memory
         # (ring 2: a floor of that queue, the screen's bound)
         steady = max(steady, ring_queue(lat + comp, mem, d + p) if ring == 1 else
                      ring_queue_floor(lat + comp, mem, d + p, 1))
     # first load: latency + transfer; last compute ends the loop; between them
     # N - 1 steady iterations (no latency bound when every load is in flight)
-    step = max(comp, mem, thr) if 0 < N <= d else steady
+    step = max(comp, mem) if 0 < N <= d else steady
     t_pro = lat + mem
     t_steady = max(N - 1, 0) * step
     # out of step, the other resident tiles' once-per-tile work runs under the loop
     hide = min((p - 1) * epi, t_steady) if persist_tiles <= 0 and p > 1 else 0.0
     t_epi = comp + p * epi - hide + tiles * ovh_tile
     # never below the busiest resource's time for the SM's tiles (plus one latency)
-    floor = tiles * max([0.0] + [(w * ksteps + e) / r + (ksteps * fill if i == 4 else 0.0)
-                                 for i, (w, e, r) in enumerate(zip(work_iter, work_epi, rates))
+    floor = tiles * max([0.0] + [(w * ksteps + e) / r for w, e, r in zip(work_iter, work_epi, rates)
                                  if r > 0.0])
     total = t_pro + t_steady + t_epi
     # still in flight when the last compute step ends: the exposed stores, and the
@@ -433,7 +423,7 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
 
 
 def busiest(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
-            warps_full, share_eff=1.0, fill_share=1.0):
+            warps_full, share_eff=1.0):
     """``(time, burst)``: the busiest resource's time of ``p`` tiles' whole work
     on one SM (the first of equal ones), and the share of its work that comes
     once per tile if it is a memory resource (else 0)."""
@@ -448,11 +438,9 @@ def busiest(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps
         if r == 0 and p * warps_tile > warps_full:
             eff *= share_eff
         t = p * (ksteps * work_iter[r] + work_epi[r]) / eff
-        if r == 4:  # the L1.5 tier with the active SMs' DRAM fills at the chip's rate
-            t += p * ksteps * work_iter[6] * fill_share / eff
         if t > best:
             best = t
-            burst = 0.0 if compute[r] else p * work_epi[r] / eff / t
+            burst = 0.0 if compute[r] else work_epi[r] / (ksteps * work_iter[r] + work_epi[r])
     return best, burst
 
 
@@ -511,7 +499,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         per_sm = math.ceil(tiles / sms)
         res = envelope_one(*args, p, min(sms, tiles), ksteps, stages, warps_tile, warps_full,
                            lat, ovh_iter, ovh_tile, per_sm, share_eff, sync, chain, streams,
-                           ring=ring, fill_share=min(sms, tiles) / sms)
+                           ring=ring)
         return (*res[:5], math.ceil(tiles / conc), tiles % conc)
     full, tail = divmod(tiles, conc)
     total = [0.0, 0.0, 0.0, 0.0]
@@ -552,7 +540,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     if tail:
         res = envelope_one(*args, math.ceil(tail / sms), min(tail, sms), ksteps, stages,
                            warps_tile, warps_full, lat, ovh_iter, ovh_tile, 0, share_eff, sync,
-                           chain, streams, ring=ring, fill_share=min(tail, sms) / sms)
+                           chain, streams, ring=ring)
         for i in range(4):
             total[i] += res[i]
         if not full:
@@ -560,7 +548,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         pt = math.ceil(tail / sms)
         hidden, hf = seam(res, store, pt * ovh_tile, resource_floor(
             work_iter, work_epi, rate, shared, compute, pt, min(tail, sms), ksteps, warps_tile,
-            warps_full, share_eff, min(tail, sms) / sms) if terms & 8 else 0.0)
+            warps_full, share_eff) if terms & 8 else 0.0)
         hf_c = min(hf, res[3])
         total[0] -= hidden + hf
         total[1] -= hidden

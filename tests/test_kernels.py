@@ -611,12 +611,12 @@ def test_evaluate_envelopes_match_twin(cases):
 
 
 @settings(max_examples=150, deadline=None)
-@given(envelope_cases(), st.integers(1, 160), st.floats(0.01, 1.0))
-def test_envelope_one_matches_twin(c, active, fill_share):
+@given(envelope_cases(), st.integers(1, 160))
+def test_envelope_one_matches_twin(c, active):
     args = (np.array(c["work_iter"]), np.array(c["work_epi"]), np.array(c["rate"]), SHARED, COMPUTE,
             c["p"], active, c["ksteps"], c["stages"], c["warps_tile"], c["warps_full"], c["lat"],
             c["ovh_iter"], c["ovh_tile"], c["tiles"] if c["persistent"] else 0, c["share_eff"],
-            c["sync"], 0.0, 1.0, 1, fill_share)
+            c["sync"])
     got = envelope.envelope_one(*args)
     want = naive.envelope_one(c["work_iter"], c["work_epi"], c["rate"], SHARED.tolist(),
                               COMPUTE.tolist(), *args[5:])
@@ -1003,50 +1003,3 @@ def test_layout_conversion_paid_once_per_turnover_between_full_waves():
     c = dict(base, p=1, tiles=12, work_epi=[0.0] * 5 + [4000.0, 4000.0, 0.0, 0.0])
     plain, conv = _envelopes([dict(c, conv=0.0), dict(c, conv=0.25)])["latency_us"]
     assert conv >= plain
-
-
-def test_l15_tier_carries_the_dram_fills_as_throughput():
-    """The L1.5 tier's time per iteration is its requests plus the active SMs'
-    share of the DRAM fills at the chip's rate (docs/gemm_accuracy.md, "Hopper
-    chip-level request rate, continued, session 6"), by hand: 1000 requested
-    bytes and 400 DRAM bytes an iteration at 100 bytes/us an SM take 10 + 4 us
-    with every SM active, 10 + 2 with half of them; the fills are a throughput
-    term, not in the prologue's transfer nor the ring's queue; a chip without
-    the tier (rate 0) has none. Kernel and twin agree."""
-    from tsbatch.kernels.envelope import R_L15, R_TC, _fill_time
-    wi = [0.0] * N_RES
-    wi[R_TC], wi[R_L15], wi[R_DRAM] = 1.0, 1000.0, 400.0
-    rate = [0.0] * N_RES
-    rate[R_TC], rate[R_L15], rate[R_DRAM] = 10.0, 100.0, 1.0e6
-    we = [0.0] * N_RES
-    sh, co = SHARED.tolist(), COMPUTE.tolist()
-    # p = 1 tile, 4 SMs active, 8 steps, 3 stages, latency 0.5 us, no overheads
-    common = (1, 4, 8, 3, 4.0, 4.0, 0.5, 0.0, 0.0, 0, 1.0, 0.0, 0.0, 1.0, 1)
-    assert _fill_time(400.0, 100.0, 1.0) == pytest.approx(4.0, rel=1e-12)
-    assert _fill_time(400.0, 100.0, 0.5) == pytest.approx(2.0, rel=1e-12)
-    assert _fill_time(400.0, 0.0, 1.0) == 0.0
-    for share, it in ((1.0, 14.0), (0.5, 12.0)):
-        got = envelope.envelope_one(np.array(wi), np.array(we), np.array(rate), SHARED, COMPUTE,
-                                    *common, share)
-        want = naive.envelope_one(wi, we, rate, sh, co, *common, fill_share=share)
-        assert_allclose(got, want, rtol=FASTMATH_RTOL, atol=FASTMATH_RTOL * abs(want[0]))
-        assert want[4] == pytest.approx(it, rel=1e-12)  # steady iteration
-        assert want[1] == pytest.approx(0.5 + 10.0, rel=1e-12)  # prologue: latency + requests
-        # whole loop: 8 steps' requests and fills (p = 1), plus the latency
-        assert want[0] >= 0.5 + 8 * it * (1 - 1e-12)
-    # the busiest resource's time for 2 tiles of 8 steps: 2 (8 * 1000 + 8 * 400 share) / 100
-    for share, fl in ((1.0, 224.0), (0.5, 192.0)):
-        args = (2, 4, 8, 4.0, 4.0, 1.0, share)
-        assert envelope.resource_floor(np.array(wi), np.array(we), np.array(rate), SHARED,
-                                       COMPUTE, *args) == pytest.approx(fl, rel=1e-12)
-        assert naive.resource_floor(wi, we, rate, sh, co, *args) == pytest.approx(fl, rel=1e-12)
-    # a partial wave of 2 tiles on 4 SMs: half of the chip's SMs fill
-    for fn, arr in ((envelope.wave_time, np.array), (naive.wave_time, list)):
-        res = fn(arr(wi), arr(we), arr(rate), SHARED if arr is np.array else sh,
-                 COMPUTE if arr is np.array else co, 2, 4, 1, 8, 3, 4.0, 4.0, 0.5, 0.0, 0.0, 0)
-        assert res[4] == pytest.approx(12.0, rel=1e-12)
-    # no L1.5 tier: no fills, the steady iteration does not see the DRAM bytes' share
-    rate0 = list(rate)
-    rate0[R_L15] = 0.0
-    its = [naive.envelope_one(wi, we, rate0, sh, co, *common, fill_share=s)[4] for s in (1.0, 0.5)]
-    assert its[0] == its[1] < 10.0

@@ -211,24 +211,6 @@ def _ring_queue_floor(z, dem, n, steps):
     return (z + r) / n * (1.0 - 1e-9)
 
 
-@jit_scalar
-def _fill_time(dram_iter, rr_l15, fill_share):
-    """The L1.5 tier's time per iteration for one SM's share of the DRAM fills.
-
-    A line that misses the L2 is written into it by its DRAM fill and read out
-    as a hit: the chip's L2-side path (the L1.5 tier's documented 12.76 TB/s,
-    ``l15_bw_tbps``) carries the fills beside the requests (docs/gemm_accuracy.md,
-    "Hopper chip-level request rate, session 6": the rate the busiest SMs
-    sustain falls as 12.76 / (1 + DRAM share)). The fills of the ``active``
-    SMs share the chip's rate, as the DRAM they come from does: one SM's
-    ``dram_iter`` bytes take ``dram_iter * active / chip rate``, with
-    ``rr_l15`` the per-SM rate (chip / sms) and ``fill_share = active / sms``.
-    0 where the chip has no L1.5 tier (``rr_l15 = 0``)."""
-    if rr_l15 <= 0.0:
-        return 0.0
-    return dram_iter * fill_share / rr_l15
-
-
 # not IR-inlined: four call sites (cold compile 14 s -> ~4 s); compiled without
 # numba's runtime, as _envelopes (jit_borrow: it allocates nothing, and its
 # arrays are borrowed from the caller, so a call counts no references: the
@@ -236,7 +218,7 @@ def _fill_time(dram_iter, rr_l15, fill_share):
 @jit_borrow
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0, sync=0.0,
-                 chain=0.0, streams=1.0, ring=1, fill_share=1.0):
+                 chain=0.0, streams=1.0, ring=1):
     """Envelope of one SM's share of one wave (or of a persistent run).
 
     Returns ``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store,
@@ -253,9 +235,6 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     tile; the ``p * streams`` streams on the SM interleave their chains.
     ``ring=0`` leaves out the ring's queueing at the memory (:func:`_ring_queue`),
     which only ever raises the steady iteration: a lower bound (the screen's).
-    ``fill_share`` is the active SMs' share of the chip's (``active / sms``):
-    the DRAM fills of the L1.5 tier's misses (:func:`_fill_time`) are a
-    throughput term of that tier, never part of the ring's queue demand.
     """
     f = p * warps_tile / warps_full
     shared_units = f > 1.0  # several issue groups share the tensor cores
@@ -265,7 +244,6 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     mem = 0.0
     epi = 0.0
     floor = 0.0
-    thr = 0.0  # the L1.5 tier's time per iteration with its DRAM fills
     for r in range(work_iter.shape[0]):
         rr = _rate_on_sm(rate[r], shared[r], compute[r], r == R_TC, active, f, shared_units,
                          share_eff)
@@ -285,10 +263,6 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         if e > epi:
             epi = e
         fl = (work_iter[r] * ksteps + work_epi[r]) / rr
-        if r == R_L15:
-            fi = _fill_time(work_iter[R_DRAM], rr, fill_share)
-            thr = u + fi
-            fl += ksteps * fi
         if fl > floor:
             floor = fl
     floor *= persist_tiles if persist_tiles > 0 else p
@@ -328,8 +302,6 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         lat_bound = (lat + mem + comp) / p
     if lat_bound > steady:
         steady = lat_bound
-    if thr > steady:
-        steady = thr
     if ring != 0 and d > 0 and mem > 0.0 and steady < lat + comp + mem:
         # the ring's p * stages slots queue at the memory system, which serves
         # the requests of every SM in turn: exact mean-value analysis of a closed
@@ -349,8 +321,6 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     step = steady
     if d > 0 and n_it <= d:
         step = comp if comp > mem else mem
-        if thr > step:
-            step = thr
     t_pro = lat + mem
     t_st = (n_it - 1) * step if n_it > 1 else 0.0
     hide = 0.0
@@ -375,7 +345,7 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
 
 @jit_scalar
 def _busiest(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
-             warps_full, share_eff, fill_share):
+             warps_full, share_eff):
     """``(time, burst)``: the busiest resource's time for ``p`` tiles on one SM
     (all their loop iterations and once-per-tile work) at the rates
     :func:`envelope_one` uses, and, where that resource is a memory one, the
@@ -394,29 +364,21 @@ def _busiest(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warp
         if rr <= 0.0:
             continue
         u = p * (ksteps * work_iter[r] + work_epi[r]) / rr
-        fi = 0.0
-        if r == R_L15:
-            # with its DRAM fills (:func:`_fill_time`), which come with the loop
-            fi = p * ksteps * _fill_time(work_iter[R_DRAM], rr, fill_share)
-            u += fi
         if u > top:
             top = u
             burst = 0.0
             if compute[r] == 0:
-                if fi > 0.0:
-                    burst = p * work_epi[r] / rr / u
-                else:
-                    burst = work_epi[r] / (ksteps * work_iter[r] + work_epi[r])
+                burst = work_epi[r] / (ksteps * work_iter[r] + work_epi[r])
     return top, burst
 
 
 @jit_scalar
 def resource_floor(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
-                   warps_full, share_eff=1.0, fill_share=1.0):
+                   warps_full, share_eff=1.0):
     """The busiest resource's time for ``p`` tiles on one SM (all their loop
     iterations and once-per-tile work), at the rates :func:`envelope_one` uses."""
     return _busiest(work_iter, work_epi, rate, shared, compute, p, active, ksteps, warps_tile,
-                    warps_full, share_eff, fill_share)[0]
+                    warps_full, share_eff)[0]
 
 
 @jit_scalar
@@ -462,9 +424,9 @@ def _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, sta
                                                   np.int64(1), sms, ksteps, stages, warps_tile,
                                                   warps_full, lat, ovh_iter, ovh_tile,
                                                   np.int64(0), share_eff, sync, chain, streams,
-                                                  np.int64(1), 1.0)
+                                                  np.int64(1))
     fl1 = resource_floor(work_iter, work_epi, rate, shared, compute, 1, sms, ksteps,
-                         warps_tile, warps_full, share_eff, 1.0)
+                         warps_tile, warps_full, share_eff)
     h1, hf1, _hc = _seam(a1, b1, c1, t1, st1, own1, ovh_tile, fl1)
     z = t1 - h1 - hf1 - dem
     if z < 0.0:
@@ -513,7 +475,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         t, a, b, c, s, _, _ = envelope_one(work_iter, work_epi, rate, shared, compute, p,
                                            active, ksteps, stages, warps_tile, warps_full, lat,
                                            ovh_iter, ovh_tile, per_sm, share_eff, sync, chain,
-                                           streams, ring, active / sms)
+                                           streams, ring)
         return t, a, b, c, s, (tiles + conc - 1) // conc, tiles % conc
     full = tiles // conc
     tail = tiles - full * conc
@@ -527,7 +489,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         t, a, b, c, s, store, own = envelope_one(work_iter, work_epi, rate, shared, compute,
                                                  p, sms, ksteps, stages, warps_tile, warps_full,
                                                  lat, ovh_iter, ovh_tile, np.int64(0), share_eff,
-                                                 sync, chain, streams, ring, 1.0)
+                                                 sync, chain, streams, ring)
         # stores retire asynchronously: the next wave's prologue (load latency
         # and pipeline fill) runs under the previous wave's output stores. Written
         # as one wave plus (full - 1) waves less the hidden part, not full waves
@@ -537,7 +499,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         beta = 0.0
         if (terms & TERM_WAVE_FLOOR) != 0:
             floor, beta = _busiest(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
-                                   warps_tile, warps_full, share_eff, 1.0)
+                                   warps_tile, warps_full, share_eff)
         h, hf, hf_c = _seam(a, b, c, t, store, own, p * ovh_tile, floor)
         inc = t - h - hf
         if p > 1 and full > 1:
@@ -582,7 +544,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         t, a, b, c, s, _, own_t = envelope_one(work_iter, work_epi, rate, shared, compute, pt,
                                                active, ksteps, stages, warps_tile, warps_full, lat,
                                                ovh_iter, ovh_tile, np.int64(0), share_eff, sync,
-                                               chain, streams, ring, active / sms)
+                                               chain, streams, ring)
         T += t
         tp += a
         ts += b
@@ -592,7 +554,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         floor = 0.0
         if (terms & TERM_WAVE_FLOOR) != 0:
             floor = resource_floor(work_iter, work_epi, rate, shared, compute, pt, active, ksteps,
-                                   warps_tile, warps_full, share_eff, active / sms)
+                                   warps_tile, warps_full, share_eff)
         hidden, hf, hf_c = _seam(a, b, c, t, store, pt * ovh_tile, own_t, floor)
         T -= hidden + hf
         tp -= hidden
