@@ -35,13 +35,26 @@ RATE_KEYS = ("dram_bw_tbps", "l2_bw_tbps", "l15_bw_tbps", "tc_fp16_tflops", "tc_
 LATENCY_RTOL = 1e-12
 
 
+#: rates a GPU file states at its clock (``clock_mhz``): a lower clock lowers them
+#: too. Lowering ``clock_mhz`` alone would say the CUDA cores do more per clock
+#: than before, and the power-limited boost's ceiling (``max_clock_mhz /
+#: clock_mhz``, kernels_catalog/gemm.py) would then rightly run them faster at
+#: the maximum clock (a 1x1x1 bf16 library call on h100 at 0.875 x the clock:
+#: 6.2918 -> 6.2848 us, found by the property below)
+AT_CLOCK = {"clock_mhz": ("fp32_tflops",)}
+
+
 def slower(hw: HwSpec, key: str, factor: float) -> HwSpec:
     """``hw`` with one rate scaled by ``factor`` < 1, in the spec and in
-    ``[measured]`` (``rate()`` prefers the measured value)."""
+    ``[measured]`` (``rate()`` prefers the measured value); the clock together
+    with the rates stated at it (:data:`AT_CLOCK`)."""
     measured = dict(hw.measured)
-    if key in measured:
-        measured[key] *= factor
-    return dataclasses.replace(hw, **{key: getattr(hw, key) * factor}, measured=measured)
+    changed = {}
+    for k in (key, *AT_CLOCK.get(key, ())):
+        if k in measured:
+            measured[k] *= factor
+        changed[k] = getattr(hw, k) * factor
+    return dataclasses.replace(hw, **changed, measured=measured)
 
 
 @settings(max_examples=25, deadline=None)
@@ -88,6 +101,21 @@ def test_slower_dram_never_hides_more_than_a_floor_bound_wave_drained():
     for factor in (0.5, 0.25, 0.1):
         slow = evaluate(pl.DataFrame([row]), slower(hw, "dram_bw_tbps", factor))["latency_us"][0]
         assert slow >= base * (1.0 - LATENCY_RTOL), (factor, base, slow)
+
+
+def test_a_lower_clock_never_speeds_up_a_boosted_small_call():
+    """The case the property above found (h100, one tile on 132 SMs, so its
+    CUDA cores and shared memory run at the power-limited boost up to
+    ``max_clock_mhz``): the clock lowered with the rates stated at it never
+    makes the call faster, on every GPU with a maximum clock."""
+    row = dict(m=1, n=1, k=1, dtype="bfloat16", a_row_major=True, b_row_major=True,
+               tf32=False, backend="cublas")
+    for gpu in ("h100", "h200", "a100"):
+        hw = get_hw(gpu)
+        base = evaluate(pl.DataFrame([row]), hw)["latency_us"][0]
+        for factor in (0.95, 0.875, 0.5):
+            slow = evaluate(pl.DataFrame([row]), slower(hw, "clock_mhz", factor))["latency_us"][0]
+            assert slow >= base * (1.0 - LATENCY_RTOL), (gpu, factor, base, slow)
 
 
 def test_lowering_the_fp16_peak_slows_fp16_only():
