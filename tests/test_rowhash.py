@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tsbatch.kernels import _threads
-from tsbatch.kernels.rowhash import RowIndex, dedup_columns, dedup_rows
+from tsbatch.kernels.rowhash import RowIndex, dedup_rows
 
 WORDS = st.sampled_from([0, 1, -1, 2, 7, -2**63, 2**63 - 1, 2**40 + 3])
 
@@ -80,34 +79,3 @@ def test_row_index_growth_stops_at_max_rows():
         ix.add(np.arange(2 * a, 2 * a + 6, dtype=np.int64).reshape(3, 2))
     assert ix._rows.shape[0] == 12
     assert ix.find(np.arange(24, dtype=np.int64).reshape(12, 2)).tolist() == list(range(12))
-
-
-@settings(max_examples=150, deadline=None)
-@given(data=st.data(), rows=st.integers(0, 120), width=st.integers(1, 5),
-       share=st.integers(1, 40), threads=st.integers(1, 4))
-def test_dedup_columns_is_dedup_rows(data, rows, width, share, threads):
-    """Grouping by columns, in shares merged in order, gives dedup_rows' ids and
-    first rows (which the test above holds to np.unique), for any number of
-    shares: rows equal across shares take the earlier share's id."""
-    keys = _matrix(data, rows, width)
-    want = dedup_rows(keys)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_threads, "MIN_SHARE", share)
-        mp.setattr(_threads, "num_threads", lambda: threads)
-        got = dedup_columns([keys[:, j] for j in range(width)])
-    assert got[0].dtype == np.int64 and got[1].dtype == np.int64
-    for g, w in zip(got, want):
-        assert np.array_equal(g, w)
-
-
-def test_dedup_columns_in_shares_on_a_large_table():
-    """Many rows, few distinct keys spread over every share (the pool's threads)."""
-    rng = np.random.default_rng(4)
-    rows = 3 * _threads.MIN_SHARE + 17
-    cols = [rng.integers(0, 5, rows), rng.integers(-3, 3, rows) * 2**40,
-            rng.integers(0, 2, rows).astype(np.int32)]
-    want = dedup_rows(np.column_stack(cols))
-    got = dedup_columns(cols)
-    for g, w in zip(got, want):
-        assert np.array_equal(g, w)
-    assert got[1].shape[0] == 5 * 6 * 2

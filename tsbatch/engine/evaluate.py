@@ -30,7 +30,7 @@ from tsbatch.kernels.envelope import (
 )
 from tsbatch.kernels.occupancy import REASON_TEXT, resident_tiles
 from tsbatch.kernels.reuse import cache_hit_rates
-from tsbatch.kernels.rowhash import RowIndex, dedup_columns, dedup_rows, grown
+from tsbatch.kernels.rowhash import RowIndex, dedup_rows, grown
 from tsbatch.kernels.traffic import (
     NUMPY_PAIRWISE_MIN, bottleneck_codes, split_edge_rows, split_traffic,
 )
@@ -197,30 +197,20 @@ WAVE_SAMPLES = 8
 VARYING_MIN_ROWS = 1 << 16
 
 
-def _varying_columns(parts: list[np.ndarray], rows: int) -> list[np.ndarray]:
+def _varying_columns(parts: list[np.ndarray], rows: int) -> np.ndarray:
     """The columns of ``parts`` (1-D arrays and 2-D blocks of ``rows`` rows) that
-    hold more than one value, as 1-D arrays (none: ``[]``)."""
+    hold more than one value, as one int64 matrix (``(rows, 0)``: none); every
+    column below :data:`VARYING_MIN_ROWS` rows."""
+    if rows < VARYING_MIN_ROWS:
+        return np.column_stack(parts).astype(np.int64, copy=False)
     cols = []
     for a in parts:
         for c in (a.T if a.ndim == 2 else (a,)):
             if rows and not (c == c[0]).all():
                 cols.append(c)
-    return cols
-
-
-def _key_groups(parts: list[np.ndarray], rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """``dedup_rows(np.column_stack(parts))``: the rows of the key columns ``parts``
-    grouped, ids in order of first appearance. From :data:`VARYING_MIN_ROWS` rows
-    on the columns that vary alone (a column of one value tells no rows apart),
-    as columns (:func:`~tsbatch.kernels.rowhash.dedup_columns`: no row-major
-    matrix, the rows in shares on the thread pool); below, on every column at
-    once."""
-    if rows < VARYING_MIN_ROWS:
-        return dedup_rows(np.column_stack(parts).astype(np.int64, copy=False))
-    cols = _varying_columns(parts, rows)
-    if not cols:  # every row the same key
-        return np.zeros(rows, dtype=np.int64), np.zeros(1, dtype=np.int64)
-    return dedup_columns(cols)
+    if not cols:
+        return np.zeros((rows, 0), dtype=np.int64)
+    return np.column_stack(cols).astype(np.int64, copy=False)
 
 
 def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
@@ -255,7 +245,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
     # rows are grouped on the key columns that vary in this plan (a column of one
     # value tells no rows apart: the groups, in order of first appearance, are
     # the same); the memo keeps and finds whole keys, made for the groups only
-    inv, rep = _key_groups(parts, rows)
+    inv, rep = dedup_rows(_varying_columns(parts, rows))
     keys_rep = np.column_stack([a[rep] for a in parts]) if rows else \
         np.zeros((0, 7 + 3 * plan.t_mask.shape[1]), dtype=np.int64)
     cap2 = hw.l2_bytes * hw.cal("l2_capacity_fraction")

@@ -19,9 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from tsbatch.kernels._config import jit_exact, jit_scalar
-from tsbatch.kernels._threads import even_bounds, run_shares
 
-__all__ = ["dedup_rows", "dedup_columns", "RowIndex", "grown"]
+__all__ = ["dedup_rows", "RowIndex", "grown"]
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -71,96 +70,6 @@ def _dedup(ku, cap):
                 break
             s = (s + np.uint64(1)) & mask
     return inv, rep[:u].copy()
-
-
-@jit_scalar
-def _hash_col_row(kt, i):
-    """:func:`_hash_row` of row ``i`` of the column-major matrix ``kt`` (``(k, n)``)."""
-    h = np.uint64(0)
-    for j in range(kt.shape[0]):
-        z = kt[j, i] + _GOLD + (h << np.uint64(6)) + (h >> np.uint64(2))
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        h ^= z ^ (z >> np.uint64(31))
-    return h
-
-
-@jit_exact
-def _dedup_share(kt, bounds, inv, rep, counts, lo, hi):
-    """:func:`_dedup` of rows ``lo:hi`` of a column-major key matrix, for the share
-    of ``bounds`` starting at ``lo``: ``inv[lo:hi]`` gets the share's own group ids
-    (from 0, in order of first appearance), ``rep[lo:lo + u]`` the first row
-    (absolute) of each of its ``u`` groups, ``counts[share] = u``."""
-    c = 0
-    while bounds[c] != lo:
-        c += 1
-    n = hi - lo
-    cap = 16
-    while cap < 2 * n:
-        cap *= 2
-    mask = np.uint64(cap - 1)
-    slots = np.full(cap, -1, dtype=np.int64)
-    u = 0
-    for i in range(lo, hi):
-        s = _hash_col_row(kt, i) & mask
-        while True:
-            r = slots[s]
-            if r < 0:                      # a new row: the representative of group u
-                slots[s] = i
-                inv[i] = u
-                rep[lo + u] = i
-                u += 1
-                break
-            same = True
-            for j in range(kt.shape[0]):
-                if kt[j, r] != kt[j, i]:
-                    same = False
-                    break
-            if same:
-                inv[i] = inv[r]
-                break
-            s = (s + np.uint64(1)) & mask
-    counts[c] = u
-
-
-def dedup_columns(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`dedup_rows` of the matrix whose columns are ``columns`` (1-D integer
-    arrays of one length, at least one), without making that row-major matrix:
-    the same ``(inv, rep)``, group ids in order of first appearance. The columns
-    are stacked as rows (contiguous copies) and the rows grouped in contiguous
-    shares on the thread pool, each on its own; the shares' groups are then
-    merged in order, a later share's group taking the id of an equal group of
-    an earlier one (found by value in a :class:`RowIndex` of their first rows),
-    else the next new id: the ids and first rows of one pass over all rows."""
-    kt = np.stack([np.ascontiguousarray(c, dtype=np.int64) for c in columns]).view(np.uint64)
-    n = kt.shape[1]
-    if n == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    bounds = even_bounds(n)
-    shares = len(bounds) - 1
-    inv = np.empty(n, dtype=np.int64)
-    rep = np.empty(n, dtype=np.int64)
-    counts = np.zeros(shares, dtype=np.int64)
-    run_shares(_dedup_share, (kt, np.array(bounds, dtype=np.int64), inv, rep, counts),
-               bounds)
-    if shares == 1:
-        return inv, rep[:counts[0]].copy()
-    index = RowIndex(kt.shape[0])
-    reps = []
-    u = 0  # groups so far
-    for c in range(shares):
-        lo, hi = bounds[c], bounds[c + 1]
-        first = rep[lo:lo + counts[c]]  # the share's groups' first rows, in order
-        keys = np.ascontiguousarray(kt[:, first].T)
-        at = index.find(keys) if u else np.full(first.shape[0], -1, dtype=np.int64)
-        new = at < 0
-        ids = at.copy()
-        ids[new] = u + np.arange(int(new.sum()), dtype=np.int64)
-        inv[lo:hi] = ids[inv[lo:hi]]
-        index.add(keys[new])
-        reps.append(first[new])
-        u += int(new.sum())
-    return inv, np.concatenate(reps)
 
 
 @jit_exact
