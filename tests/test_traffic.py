@@ -199,12 +199,17 @@ def test_split_edge_rows_gives_split_traffics_rows(monkeypatch, kernel, T, scale
      ksteps) = _problems(rng, rows, T, u)
     t_crit = t_bytes * np.where(rng.random((rows, T)) < 0.4, rng.uniform(1.0, 3.0, (rows, T)), 1.0)
     t_crit[::50, 0] = np.nan  # a NaN differs from itself: that row is split again
+    zero = np.flatnonzero((t_crit == t_bytes).all(axis=1))[:20]
+    t_bytes[zero] = 0.0  # zeros against their negatives: split again (the sign)
+    t_crit[zero] = -0.0
+    per_step[zero] = 1
     scale = rng.uniform(1.0, 2.0, (rows, T)) if scaled else None
     first = traffic.split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, True, work_iter,
                                   work_epi, tiles, ksteps, scale)[0]
     whole = traffic.split_traffic(t_crit, per_step, h15u, h2u, dramu, inv, True, work_iter,
                                   work_epi, tiles, ksteps, scale)[0]
-    edge = (t_crit != t_bytes).any(axis=1)
+    edge = ((t_crit != t_bytes) | (np.signbit(t_crit) != np.signbit(t_bytes))).any(axis=1)
+    assert edge[zero].all() and not (t_crit[zero] != t_bytes[zero]).any(axis=1).any()
     assert 0 < edge.sum() < rows
     before = first.copy()
     # the rows not split again are marked: a write to any of them would show

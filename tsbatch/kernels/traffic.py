@@ -146,12 +146,15 @@ def split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, 
 def _edge_work_rows(t_crit, t_bytes, per_step, h15u, dramu, inv, has_l15, dram_scale,
                     has_scale, out_wi, lo, hi):
     # _split_rows' work columns, operation by operation, of t_crit, for the rows
-    # whose t_crit differs from t_bytes (the others keep out_wi's values)
+    # whose t_crit differs from t_bytes, bit for bit (NaN and the sign of a zero
+    # included; the others keep out_wi's values)
     T = t_crit.shape[1]
     for i in range(lo, hi):
         same = True
         for t in range(T):
-            if t_crit[i, t] != t_bytes[i, t]:
+            a = t_crit[i, t]
+            b = t_bytes[i, t]
+            if a != b or math.copysign(1.0, a) != math.copysign(1.0, b):
                 same = False
                 break
         if same:
@@ -182,7 +185,7 @@ def split_edge_rows(t_crit, t_bytes, per_step, h15u, dramu, inv, has_l15, dram_s
     """The L1.5, L2 and DRAM columns of :func:`split_traffic`'s work matrix for a
     second byte matrix ``t_crit`` (``(n, T)``, split by the same hit rates), on
     the rows where it differs from ``t_bytes`` (the matrix ``work_iter`` was made
-    from), written into ``work_iter`` (``(n, N_RES)``), which is returned: changed
+    from; by value, NaN and the sign of a zero included), written into ``work_iter`` (``(n, N_RES)``), which is returned: changed
     in place at those rows and columns only when it is C-contiguous float64,
     else a converted copy is. Each row then holds what a :func:`split_traffic`
     call on ``t_crit`` would give it, to the bit (numpy below
@@ -201,7 +204,8 @@ def split_edge_rows(t_crit, t_bytes, per_step, h15u, dramu, inv, has_l15, dram_s
                          f"{np.shape(work_iter)} for t_crit {(rows, T)}")
     work_iter = np.ascontiguousarray(work_iter, dtype=np.float64)
     if rows < KERNEL_MIN_ROWS:  # _split_numpy's work columns, on the rows that differ
-        idx = np.flatnonzero((np.asarray(t_crit) != np.asarray(t_bytes)).any(axis=1))
+        tc, tb = np.asarray(t_crit), np.asarray(t_bytes)
+        idx = np.flatnonzero(((tc != tb) | (np.signbit(tc) != np.signbit(tb))).any(axis=1))
         if idx.size == 0:
             return work_iter
         sub = np.asarray(inv)[idx]
