@@ -969,7 +969,7 @@ def admit(cols: dict, dcode: np.ndarray | None = None) -> np.ndarray:
     breaks (0: none). Sizes are checked in float64, so a product that would
     wrap in int64 is caught; the Triton rules apply to ``backend = 'triton'``
     rows (library rows carry catalog tiles). ``dcode``: the rows' dtype codes,
-    where the caller has them. One pass of :func:`_admit_rows` (plain-Python
+    where the caller has them. One pass of :func:`_admit_rows`, in shares (plain-Python
     twin: ``tests/naive.py: gemm_admit``)."""
     i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
     m = i64(cols["m"])
@@ -981,9 +981,10 @@ def admit(cols: dict, dcode: np.ndarray | None = None) -> np.ndarray:
     split = i64(cols["split_k"]) if "split_k" in cols else np.ones(rows, dtype=np.int64)
     tri = ~_is_library(cols["backend"]) if "backend" in cols else np.ones(rows, dtype=np.bool_)
     code = np.zeros(rows, dtype=np.int64)
-    _admit_rows(m, i64(cols["n"]), i64(cols["k"]), i64(cols["block_m"]), i64(cols["block_n"]),
-                i64(cols["block_k"]), i64(cols["num_stages"]), i64(cols["num_warps"]), split, eb,
-                np.ascontiguousarray(tri, dtype=np.bool_), code, 0, rows)
+    run_shares(_admit_rows, (m, i64(cols["n"]), i64(cols["k"]), i64(cols["block_m"]),
+               i64(cols["block_n"]), i64(cols["block_k"]), i64(cols["num_stages"]),
+               i64(cols["num_warps"]), split, eb, np.ascontiguousarray(tri, dtype=np.bool_),
+               code), even_bounds(rows))  # rows in shares on the thread pool
     return code
 
 

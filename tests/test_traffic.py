@@ -181,3 +181,66 @@ def test_compulsory_work_matches_numpy_and_twin(T, has_l15, scaled):
             None if plan.t_dram_scale is None else plan.t_dram_scale[i], work[i], R_L15, R_L2,
             R_DRAM)
         assert twin == got[i].tolist()
+
+
+@pytest.mark.parametrize("kernel", [False, True])
+@pytest.mark.parametrize("T", [1, 3, 7])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_split_edge_rows_gives_split_traffics_rows(monkeypatch, kernel, T, scaled):
+    """evaluate_plan's second split (the envelope's whole tiles) on the rows whose
+    bytes differ, written in place: every row equals, to the bit, a whole
+    split_traffic call on the second byte matrix (kernel and numpy forms) and
+    the twin; the rows whose bytes are the same and the other columns are not
+    written."""
+    monkeypatch.setattr(traffic, "KERNEL_MIN_ROWS", 0 if kernel else 10**9)
+    rng = np.random.default_rng(21 + T + 7 * scaled + 50 * kernel)
+    rows, u = 2000, 300
+    (t_bytes, per_step, h15u, h2u, dramu, inv, work_iter, work_epi, tiles,
+     ksteps) = _problems(rng, rows, T, u)
+    t_crit = t_bytes * np.where(rng.random((rows, T)) < 0.4, rng.uniform(1.0, 3.0, (rows, T)), 1.0)
+    t_crit[::50, 0] = np.nan  # a NaN differs from itself: that row is split again
+    zero = np.flatnonzero((t_crit == t_bytes).all(axis=1))[:20]
+    t_bytes[zero] = 0.0  # zeros against their negatives: split again (the sign)
+    t_crit[zero] = -0.0
+    per_step[zero] = 1
+    scale = rng.uniform(1.0, 2.0, (rows, T)) if scaled else None
+    first = traffic.split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, True, work_iter,
+                                  work_epi, tiles, ksteps, scale)[0]
+    whole = traffic.split_traffic(t_crit, per_step, h15u, h2u, dramu, inv, True, work_iter,
+                                  work_epi, tiles, ksteps, scale)[0]
+    edge = ((t_crit != t_bytes) | (np.signbit(t_crit) != np.signbit(t_bytes))).any(axis=1)
+    assert edge[zero].all() and not (t_crit[zero] != t_bytes[zero]).any(axis=1).any()
+    assert 0 < edge.sum() < rows
+    before = first.copy()
+    # the rows not split again are marked: a write to any of them would show
+    first[~edge] = -1.0
+    marked = first.copy()
+    got = traffic.split_edge_rows(t_crit, t_bytes, per_step, h15u, dramu, inv, True, scale,
+                                  first)
+    assert got is first  # in place
+    assert np.array_equal(got[~edge].view(np.int64), marked[~edge].view(np.int64))
+    got[~edge] = before[~edge]
+    assert np.array_equal(got.view(np.int64), whole.view(np.int64))
+    cols = [c for c in range(N_RES) if c not in (R_L15, R_L2, R_DRAM)]
+    assert np.array_equal(got[:, cols].view(np.int64), before[:, cols].view(np.int64))
+    for i in np.flatnonzero(edge)[::29]:
+        wi = naive.split_traffic_one(t_crit[i], per_step[i], h15u[inv[i]], h2u[inv[i]],
+                                     dramu[inv[i]], True, work_iter[i], work_epi[i], int(tiles[i]),
+                                     int(ksteps[i]), R_L15, R_L2, R_DRAM,
+                                     None if scale is None else scale[i])[0]
+        assert np.array_equal(np.array(got[i].tolist()), np.array(wi), equal_nan=True)
+    # without an L1.5 tier its column is 0 on the rows split again
+    again = traffic.split_edge_rows(t_crit, t_bytes, per_step, h15u, dramu, inv, False, scale,
+                                    before.copy())
+    assert (again[edge, R_L15] == 0.0).all()
+
+
+def test_split_edge_rows_refuses_wide_rows_and_other_shapes():
+    z = np.zeros((4, traffic.NUMPY_PAIRWISE_MIN))
+    with pytest.raises(ValueError, match="tensors"):
+        traffic.split_edge_rows(z, z, z, z, z, np.zeros(4, dtype=np.int64), True, None,
+                                np.zeros((4, N_RES)))
+    z = np.zeros((4, 3))
+    with pytest.raises(ValueError, match="work_iter"):
+        traffic.split_edge_rows(z, z, z, z, z, np.zeros(4, dtype=np.int64), True, None,
+                                np.zeros((5, N_RES)))

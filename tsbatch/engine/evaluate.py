@@ -31,7 +31,9 @@ from tsbatch.kernels.envelope import (
 from tsbatch.kernels.occupancy import REASON_TEXT, resident_tiles
 from tsbatch.kernels.reuse import cache_hit_rates
 from tsbatch.kernels.rowhash import RowIndex, dedup_rows, grown
-from tsbatch.kernels.traffic import bottleneck_codes, split_traffic
+from tsbatch.kernels.traffic import (
+    NUMPY_PAIRWISE_MIN, bottleneck_codes, split_edge_rows, split_traffic,
+)
 from tsbatch.boundary.schema import to_polars, validate
 
 __all__ = ["FAMILIES", "RESULT_COLUMNS", "CacheMemo", "evaluate", "evaluate_plan", "resolve_hw",
@@ -279,12 +281,20 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
         plan.work_epi, tiles, plan.ksteps, plan.t_dram_scale, work_only=latency_only)
     # the envelope's tiles: where a GEMM grid has edge tiles, the busiest SM runs
     # whole ones (plan.t_crit: their bytes split by the same hit rates, their C
-    # stores in epi_crit), while the totals above are the grid's (its average tile)
+    # stores in epi_crit), while the totals above are the grid's (its average tile).
+    # Only the rows whose whole tile differs from their average one (an edge tile)
+    # are split again, into the work matrix just made (a new array): the others'
+    # work rows would come out the same
     work_epi = plan.work_epi
     if plan.t_crit is not None:
-        work_iter = split_traffic(
-            plan.t_crit, plan.t_per_step, h15u, h2u, dramu, inv, hw.has_l15, plan.work_iter,
-            plan.work_epi, tiles, plan.ksteps, plan.t_dram_scale, work_only=True)[0]
+        if plan.t_crit.shape[1] < NUMPY_PAIRWISE_MIN:
+            work_iter = split_edge_rows(plan.t_crit, plan.t_bytes, plan.t_per_step, h15u,
+                                        dramu, inv, hw.has_l15, plan.t_dram_scale, work_iter)
+        else:
+            work_iter = split_traffic(
+                plan.t_crit, plan.t_per_step, h15u, h2u, dramu, inv, hw.has_l15,
+                plan.work_iter, plan.work_epi, tiles, plan.ksteps, plan.t_dram_scale,
+                work_only=True)[0]
         work_epi = work_epi.copy()
         work_epi[:, R_L2] += plan.epi_crit[:, 0]
         work_epi[:, R_DRAM] += plan.epi_crit[:, 1]
@@ -501,14 +511,16 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
         first[1:] = parent[order][1:] != parent[order][:-1]
         pick = np.empty(n, dtype=np.int64)
         pick[parent[order][first]] = order[first]
-    else:
-        pick = np.arange(n, dtype=np.int64)
+        take = lambda a: a[pick]  # noqa: E731
+    else:  # a row per input row: the arrays as they are (a gather by arange is a copy)
+        pick = None
+        take = lambda a: a  # noqa: E731
 
-    reason = res["reason_code"][pick]
+    reason = take(res["reason_code"])
     reason_text = _text(reason_names(plan), reason)
-    util = res["util"][pick]
-    latp = lat[pick]
-    feasible = res["feasible"][pick]
+    util = take(res["util"])
+    latp = take(lat)
+    feasible = take(res["feasible"])
     lost = feasible & ~np.isfinite(latp)
     if lost.any():  # the contract: a feasible row has a finite latency
         feasible = feasible & ~lost
@@ -522,16 +534,19 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
                  "t_steady_iter_us", "waves", "tail_tiles", "resident_tiles", "pipeline_depth",
                  "l15_hit", "l2_hit", "dram_bytes", "l2_bytes", "achieved_tflops", "mma_path",
                  "register_spill"):
-        data[name] = res[name][pick]
+        data[name] = take(res[name])
+    # each resource's column contiguous (one transposed copy; polars would copy
+    # every strided column of the row-major matrix on its own)
+    util_t = np.ascontiguousarray(util.T)
     for j, r in enumerate(R_NAMES):
-        data[f"util_{r}"] = util[:, j]
+        data[f"util_{r}"] = util_t[j]
     data["bottleneck"] = _text(_BOTTLENECK_NAMES, _bottleneck(util, latp, data["t_launch_us"]))
     onames, ocodes = order_names(plan, fam)
-    data["steady_order"] = _text(onames, ocodes[pick])
-    data["t_chain_us"] = (plan.chain_us[pick] if plan.chain_us is not None
+    data["steady_order"] = _text(onames, take(ocodes))
+    data["t_chain_us"] = (take(plan.chain_us) if plan.chain_us is not None
                           else np.zeros(n))
     for name in plan.extra.get("outputs", ()):  # a program's [output] values
-        data[name] = res[name][pick]
+        data[name] = take(res[name])
     if m != n:  # the winning catalog tile of each library row, as text (vectorized)
         parts = {c: np.asarray(cols[c])[pick] for c in
                  ("block_m", "block_n", "block_k", "num_stages", "num_warps", "split_k")}
@@ -549,9 +564,9 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
         pl.col("library_tile").cast(pl.String),
         pl.col("steady_order").cast(pl.String),
     )
-    if plan.unlowered is not None and plan.unlowered[pick].any():
+    if plan.unlowered is not None and take(plan.unlowered).any():
         # rows not lowered (a rule checked before lowering): no model numbers
-        mask = pl.Series(plan.unlowered[pick])
+        mask = pl.Series(take(plan.unlowered))
         out = out.with_columns([pl.when(mask).then(None).otherwise(pl.col(c)).alias(c)
                                 for c in out.columns if c not in _KEPT_WHEN_UNLOWERED])
     drop = [c for c in out.columns if c in df.columns]

@@ -27,8 +27,8 @@ from tsbatch.kernels._config import jit_exact
 from tsbatch.kernels._threads import even_bounds, run_shares
 from tsbatch.kernels.envelope import N_RES, R_DRAM, R_L15, R_L2
 
-__all__ = ["split_traffic", "bottleneck_codes", "compulsory_work", "NUMPY_PAIRWISE_MIN",
-           "KERNEL_MIN_ROWS"]
+__all__ = ["split_traffic", "split_edge_rows", "bottleneck_codes", "compulsory_work",
+           "NUMPY_PAIRWISE_MIN", "KERNEL_MIN_ROWS"]
 
 #: numpy sums a row of at least this many elements pairwise (8 partial sums),
 #: not left to right; such rows go through numpy
@@ -140,6 +140,88 @@ def split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, 
                              f64(dram_scale) if dram_scale is not None else np.ones((1, 1)),
                              dram_scale is not None, out_wi) + outs, even_bounds(rows))
     return (out_wi,) + outs
+
+
+@jit_exact
+def _edge_work_rows(t_crit, t_bytes, per_step, h15u, dramu, inv, has_l15, dram_scale,
+                    has_scale, out_wi, lo, hi):
+    # _split_rows' work columns, operation by operation, of t_crit, for the rows
+    # whose t_crit differs from t_bytes, bit for bit (NaN and the sign of a zero
+    # included; the others keep out_wi's values)
+    T = t_crit.shape[1]
+    for i in range(lo, hi):
+        same = True
+        for t in range(T):
+            a = t_crit[i, t]
+            b = t_bytes[i, t]
+            if a != b or math.copysign(1.0, a) != math.copysign(1.0, b):
+                same = False
+                break
+        if same:
+            continue
+        u = inv[i]
+        req_tot = 0.0
+        l2_b = 0.0
+        dram_b = 0.0
+        for t in range(T):
+            req = t_crit[i, t] if per_step[i, t] != 0 else 0.0
+            a = req * (1.0 - h15u[u, t])
+            dreq = req * dram_scale[i, t] if has_scale else req
+            if t == 0:
+                req_tot = req
+                l2_b = a
+                dram_b = dreq * dramu[u, t]
+            else:
+                req_tot += req
+                l2_b += a
+                dram_b += dreq * dramu[u, t]
+        out_wi[i, R_L15] = req_tot if has_l15 else 0.0
+        out_wi[i, R_L2] = l2_b
+        out_wi[i, R_DRAM] = dram_b
+
+
+def split_edge_rows(t_crit, t_bytes, per_step, h15u, dramu, inv, has_l15, dram_scale,
+                    work_iter):
+    """The L1.5, L2 and DRAM columns of :func:`split_traffic`'s work matrix for a
+    second byte matrix ``t_crit`` (``(n, T)``, split by the same hit rates), on
+    the rows where it differs from ``t_bytes`` (the matrix ``work_iter`` was made
+    from; by value, NaN and the sign of a zero included), written into ``work_iter`` (``(n, N_RES)``), which is returned: changed
+    in place at those rows and columns only when it is C-contiguous float64,
+    else a converted copy is. Each row then holds what a :func:`split_traffic`
+    call on ``t_crit`` would give it, to the bit (numpy below
+    :data:`KERNEL_MIN_ROWS` rows, as there); a row whose bytes are the same
+    would come out the same, so it is not split again. This is
+    :func:`tsbatch.engine.evaluate.evaluate_plan`'s split of the envelope's whole
+    tiles (:attr:`TilePlan.t_crit`), which differ from the grid's average tile
+    on the rows with an edge tile only. Rows of :data:`NUMPY_PAIRWISE_MIN`
+    tensors or more are not taken (numpy's pairwise sums): :class:`ValueError`.
+    Plain-Python twin: ``tests/naive.py``, ``split_traffic_one`` (its work row)."""
+    rows, T = np.shape(t_crit)
+    if T >= NUMPY_PAIRWISE_MIN:
+        raise ValueError(f"split_edge_rows: {T} tensors a row (at most {NUMPY_PAIRWISE_MIN - 1})")
+    if np.shape(t_bytes) != (rows, T) or np.shape(work_iter)[0] != rows:
+        raise ValueError(f"split_edge_rows: t_bytes {np.shape(t_bytes)} and work_iter "
+                         f"{np.shape(work_iter)} for t_crit {(rows, T)}")
+    work_iter = np.ascontiguousarray(work_iter, dtype=np.float64)
+    if rows < KERNEL_MIN_ROWS:  # _split_numpy's work columns, on the rows that differ
+        tc, tb = np.asarray(t_crit), np.asarray(t_bytes)
+        idx = np.flatnonzero(((tc != tb) | (np.signbit(tc) != np.signbit(tb))).any(axis=1))
+        if idx.size == 0:
+            return work_iter
+        sub = np.asarray(inv)[idx]
+        req = np.where(np.asarray(per_step)[idx].astype(bool), np.asarray(t_crit)[idx], 0.0)
+        work_iter[idx, R_L15] = req.sum(axis=1) if has_l15 else 0.0
+        work_iter[idx, R_L2] = (req * (1.0 - np.asarray(h15u)[sub])).sum(axis=1)
+        dreq = req if dram_scale is None else req * np.asarray(dram_scale)[idx]
+        work_iter[idx, R_DRAM] = (dreq * np.asarray(dramu)[sub]).sum(axis=1)
+        return work_iter
+    f64 = lambda a: np.ascontiguousarray(a, dtype=np.float64)  # noqa: E731
+    i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
+    run_shares(_edge_work_rows, (f64(t_crit), f64(t_bytes), i64(per_step), f64(h15u), f64(dramu),
+                                 i64(inv), bool(has_l15),
+                                 f64(dram_scale) if dram_scale is not None else np.ones((1, 1)),
+                                 dram_scale is not None, work_iter), even_bounds(rows))
+    return work_iter
 
 
 @jit_exact
