@@ -256,16 +256,9 @@ def split_shared(d: pl.DataFrame, seed: int, problems: int) -> pl.DataFrame:
     are searched. All rows of a problem (every configuration and backend) go
     to one half.
     """
-    probs = d.select("_hw", "set", "label", "_problem").unique().sort("_hw", "set", "label", "_problem")
-    rng = np.random.default_rng(seed)
-    out = []
-    for _, g in probs.group_by(["_hw", "set", "label"], maintain_order=True):
-        ids = g["_problem"].to_numpy()[rng.permutation(g.height)]
-        nfit = len(ids) // 2
-        cap = nfit if problems <= 0 else min(problems, nfit)
-        out.append(pl.DataFrame({"_problem": ids, "half": ["fit"] * nfit + ["held"] * (len(ids) - nfit),
-                                 "searched": [i < cap for i in range(len(ids))]}))
-    return d.join(pl.concat(out), on="_problem")
+    from cross_validate import split  # bench/ is not a package; it imports this module
+
+    return d.join(split(d, seed, problems), on="_problem")
 
 
 def score_shared(d: pl.DataFrame, hw, by_bucket: bool = False) -> pl.DataFrame:
