@@ -491,7 +491,8 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     (without bit 2) a floor of that queue, bit 8 the busiest resource's floor
     between waves (the model: 11; the screen's bound: 4). ``conv``: a tile's
     layout conversion, serial at each turnover between full waves (``p`` of
-    them): a later wave takes at least its time less its stores' drain plus them."""
+    them, pipelined with the C stores' issue out of the SM at its L2 share): a
+    later wave takes at least its time less its stores' drain plus them."""
     conc = sms * p
     ring = 1 if terms & 2 else (2 if terms & 4 else 0)
     args = (work_iter, work_epi, rate, shared, compute)
@@ -528,9 +529,13 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
                 if qd > inc:
                     inc += beta * (qd - inc)
         hf_c = min(hf, res[3])  # hidden: off the drain first, then off the loop
-        # the p slots turn over together: their conversions before the next wave,
-        # which may start under the stores' drain
-        turn = max(res[0] - store + p * conv - inc, 0.0) if conv > 0.0 else 0.0
+        # the p slots turn over together: each block exits after its conversion
+        # (shared memory) and its C stores' issue at the SM's share of the L2
+        # rate (resource 5), pipelined over the p slots; only the stores' drain
+        # past the L2 may run under the next wave
+        issue = work_epi[5] * sms / rate[5] if rate[5] > 0.0 else 0.0
+        turn = (max(res[0] - store + p * max(conv, issue) + min(conv, issue) - inc, 0.0)
+                if conv > 0.0 else 0.0)
         inc += turn
         # one wave plus (full - 1) waves less the hidden part (no cancellation)
         total[0] += res[0] + (full - 1) * inc

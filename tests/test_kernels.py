@@ -730,8 +730,8 @@ QUEUE_ABOVE_ISOLATED = {
 @example(QUEUE_ABOVE_ISOLATED, 2)
 def test_wave_seams_hide_at_most_the_prologue_and_never_the_stores(c, full):
     """Inter-wave overlap: W full waves cost no more than W isolated waves (and
-    the p layout conversions of each turnover, ``conv``, which an isolated wave
-    does not pay), no less than W waves without their prologues and their
+    the p layout conversions and C stores' issue of each turnover, ``conv``,
+    which an isolated wave does not pay), no less than W waves without their prologues and their
     drains' compute (what the previous wave's stores may run under), and never
     less than the stores."""
     c = dict(c, persistent=0, tiles=full * c["sms"] * c["p"])
@@ -741,7 +741,10 @@ def test_wave_seams_hide_at_most_the_prologue_and_never_the_stores(c, full):
                              c["warps_tile"], c["warps_full"], c["lat"], c["ovh_iter"],
                              c["ovh_tile"], 0, c["share_eff"], c["sync"])
     isolated, one_pro, one_store = full * one[0], one[1], one[5]
-    turns = (full - 1) * c["p"] * c.get("conv", 0.0)
+    conv = c.get("conv", 0.0)
+    # ... and, with them, the p C stores' issue out of the SM (at its L2 share)
+    issue = c["work_epi"][5] * c["sms"] / c["rate"][5] if conv > 0.0 and c["rate"][5] > 0 else 0.0
+    turns = (full - 1) * c["p"] * (conv + issue)
     assert t <= (isolated + turns) * (1 + 1e-12)
     drain_compute = max(one[3] - one_store - c["p"] * c["ovh_tile"], 0.0)
     # at most the prologue, the drain's compute and the stores of each later wave hide
@@ -1003,3 +1006,42 @@ def test_layout_conversion_paid_once_per_turnover_between_full_waves():
     c = dict(base, p=1, tiles=12, work_epi=[0.0] * 5 + [4000.0, 4000.0, 0.0, 0.0])
     plain, conv = _envelopes([dict(c, conv=0.0), dict(c, conv=0.25)])["latency_us"]
     assert conv >= plain
+
+
+def test_turnover_exposes_the_stores_issue_not_their_drain():
+    """A block exits after its C stores have been issued out of the SM (at the
+    SM's share of the L2 rate) and only then is its successor launched: with the
+    stores all at the L2 (issue = drain), each full wave after the first costs the
+    isolated wave plus the turnover's pipelined conversions and issues beyond the
+    stores, ``p max(conv, issue) + min(conv, issue) - store``; with the same stores
+    draining to DRAM for longer, only the issue stays exposed."""
+    base = dict(work_iter=[1.0, 0.0, 0.0, 2.0, 3.0, 1.0, 0.5, 0.0, 0.0],
+                work_epi=[0.0] * 5 + [200.0, 0.0, 0.0, 0.0],
+                rate=[10.0, 0.0, 0.0, 20.0, 30.0, 1600.0, 200.0, 0.0, 0.0], sms=4, ksteps=16,
+                stages=3, warps_tile=4.0, warps_full=4.0, lat=0.6, ovh_iter=0.03, ovh_tile=0.0,
+                persistent=0, launch=0.0, share_eff=1.0, sync=0.0)
+    issue = 200.0 * 4 / 1600.0  # 0.5 us a tile
+    for p, conv in ((1, 0.25), (1, 0.75), (2, 0.25), (3, 0.25)):
+        c = dict(base, p=p, tiles=3 * 4 * p)
+        one = naive.envelope_one(c["work_iter"], c["work_epi"], c["rate"], SHARED.tolist(),
+                                 COMPUTE.tolist(), p, 4, 16, 3, 4.0, 4.0, 0.6, 0.03, 0.0, 0)
+        store = one[5]
+        assert store == pytest.approx(issue)  # one tile's, the others' hidden under the loop
+        got = _envelopes([dict(c, conv=conv)])["latency_us"][0]
+        want = 3 * one[0] + 2 * (p * max(conv, issue) + min(conv, issue) - store)
+        assert_allclose(got, want, rtol=1e-9)
+        assert_allclose(_twin_wave(dict(c, conv=conv))[0], got, rtol=FASTMATH_RTOL)
+    # the same stores draining 4x longer to DRAM: the drain past the issue runs
+    # under the next wave, the issue does not
+    c = dict(base, p=1, tiles=12, conv=0.25, work_epi=[0.0] * 5 + [200.0, 100.0, 0.0, 0.0])
+    one = naive.envelope_one(c["work_iter"], c["work_epi"], c["rate"], SHARED.tolist(),
+                             COMPUTE.tolist(), 1, 4, 16, 3, 4.0, 4.0, 0.6, 0.03, 0.0, 0)
+    assert one[5] == pytest.approx(4 * issue)
+    floor = naive.busiest(c["work_iter"], c["work_epi"], c["rate"], SHARED.tolist(),
+                          COMPUTE.tolist(), 1, 4, 16, 4.0, 4.0)[0]
+    h, hf = naive.seam(one, one[5], 0.0, floor)  # the seam's own hiding, where it is less
+    got = _envelopes([c])["latency_us"][0]
+    assert_allclose(got, 3 * one[0] + 2 * max(-(h + hf), 0.25 + issue - one[5]), rtol=1e-9)
+    assert got > 3 * one[0] - 2 * (h + hf)  # here the issue binds
+    assert_allclose(_twin_wave(c)[0], got, rtol=FASTMATH_RTOL)
+

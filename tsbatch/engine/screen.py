@@ -210,10 +210,15 @@ def lower_bound(plan: TilePlan, p: np.ndarray, hw: HwSpec, *, own: bool = False,
     # every other envelope input exactly as evaluate_plan passes it (the chain
     # too: it does not depend on the hit rates, and the loop's bookkeeping joins
     # it where there is one, so leaving it out would not give a lower bound);
-    # not the layout conversion between full waves (plan.conv_us): it only adds
-    # time, and net of the stores still exposed it is not monotone in the work
+    # and the turnover between full waves (plan.conv_us: the layout conversion
+    # and, with it, the C stores' issue): its increment, max(inc, t - store +
+    # the turnover), is non-decreasing in the loop work (t - store is the
+    # prologue, loop and last compute step; the epilogue work is the model's),
+    # though its excess over inc alone is not; without it the bound fell
+    # further below the prediction on many-wave Triton Hopper rows and the
+    # prune evaluated more of them
     kw = {"share_eff": plan.share_eff, "sync": plan.sync_us, "chain": plan.chain_us,
-          "streams": plan.streams}
+          "streams": plan.streams, "conv": plan.conv_us}
     env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, plan.g0 * plan.g1 * plan.g2,
                              hw.sm_count, p, plan.ksteps, plan.stages, plan.warps,
                              plan.warps_full, plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us,

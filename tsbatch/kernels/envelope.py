@@ -446,9 +446,13 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     memory before its stores can issue (Triton's Hopper wgmma tiles): between
     full waves the ``p`` slots of an SM turn over together (they started the
     wave together at equal rates), and no block of the next wave can start
-    before the ``p`` conversions of the last are done: each full wave after the
+    before the block it replaces has exited, i.e. converted its tile and issued
+    its C stores out of the SM (``issue``: the tile's L2 store bytes at the SM's
+    share of the chip's L2 rate); the ``p`` slots pipeline the conversions
+    (shared memory) and the issues (the path to L2): each full wave after the
     first takes at least its own time less its stores' drain (which may run
-    under the next wave) plus ``p * conv``. Only ever adds time.
+    under the next wave) plus ``p * max(conv, issue) + min(conv, issue)``. Only
+    ever adds time.
 
     Returns ``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``.
     ``terms`` (bits :data:`TERM_QUEUED_WAVE`, :data:`TERM_RING`,
@@ -522,14 +526,24 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
                     qd = t  # never more than the wave alone, from scratch
                 if qd > inc:
                     inc += beta * (qd - inc)
-        # the slots' turnover between full waves: their p layout conversions run
-        # between the loop's end and the next wave's blocks, so a later wave
-        # takes at least its own time less its stores' drain plus them (the
-        # drain itself may run under the next wave; t - store does not fall
-        # when work rises)
+        # the slots' turnover between full waves: a non-persistent block's
+        # successor is launched only once the block has exited, and it exits
+        # after its layout conversion (the SM's shared memory) and after its C
+        # stores have been issued out of the SM (at its share of the chip's L2
+        # rate: every SM turns over at once); only their drain past the L2 may
+        # run under the next wave. The p slots, in step, pipeline the two over
+        # the two paths (p x the longer plus one of the shorter), so a later
+        # wave takes at least its own time less its stores' drain plus that
+        # (t - store does not fall when work rises; the next block's prologue
+        # is in t, exposed)
         turn = 0.0
         if conv > 0.0:
-            turn = t - store + p * conv - inc
+            issue = 0.0
+            if rate[R_L2] > 0.0:
+                issue = work_epi[R_L2] * sms / rate[R_L2]
+            hi = conv if conv > issue else issue
+            lo = conv + issue - hi
+            turn = t - store + p * hi + lo - inc
             if turn < 0.0:
                 turn = 0.0
         inc += turn
