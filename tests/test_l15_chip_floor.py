@@ -1,4 +1,5 @@
-"""The chip-level floor of Hopper's L1.5 tier (tsbatch.engine.evaluate.l15_chip_floor):
+"""The chip-level floor of Hopper's L1.5 tier (tsbatch.kernels.envelope.l15_chip_floor,
+applied by evaluate_plan; its twin and hand test: tests/test_kernels.py):
 the grid's requested bytes plus its DRAM fills at the tier's chip rate, after one
 latency and the launch (docs/gemm_accuracy.md, "Hopper L1.5 fills as a chip floor,
 session 6")."""
@@ -29,20 +30,15 @@ def _lower(hw, **row):
     return gemm.lower(cols, get_hw(hw))
 
 
-def test_floor_by_hand():
-    """1000 requested and 400 DRAM bytes at 100 B/us take 14 us, after a 0.5 us
-    latency and a 2 us launch; no L1.5 tier (rate 0): no floor; each total and
-    each time adds."""
-    f = ev.l15_chip_floor(np.array([1000.0, 1000.0, 1000.0, 1200.0]),
-                          np.array([400.0, 400.0, 600.0, 400.0]),
-                          np.array([100.0, 0.0, 100.0, 100.0]), np.array([0.5] * 4),
-                          np.array([2.0] * 4))
-    assert f.tolist() == pytest.approx([16.5, 0.0, 18.5, 18.5], rel=1e-12)
-
-
 def _off(monkeypatch, plan, spec):
+    """The model without the floor (evaluate_envelopes without ``l15_avg``)."""
+    inner = ev.evaluate_envelopes
+
+    def without(*a, l15_avg=None, **kw):
+        return inner(*a, **kw)
+
     with monkeypatch.context() as mp:
-        mp.setattr(ev, "_l15_chip_floor", lambda env, *a: env)
+        mp.setattr(ev, "evaluate_envelopes", without)
         return ev.evaluate_plan(plan, spec)
 
 

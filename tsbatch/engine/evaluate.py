@@ -26,7 +26,7 @@ from tsbatch.errors import InputError
 from tsbatch.hw import HwSpec, UnknownHardwareError, get_hw
 from tsbatch.kernels._heap import keep_freed_heap
 from tsbatch.kernels.envelope import (
-    N_RES, R_DRAM, R_L15, R_L2, R_NAMES, evaluate_envelopes,
+    N_RES, R_DRAM, R_L2, R_NAMES, evaluate_envelopes,
 )
 from tsbatch.kernels.occupancy import REASON_TEXT, resident_tiles
 from tsbatch.kernels.reuse import cache_hit_rates
@@ -277,7 +277,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
     work_iter, l15_hit, l2_hit, dram_bytes, l2_bytes = split_traffic(
         plan.t_bytes, plan.t_per_step, h15u, h2u, dramu, inv, hw.has_l15, plan.work_iter,
         plan.work_epi, tiles, plan.ksteps, plan.t_dram_scale, work_only=latency_only)
-    work_avg = work_iter  # the grid's average tile (the chip-level L1.5 floor's totals)
+    work_avg = work_iter  # the grid's average tile (the L1.5 chip floor's totals)
     # the envelope's tiles: where a GEMM grid has edge tiles, the busiest SM runs
     # whole ones (plan.t_crit: their bytes split by the same hit rates, their C
     # stores in epi_crit), while the totals above are the grid's (its average tile)
@@ -294,12 +294,11 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
                              plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us, plan.persistent,
                              plan.launch_us, share_eff=plan.share_eff, sync=plan.sync_us,
                              chain=plan.chain_us, streams=plan.streams, conv=plan.conv_us,
-                             latency_only=latency_only)
+                             latency_only=latency_only,
+                             l15_avg=(work_avg, plan.work_epi) if hw.has_l15 else None)
     serial = plan.extra.get("serial_us")
     if serial is not None:
         env = _serial_bound(env, serial, plan, work_iter, work_epi, tiles, sms, p)
-    if hw.has_l15:
-        env = _l15_chip_floor(env, plan, work_avg, tiles, sms, p)
     t3 = time.perf_counter()
     # a wait before the first load (a library TMA kernel's descriptor fetch) and a
     # second kernel after the tiles (a library split-K's reduction)
@@ -372,42 +371,6 @@ def _serial_bound(env: dict, serial: np.ndarray, plan: TilePlan, work_iter: np.n
     lat[idx] += add
     epi[idx] += add
     return {**env, "latency_us": lat, "t_epilogue_us": epi}
-
-
-def l15_chip_floor(l15_tot, dram_tot, chip_rate, lat, launch):
-    """The chip-level floor of a grid's time on Hopper's L1.5 tier (the L2-side
-    path, ``l15_bw_tbps``): a line that misses the L2 is written into it by its
-    DRAM fill and read out as a hit, so the path carries the grid's requested
-    bytes ``l15_tot`` and its DRAM fills ``dram_tot`` at the chip's rate
-    ``chip_rate`` (bytes per microsecond; docs/gemm_accuracy.md, "Hopper L1.5
-    fills as a chip floor, session 6"), after one load latency ``lat``, plus the
-    launch. Both totals only grow with the problem (the grid's, not an average
-    tile's), so the floor never falls where the work grows. Elementwise
-    (numpy); ``chip_rate <= 0`` (no L1.5 tier): 0."""
-    chip = np.asarray(chip_rate, dtype=np.float64)
-    pos = chip > 0.0
-    t = np.divide(np.asarray(l15_tot, dtype=np.float64) + dram_tot, chip,
-                  out=np.zeros(np.broadcast(chip, l15_tot).shape), where=pos)
-    return np.where(pos, launch + lat + t, 0.0)
-
-
-def _l15_chip_floor(env: dict, plan: TilePlan, work_avg: np.ndarray, tiles: np.ndarray,
-                    sms: int, p: np.ndarray) -> dict:
-    """The envelope's latency raised to :func:`l15_chip_floor` (from the grid's
-    average tile ``work_avg`` times its ``tiles``: its total L1.5 requests and
-    DRAM bytes); the raise is part of the loop (``t_steady_us``)."""
-    kf = plan.ksteps.astype(np.float64)
-    tf = tiles.astype(np.float64)
-    l15_tot = tf * (kf * work_avg[:, R_L15] + plan.work_epi[:, R_L15])
-    dram_tot = tf * (kf * work_avg[:, R_DRAM] + plan.work_epi[:, R_DRAM])
-    fl = l15_chip_floor(l15_tot, dram_tot, plan.rate[:, R_L15] * sms, plan.lat_us,
-                        plan.launch_us)
-    lat = env["latency_us"]
-    add = np.where(p > 0, fl - lat, 0.0)
-    if not (add > 0.0).any():
-        return env
-    add = np.maximum(add, 0.0)
-    return {**env, "latency_us": lat + add, "t_steady_us": env["t_steady_us"] + add}
 
 
 def _tick_plan(timings: dict, t0, t1, t2, t3, u: int, v: int) -> None:
