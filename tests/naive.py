@@ -562,6 +562,19 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     return (*total, steady_iter, full + (1 if tail else 0), tail)
 
 
+def l15_chip_floor(avg_iter, avg_epi, rate_l15, tiles, sms, ksteps, lat):
+    """The grid's L1.5 requests plus its DRAM fills (its average tile's, times the
+    tiles) at the tier's chip rate (the per-SM rate times ``sms``), after one
+    latency; 0 without the tier."""
+    chip = rate_l15 * sms
+    if chip <= 0.0:
+        return 0.0
+    L15, DRAM = 4, 6  # tsbatch.kernels.envelope.R_NAMES
+    total = (tiles * (ksteps * avg_iter[L15] + avg_epi[L15])
+             + tiles * (ksteps * avg_iter[DRAM] + avg_epi[DRAM]))
+    return lat + total / chip
+
+
 def utilization(work_iter, work_epi, rate, shared, tiles, sms, ksteps, total):
     """Fraction of ``total`` each resource is busy: the grid's work over the
     chip-wide rate (a private resource's per-SM rate times the SM count)."""

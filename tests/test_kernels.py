@@ -610,6 +610,57 @@ def test_evaluate_envelopes_match_twin(cases):
         assert np.array_equal(split[k], out[k], equal_nan=True), k
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(envelope_cases(), min_size=1, max_size=4), st.floats(0.25, 1.0))
+def test_l15_chip_floor_matches_twin(cases, shrink):
+    """With the grid's average tile (here the busiest tile's work a step times
+    ``shrink``, its once-per-tile work as it is), each row's latency is the
+    larger of the envelope's and the L1.5 chip floor plus the launch, the raise
+    in the loop's phase; the other phases and the waves are the envelope's."""
+    sms = cases[0]["sms"]
+    for c in cases:
+        c["sms"] = sms
+    col = lambda k: np.array([c[k] for c in cases])  # noqa: E731
+    avg_iter = col("work_iter") * shrink
+    base = _envelopes(cases)
+    out = evaluate_envelopes(col("work_iter"), col("work_epi"), col("rate"), col("tiles"), sms,
+                             col("p"), col("ksteps"), col("stages"), col("warps_tile"), 4.0,
+                             col("lat"), col("ovh_iter"), col("ovh_tile"), col("persistent"),
+                             col("launch"), share_eff=col("share_eff"), sync=col("sync"),
+                             conv=np.array([c.get("conv", 0.0) for c in cases]),
+                             l15_avg=(avg_iter, col("work_epi")))
+    for i, c in enumerate(cases):
+        t, pro, st_, epi, it, wv, tail = _twin_wave(c)
+        fl = c["launch"] + naive.l15_chip_floor(avg_iter[i].tolist(), c["work_epi"],
+                                                c["rate"][envelope.R_L15], c["tiles"], sms,
+                                                c["ksteps"], c["lat"])
+        want = max(t + c["launch"], fl)
+        assert_allclose(out["latency_us"][i], want, rtol=FASTMATH_RTOL, atol=FASTMATH_RTOL * want)
+        assert_allclose(out["t_steady_us"][i], st_ + (want - t - c["launch"]),
+                        rtol=FASTMATH_RTOL, atol=FASTMATH_RTOL * want)
+        assert out["latency_us"][i] >= base["latency_us"][i]
+        for k in ("t_prologue_us", "t_epilogue_us", "t_steady_iter_us", "waves", "tail_tiles"):
+            assert out[k][i] == base[k][i], k
+
+
+def test_l15_chip_floor_by_hand():
+    """1000 requested and 400 DRAM bytes an iteration (per tile: 2 tiles x 5
+    steps, plus 20 and 10 once per tile) at 100 B/us a SM on 2 SMs take
+    (2 x (5 x 1000 + 20) + 2 x (5 x 400 + 10)) / 200 = 70.3 us after a 0.5 us
+    latency; no tier: 0; the floor grows with either total."""
+    w = [0.0] * N_RES
+    e = [0.0] * N_RES
+    w[envelope.R_L15], w[R_DRAM] = 1000.0, 400.0
+    e[envelope.R_L15], e[R_DRAM] = 20.0, 10.0
+    w, e = np.array(w), np.array(e)
+    assert envelope.l15_chip_floor(w, e, 100.0, 2.0, 2.0, 5.0, 0.5) == pytest.approx(70.8)
+    assert naive.l15_chip_floor(w.tolist(), e.tolist(), 100.0, 2, 2, 5, 0.5) == pytest.approx(70.8)
+    assert envelope.l15_chip_floor(w, e, 0.0, 2.0, 2.0, 5.0, 0.5) == 0.0
+    more = w.copy()
+    more[R_DRAM] += 1.0
+    assert envelope.l15_chip_floor(more, e, 100.0, 2.0, 2.0, 5.0, 0.5) > 70.8
+
+
 @settings(max_examples=150, deadline=None)
 @given(envelope_cases(), st.integers(1, 160))
 def test_envelope_one_matches_twin(c, active):

@@ -279,6 +279,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
     work_iter, l15_hit, l2_hit, dram_bytes, l2_bytes = split_traffic(
         plan.t_bytes, plan.t_per_step, h15u, h2u, dramu, inv, hw.has_l15, plan.work_iter,
         plan.work_epi, tiles, plan.ksteps, plan.t_dram_scale, work_only=latency_only)
+    work_avg = work_iter  # the grid's average tile (the L1.5 chip floor's totals)
     # the envelope's tiles: where a GEMM grid has edge tiles, the busiest SM runs
     # whole ones (plan.t_crit: their bytes split by the same hit rates, their C
     # stores in epi_crit), while the totals above are the grid's (its average tile).
@@ -303,7 +304,8 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
                              plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us, plan.persistent,
                              plan.launch_us, share_eff=plan.share_eff, sync=plan.sync_us,
                              chain=plan.chain_us, streams=plan.streams, conv=plan.conv_us,
-                             latency_only=latency_only)
+                             latency_only=latency_only,
+                             l15_avg=(work_avg, plan.work_epi) if hw.has_l15 else None)
     serial = plan.extra.get("serial_us")
     if serial is not None:
         env = _serial_bound(env, serial, plan, work_iter, work_epi, tiles, sms, p)

@@ -114,6 +114,7 @@ __all__ = [
     "COMPUTE",
     "envelope_one",
     "wave_time",
+    "l15_chip_floor",
     "evaluate_envelopes",
 ]
 
@@ -577,11 +578,32 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     return T, tp, ts, te, s_it, full + (1 if tail > 0 else 0), tail
 
 
+@jit_scalar
+def l15_chip_floor(avg_iter, avg_epi, rate_l15, tiles, sms, ksteps, lat):
+    """The chip-level floor of a grid's time on Hopper's L1.5 tier (the L2-side
+    path, ``l15_bw_tbps``), launch left out: a line that misses the L2 is written
+    into it by its DRAM fill and read out as a hit, so the path carries the
+    grid's requested bytes and its DRAM fills at the chip's rate (``rate_l15``,
+    the per-SM rate, times ``sms``), after one load latency ``lat``
+    (docs/gemm_accuracy.md, "Hopper L1.5 fills as a chip floor, session 6").
+    From the grid's average tile (``avg_iter``, ``avg_epi``: its L1.5 requests
+    and DRAM bytes a step and once per tile) times its ``tiles``: totals that
+    only grow with the problem, so the floor never falls where the work grows
+    (a per-SM form priced from the average tile did: 164352d). 0 without an
+    L1.5 tier (``rate_l15 <= 0``)."""
+    chip = rate_l15 * sms
+    if chip <= 0.0:
+        return 0.0
+    req = tiles * (ksteps * avg_iter[R_L15] + avg_epi[R_L15])
+    fill = tiles * (ksteps * avg_iter[R_DRAM] + avg_epi[R_DRAM])
+    return lat + (req + fill) / chip
+
+
 @jit_borrow
 def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
                warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff, sync,
-               chain, streams, terms, conv, out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util,
-               lo, hi):
+               chain, streams, terms, conv, avg_iter, avg_epi, l15_floor, out_t, out_pro, out_st,
+               out_epi, out_it, out_waves, out_tail, out_util, want_util, lo, hi):
     R = work_iter.shape[1] if want_util else 0
     for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: no wraparound check per access
         if p[i] <= 0 or tiles[i] <= 0:
@@ -601,6 +623,12 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
                                           ovh_tile[i], persistent[i], share_eff[i], sync[i],
                                           chain[i], streams[i], terms, conv[i])
         total = t + launch[i]
+        if l15_floor:
+            fl = launch[i] + l15_chip_floor(avg_iter[i], avg_epi[i], rate[i, R_L15],
+                                            float(tiles[i]), float(sms), float(ksteps[i]), lat[i])
+            if fl > total:
+                b += fl - total  # the raise is the loop's
+                total = fl
         out_t[i] = total
         out_pro[i] = a
         out_st[i] = b
@@ -622,7 +650,8 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
 
 def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages, warps_tile,
                        warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff=None, sync=None,
-                       latency_only=False, chain=None, streams=None, terms=None, conv=None):
+                       latency_only=False, chain=None, streams=None, terms=None, conv=None,
+                       l15_avg=None):
     """Batched :func:`wave_time` plus launch time and per-resource utilization.
 
     ``work_iter``, ``work_epi``, ``rate`` are ``(n, N_RES)``; rates in work
@@ -643,6 +672,10 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
     ``terms`` (default :data:`MODEL_TERMS`): :func:`wave_time`'s terms kept
     (:data:`BOUND_TERMS`: a latency never above the model's, the screen's
     lower bound).
+    ``l15_avg`` (default None: none): ``(avg_iter, avg_epi)``, the grid's average
+    tile's work (``(n, N_RES)``, as ``work_iter`` where the grid has no edge
+    tiles): each row's latency is raised to :func:`l15_chip_floor` plus its
+    launch (the raise in ``t_steady_us``); it only adds time.
     """
     n = np.shape(tiles)[0]
 
@@ -661,15 +694,21 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
     waves = np.empty(n, dtype=np.int64)
     tail = np.empty(n, dtype=np.int64)
     util = np.empty((0 if latency_only else n, N_RES), dtype=np.float64)
-    args = (np.ascontiguousarray(work_iter, dtype=np.float64),
-            np.ascontiguousarray(work_epi, dtype=np.float64),
+    wi = np.ascontiguousarray(work_iter, dtype=np.float64)
+    we = np.ascontiguousarray(work_epi, dtype=np.float64)
+    if l15_avg is None:
+        ai, ae = wi, we
+    else:
+        ai = wi if l15_avg[0] is work_iter else np.ascontiguousarray(l15_avg[0], dtype=np.float64)
+        ae = we if l15_avg[1] is work_epi else np.ascontiguousarray(l15_avg[1], dtype=np.float64)
+    args = (wi, we,
             np.ascontiguousarray(rate, dtype=np.float64), SHARED, COMPUTE,
             i(tiles), int(sms), i(p), i(ksteps), i(stages), f(warps_tile), float(warps_full),
             f(lat), f(ovh_iter), f(ovh_tile), i(persistent), f(launch),
             f(1.0 if share_eff is None else share_eff), f(0.0 if sync is None else sync),
             f(0.0 if chain is None else chain), f(1.0 if streams is None else streams),
             np.int64(MODEL_TERMS if terms is None else int(terms)),
-            f(0.0 if conv is None else conv), out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
+            f(0.0 if conv is None else conv), ai, ae, l15_avg is not None, out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
             out["t_steady_iter_us"], waves, tail, util, not latency_only)
     run_shares(_envelopes, args, even_bounds(n))
     out["waves"] = waves
