@@ -285,12 +285,14 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
     # stores in epi_crit), while the totals above are the grid's (its average tile).
     # Only the rows whose whole tile differs from their average one (an edge tile)
     # are split again, into the work matrix just made (a new array): the others'
-    # work rows would come out the same
+    # work rows would come out the same. The L1.5 chip floor keeps the average
+    # tile's matrix (work_avg), so on a GPU with the tier the split writes into a copy
     work_epi = plan.work_epi
     if plan.t_crit is not None:
         if plan.t_crit.shape[1] < NUMPY_PAIRWISE_MIN:
+            into = work_iter.copy() if hw.has_l15 else work_iter
             work_iter = split_edge_rows(plan.t_crit, plan.t_bytes, plan.t_per_step, h15u,
-                                        dramu, inv, hw.has_l15, plan.t_dram_scale, work_iter)
+                                        dramu, inv, hw.has_l15, plan.t_dram_scale, into)
         else:
             work_iter = split_traffic(
                 plan.t_crit, plan.t_per_step, h15u, h2u, dramu, inv, hw.has_l15,
