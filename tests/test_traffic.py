@@ -215,7 +215,7 @@ def test_split_edge_rows_gives_split_traffics_rows(monkeypatch, kernel, T, scale
     # the rows not split again are marked: a write to any of them would show
     first[~edge] = -1.0
     marked = first.copy()
-    got = traffic.split_edge_rows(t_crit, t_bytes, per_step, h15u, dramu, inv, True, scale,
+    got = traffic.split_edge_rows(t_crit, t_bytes, per_step, h15u, h2u, dramu, inv, True, scale,
                                   first)
     assert got is first  # in place
     assert np.array_equal(got[~edge].view(np.int64), marked[~edge].view(np.int64))
@@ -230,7 +230,7 @@ def test_split_edge_rows_gives_split_traffics_rows(monkeypatch, kernel, T, scale
                                      None if scale is None else scale[i])[0]
         assert np.array_equal(np.array(got[i].tolist()), np.array(wi), equal_nan=True)
     # without an L1.5 tier its column is 0 on the rows split again
-    again = traffic.split_edge_rows(t_crit, t_bytes, per_step, h15u, dramu, inv, False, scale,
+    again = traffic.split_edge_rows(t_crit, t_bytes, per_step, h15u, h2u, dramu, inv, False, scale,
                                     before.copy())
     assert (again[edge, R_L15] == 0.0).all()
 
@@ -238,9 +238,9 @@ def test_split_edge_rows_gives_split_traffics_rows(monkeypatch, kernel, T, scale
 def test_split_edge_rows_refuses_wide_rows_and_other_shapes():
     z = np.zeros((4, traffic.NUMPY_PAIRWISE_MIN))
     with pytest.raises(ValueError, match="tensors"):
-        traffic.split_edge_rows(z, z, z, z, z, np.zeros(4, dtype=np.int64), True, None,
+        traffic.split_edge_rows(z, z, z, z, z, z, np.zeros(4, dtype=np.int64), True, None,
                                 np.zeros((4, N_RES)))
     z = np.zeros((4, 3))
     with pytest.raises(ValueError, match="work_iter"):
-        traffic.split_edge_rows(z, z, z, z, z, np.zeros(4, dtype=np.int64), True, None,
+        traffic.split_edge_rows(z, z, z, z, z, z, np.zeros(4, dtype=np.int64), True, None,
                                 np.zeros((5, N_RES)))

@@ -291,7 +291,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
     if plan.t_crit is not None:
         if plan.t_crit.shape[1] < NUMPY_PAIRWISE_MIN:
             into = work_iter.copy() if hw.has_l15 else work_iter
-            work_iter = split_edge_rows(plan.t_crit, plan.t_bytes, plan.t_per_step, h15u,
+            work_iter = split_edge_rows(plan.t_crit, plan.t_bytes, plan.t_per_step, h15u, h2u,
                                         dramu, inv, hw.has_l15, plan.t_dram_scale, into)
         else:
             work_iter = split_traffic(

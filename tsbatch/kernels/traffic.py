@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from tsbatch.kernels._config import jit_exact
+from tsbatch.kernels._config import jit_exact, jit_exact_inline
 from tsbatch.kernels._threads import even_bounds, run_shares
 from tsbatch.kernels.envelope import N_RES, R_DRAM, R_L15, R_L2
 
@@ -41,38 +41,48 @@ KERNEL_MIN_ROWS = 1 << 16
 _FMAX = float(np.finfo(np.float64).max)
 
 
+@jit_exact_inline
+def _row_sums(src, i, per_step, h15u, h2u, dramu, u, dram_scale, has_scale):
+    """One row's sums over its tensors, of the byte matrix ``src`` split by the
+    hit rates of cache problem ``u``: ``(requested, to the L2, from DRAM, L2
+    hits, L1.5 hits)`` bytes a step. Shared by :func:`_split_rows` and
+    :func:`_edge_work_rows` (the same operations in the same order: the same bits)."""
+    req_tot = 0.0
+    l2_b = 0.0
+    dram_b = 0.0
+    l2_hit_b = 0.0
+    l15_hit_b = 0.0
+    for t in range(src.shape[1]):
+        req = src[i, t] if per_step[i, t] != 0 else 0.0
+        h15 = h15u[u, t]
+        a = req * (1.0 - h15)
+        dreq = req * dram_scale[i, t] if has_scale else req
+        if t == 0:
+            req_tot = req
+            l2_b = a
+            dram_b = dreq * dramu[u, t]
+            l2_hit_b = a * h2u[u, t]
+            l15_hit_b = req * h15
+        else:
+            req_tot += req
+            l2_b += a
+            dram_b += dreq * dramu[u, t]
+            l2_hit_b += a * h2u[u, t]
+            l15_hit_b += req * h15
+    return req_tot, l2_b, dram_b, l2_hit_b, l15_hit_b
+
+
 @jit_exact
 def _split_rows(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, work_epi,
                 tiles, ksteps, dram_scale, has_scale, out_wi, out_l15_hit, out_l2_hit, out_dram_b,
                 out_l2_b, lo, hi):
-    T = t_bytes.shape[1]
     R = work_iter.shape[1]
     for i in range(lo, hi):
         u = inv[i]
         for r in range(R):
             out_wi[i, r] = work_iter[i, r]
-        req_tot = 0.0
-        l2_b = 0.0
-        dram_b = 0.0
-        l2_hit_b = 0.0
-        l15_hit_b = 0.0
-        for t in range(T):
-            req = t_bytes[i, t] if per_step[i, t] != 0 else 0.0
-            h15 = h15u[u, t]
-            a = req * (1.0 - h15)
-            dreq = req * dram_scale[i, t] if has_scale else req
-            if t == 0:
-                req_tot = req
-                l2_b = a
-                dram_b = dreq * dramu[u, t]
-                l2_hit_b = a * h2u[u, t]
-                l15_hit_b = req * h15
-            else:
-                req_tot += req
-                l2_b += a
-                dram_b += dreq * dramu[u, t]
-                l2_hit_b += a * h2u[u, t]
-                l15_hit_b += req * h15
+        req_tot, l2_b, dram_b, l2_hit_b, l15_hit_b = _row_sums(
+            t_bytes, i, per_step, h15u, h2u, dramu, u, dram_scale, has_scale)
         out_wi[i, R_L15] = req_tot if has_l15 else 0.0
         out_wi[i, R_L2] = l2_b
         out_wi[i, R_DRAM] = dram_b
@@ -143,10 +153,10 @@ def split_traffic(t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, work_iter, 
 
 
 @jit_exact
-def _edge_work_rows(t_crit, t_bytes, per_step, h15u, dramu, inv, has_l15, dram_scale,
+def _edge_work_rows(t_crit, t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, dram_scale,
                     has_scale, out_wi, lo, hi):
-    # _split_rows' work columns, operation by operation, of t_crit, for the rows
-    # whose t_crit differs from t_bytes, bit for bit (NaN and the sign of a zero
+    # _split_rows' work columns of t_crit (:func:`_row_sums`), for the rows whose
+    # t_crit differs from t_bytes, bit for bit (NaN and the sign of a zero
     # included; the others keep out_wi's values)
     T = t_crit.shape[1]
     for i in range(lo, hi):
@@ -159,28 +169,14 @@ def _edge_work_rows(t_crit, t_bytes, per_step, h15u, dramu, inv, has_l15, dram_s
                 break
         if same:
             continue
-        u = inv[i]
-        req_tot = 0.0
-        l2_b = 0.0
-        dram_b = 0.0
-        for t in range(T):
-            req = t_crit[i, t] if per_step[i, t] != 0 else 0.0
-            a = req * (1.0 - h15u[u, t])
-            dreq = req * dram_scale[i, t] if has_scale else req
-            if t == 0:
-                req_tot = req
-                l2_b = a
-                dram_b = dreq * dramu[u, t]
-            else:
-                req_tot += req
-                l2_b += a
-                dram_b += dreq * dramu[u, t]
+        req_tot, l2_b, dram_b, _l2h, _l15h = _row_sums(
+            t_crit, i, per_step, h15u, h2u, dramu, inv[i], dram_scale, has_scale)
         out_wi[i, R_L15] = req_tot if has_l15 else 0.0
         out_wi[i, R_L2] = l2_b
         out_wi[i, R_DRAM] = dram_b
 
 
-def split_edge_rows(t_crit, t_bytes, per_step, h15u, dramu, inv, has_l15, dram_scale,
+def split_edge_rows(t_crit, t_bytes, per_step, h15u, h2u, dramu, inv, has_l15, dram_scale,
                     work_iter):
     """The L1.5, L2 and DRAM columns of :func:`split_traffic`'s work matrix for a
     second byte matrix ``t_crit`` (``(n, T)``, split by the same hit rates), on
@@ -203,21 +199,20 @@ def split_edge_rows(t_crit, t_bytes, per_step, h15u, dramu, inv, has_l15, dram_s
         raise ValueError(f"split_edge_rows: t_bytes {np.shape(t_bytes)} and work_iter "
                          f"{np.shape(work_iter)} for t_crit {(rows, T)}")
     work_iter = np.ascontiguousarray(work_iter, dtype=np.float64)
-    if rows < KERNEL_MIN_ROWS:  # _split_numpy's work columns, on the rows that differ
+    if rows < KERNEL_MIN_ROWS:  # _split_numpy's work matrix, on the rows that differ
         tc, tb = np.asarray(t_crit), np.asarray(t_bytes)
         idx = np.flatnonzero(((tc != tb) | (np.signbit(tc) != np.signbit(tb))).any(axis=1))
         if idx.size == 0:
             return work_iter
-        sub = np.asarray(inv)[idx]
-        req = np.where(np.asarray(per_step)[idx].astype(bool), np.asarray(t_crit)[idx], 0.0)
-        work_iter[idx, R_L15] = req.sum(axis=1) if has_l15 else 0.0
-        work_iter[idx, R_L2] = (req * (1.0 - np.asarray(h15u)[sub])).sum(axis=1)
-        dreq = req if dram_scale is None else req * np.asarray(dram_scale)[idx]
-        work_iter[idx, R_DRAM] = (dreq * np.asarray(dramu)[sub]).sum(axis=1)
+        work_iter[idx] = _split_numpy(
+            tc[idx], np.asarray(per_step)[idx], np.asarray(h15u), np.asarray(h2u), np.asarray(dramu),
+            np.asarray(inv)[idx], has_l15, work_iter[idx], None, None, None,
+            None if dram_scale is None else np.asarray(dram_scale)[idx], work_only=True)[0]
         return work_iter
     f64 = lambda a: np.ascontiguousarray(a, dtype=np.float64)  # noqa: E731
     i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
-    run_shares(_edge_work_rows, (f64(t_crit), f64(t_bytes), i64(per_step), f64(h15u), f64(dramu),
+    run_shares(_edge_work_rows, (f64(t_crit), f64(t_bytes), i64(per_step), f64(h15u), f64(h2u),
+                                 f64(dramu),
                                  i64(inv), bool(has_l15),
                                  f64(dram_scale) if dram_scale is not None else np.ones((1, 1)),
                                  dram_scale is not None, work_iter), even_bounds(rows))
