@@ -153,8 +153,9 @@ def in_flight(r: pl.DataFrame, skinny: int, split_mb: float = 200.0) -> pl.DataF
         _bins(pl.col("in_flight_mb"), (1, 2, 4, 8, 16)).alias("in_flight"))
     return (d.group_by("stream", "in_flight")
             .agg(pl.len().alias("rows"), pl.struct("m", "n", "k").n_unique().alias("problems"),
-                 pl.col("ratio").median().alias("meas/pred"), pl.col("meas_tbps").median())
-            .sort("stream", "in_flight"))
+                 pl.col("ratio").median().alias("meas/pred"), pl.col("meas_tbps").median(),
+                 pl.col("in_flight_mb").min().alias("_lo"))
+            .sort("stream", "_lo").drop("_lo"))
 
 
 def main(argv=None) -> int:
