@@ -56,6 +56,7 @@ def rows(paths, hw: str, sample: int | None) -> pl.DataFrame:
     """Every feasible measured row with the model's prediction, rates and bytes."""
     from tsbatch.engine.evaluate import evaluate
     from tsbatch.errors import InputError
+    from tsbatch.hw import get_hw
     from tsbatch.measured.accuracy import load_measured
 
     kw = {"sample_problems": sample} if sample else {}
@@ -71,9 +72,12 @@ def rows(paths, hw: str, sample: int | None) -> pl.DataFrame:
     for key, part in d.partition_by("_hw", as_dict=True).items():
         res = evaluate(part.drop([c for c in part.columns if c.startswith("_") or c == "measured_us"]),
                        key[0] if isinstance(key, tuple) else key)
+        hwname = key[0] if isinstance(key, tuple) else key
+        tiles = [c for c in ("block_m", "block_n", "block_k", "num_stages") if c in part.columns]
         out.append(res.select("latency_us", "feasible", "bottleneck", "util_dram", "dram_bytes",
-                              "t_launch_us").with_columns(
-            part.select("m", "n", "k", "dtype", "tf32", "backend", "measured_us")))
+                              "t_launch_us", "resident_tiles").with_columns(
+            *part.select("m", "n", "k", "dtype", "tf32", "backend", "measured_us", *tiles).get_columns(),
+            pl.lit(get_hw(hwname).sm_count).alias("sms")))
     r = pl.concat(out, how="vertical_relaxed").filter(pl.col("feasible") & pl.col("measured_us").is_finite())
     r = r.with_columns(pl.when((pl.col("dtype") == "float32") & pl.col("tf32")).then(pl.lit("tf32"))
                        .otherwise(pl.col("dtype").cast(pl.String)).alias("label"))
@@ -116,6 +120,44 @@ def tables(r: pl.DataFrame, min_mb: float) -> dict:
             "t = c + MB / rate through those rows": lines}
 
 
+def _bins(x: pl.Expr, edges) -> pl.Expr:
+    """``[a, b)`` labels of ``x`` between ``edges`` (``< first``, ``>= last`` outside)."""
+    e = pl.when(x < edges[0]).then(pl.lit(f"< {edges[0]}"))
+    for a, b in zip(edges, edges[1:]):
+        e = e.when(x < b).then(pl.lit(f"[{a}, {b})"))
+    return e.otherwise(pl.lit(f">= {edges[-1]}"))
+
+
+def in_flight(r: pl.DataFrame, skinny: int, split_mb: float = 200.0) -> pl.DataFrame:
+    """Skinny Triton rows (min(m, n) <= ``skinny``) that the model calls DRAM-bound, by stream size
+    (A + B + C below / from ``split_mb``) and by the chip's bytes in flight: the tiles running at
+    once (``min(tiles, sms x resident_tiles)``) x the stages ahead (``num_stages - 1``) x one
+    stage's in-bounds A and B (``(min(BM, m) + min(BN, n)) x BK x element``), MB. Little's law
+    says a stream is latency-bound below ``rate x latency`` in flight; the model prices that
+    (``(L + memory) / (p (stages - 1))``), so its error should not follow this column if it is
+    right. Section "Skinny GEMMs, session 7" of docs/gemm_accuracy.md."""
+    need = {"block_m", "block_n", "block_k", "num_stages", "resident_tiles", "sms"}
+    if not need <= set(r.columns):
+        return pl.DataFrame()
+    elt = pl.col("label").replace_strict(ELT, default=2).cast(pl.Float64)
+    d = r.filter((pl.col("backend") == "triton") & (pl.min_horizontal("m", "n") <= skinny)
+                 & (pl.col("bottleneck") == "dram") & pl.col("block_m").is_not_null())
+    tiles = (((pl.col("m") + pl.col("block_m") - 1) // pl.col("block_m"))
+             * ((pl.col("n") + pl.col("block_n") - 1) // pl.col("block_n")))
+    running = pl.min_horizontal(tiles, pl.col("sms") * pl.col("resident_tiles"))
+    stage = (pl.min_horizontal("block_m", "m") + pl.min_horizontal("block_n", "n")) * pl.col("block_k") * elt
+    d = d.with_columns((running * (pl.col("num_stages") - 1) * stage / 1e6).alias("in_flight_mb"))
+    d = d.with_columns(
+        pl.when(pl.col("mb") < split_mb).then(pl.lit(f"< {split_mb:g} MB"))
+        .otherwise(pl.lit(f">= {split_mb:g} MB")).alias("stream"),
+        _bins(pl.col("in_flight_mb"), (1, 2, 4, 8, 16)).alias("in_flight"))
+    return (d.group_by("stream", "in_flight")
+            .agg(pl.len().alias("rows"), pl.struct("m", "n", "k").n_unique().alias("problems"),
+                 pl.col("ratio").median().alias("meas/pred"), pl.col("meas_tbps").median(),
+                 pl.col("in_flight_mb").min().alias("_lo"))
+            .sort("stream", "_lo").drop("_lo"))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", nargs="*", default=None)
@@ -123,9 +165,15 @@ def main(argv=None) -> int:
     ap.add_argument("--sample-problems", type=int, default=None)
     ap.add_argument("--min-mb", type=float, default=20.0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--skinny", type=int, default=None,
+                    help="also the skinny (min(m, n) <= N) Triton DRAM-bound rows by stream size and bytes in flight")
     args = ap.parse_args(argv)
     paths = [Path(p) for p in args.data] if args.data else _default_data(args.hw)
-    t = tables(rows(paths, args.hw, args.sample_problems), args.min_mb)
+    r = rows(paths, args.hw, args.sample_problems)
+    t = tables(r, args.min_mb)
+    if args.skinny is not None:
+        t[f"skinny (min(m, n) <= {args.skinny}) Triton DRAM-bound rows by stream size and MB in flight"] = \
+            in_flight(r, args.skinny)
     pl.Config.set_tbl_rows(200)
     pl.Config.set_tbl_cols(20)
     pl.Config.set_tbl_width_chars(220)

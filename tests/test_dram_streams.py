@@ -57,3 +57,28 @@ def test_by_size_counts_only_dram_rows():
 def test_too_few_problems_give_no_line():
     t = dram_streams.tables(_rows(2.3, 2.7, 20.0, 8.0), min_mb=1e4)
     assert t["t = c + MB / rate through those rows"] == {}
+
+
+def test_in_flight_counts_running_tiles_stages_and_in_bounds_rows():
+    # m = 8 on a 16-row tile: 8 in-bounds rows; n = 4096 / 64 = 64 tiles, all running on 132 SMs;
+    # 3 stages ahead of 8 + 64 rows x 128 x 2 bytes = 64 x 3 x 18,432 B = 3.54 MB in flight
+    base = {"k": 4096, "dtype": "float16", "label": "float16", "backend": "triton", "bottleneck": "dram",
+            "block_m": 16, "block_n": 64, "block_k": 128, "num_stages": 4, "resident_tiles": 1, "sms": 132,
+            "ratio": 1.2, "meas_tbps": 2.0}
+    rows = [dict(base, m=8, n=4096, mb=10.0),
+            # 2048 tiles on 132 SMs x 2 resident: 264 running, the larger stream class
+            dict(base, m=8, n=131072, mb=500.0, resident_tiles=2, ratio=1.0),
+            # not skinny, and not DRAM-bound: left out
+            dict(base, m=4096, n=4096, mb=100.0),
+            dict(base, m=8, n=4096, mb=10.0, bottleneck="tensor_core")]
+    t = dram_streams.in_flight(pl.DataFrame(rows), skinny=64)
+    assert t["rows"].sum() == 2
+    small = t.filter(pl.col("stream") == "< 200 MB")
+    assert small["in_flight"].item() == "[2, 4)"  # 3.54 MB
+    large = t.filter(pl.col("stream") == ">= 200 MB")
+    assert large["in_flight"].item() == "[8, 16)"  # 264 x 3 x 18,432 B = 14.6 MB
+    assert large["meas/pred"].item() == pytest.approx(1.0)
+
+
+def test_in_flight_without_tile_columns_is_empty():
+    assert dram_streams.in_flight(_rows(2.3, 2.7, 20.0, 8.0), skinny=64).is_empty()
