@@ -2,6 +2,7 @@
 
     python bench/regress_worker.py predict JOBS.json RESULT.json
     python bench/regress_worker.py time-api SPEC.json RESULT.json
+    python bench/regress_worker.py time-families SPEC.json RESULT.json
 
 It imports whatever ``tsbatch`` the ``PYTHONPATH`` names (the working tree or
 a reference installed beside it), so it uses only APIs every version since
@@ -18,6 +19,13 @@ one ``{"status": "ok" | "unsupported" | "error", "error", "seconds"}`` per job.
 workloads and 1,000 configurations: median of ``prune_reps`` warm calls per
 workload, summed over the workloads) and, when ``attention_input`` is given,
 ``evaluate(family="attention")`` rows/s (best of ``attention_reps`` warm calls).
+
+``time-families``: warm ``evaluate`` of every family's table (SPEC: ``hw``,
+``tables`` {family: Parquet path}, ``order``, ``warmup_rows``; the tables made by
+the working tree's bench/family_speed.py), each family warmed up untimed on a
+slice, then its whole table timed once, in ``order``; a family the version lacks
+(or cannot evaluate) is reported with its error, not timed. RESULT.json: per
+family ``{"status", "seconds", "rows", "feasible"}`` or ``{"status": "error", "error"}``.
 """
 
 from __future__ import annotations
@@ -120,11 +128,29 @@ def _time_api(spec_path: str, result_path: str) -> int:
     return 0
 
 
+def _time_families(spec_path: str, result_path: str) -> int:
+    import polars as pl
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from family_speed import time_round, warm_up  # no tsbatch import: either version's runs
+
+    spec = json.loads(Path(spec_path).read_text())
+    evaluate = _module("tsbatch.engine.evaluate", "tsbatch.evaluate").evaluate
+    tables = {f: pl.read_parquet(p) for f, p in spec["tables"].items()}
+    warm = warm_up(evaluate, tables, spec.get("hw", "h100"), int(spec.get("warmup_rows", 2000)))
+    out = {f: w for f, w in warm.items() if w["status"] != "ok"}
+    ok = [f for f in spec.get("order", list(tables)) if f not in out]
+    out.update(time_round(evaluate, {f: tables[f] for f in ok}, spec.get("hw", "h100"), ok))
+    Path(result_path).write_text(json.dumps(out, indent=1))
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[0] not in ("predict", "time-api"):
+    cmds = {"predict": _predict, "time-api": _time_api, "time-families": _time_families}
+    if len(argv) != 3 or argv[0] not in cmds:
         print(__doc__, file=sys.stderr)
         return 2
-    return (_predict if argv[0] == "predict" else _time_api)(argv[1], argv[2])
+    return cmds[argv[0]](argv[1], argv[2])
 
 
 if __name__ == "__main__":
