@@ -49,7 +49,8 @@ sum of the per-workload medians); attention rows/s (the FlexAttention file
 through ``evaluate``; n/a where the reference has no attention family); per
 family rows/s (bench/family_speed.py's table of ``--family-rows`` distinct rows
 of each family with a built-in sweep, made once by the working tree; warm
-``evaluate`` on h100, one process per version and round, alternating; n/a
+``evaluate`` on h100, one process per version, the versions alternating
+family by family; n/a
 where the reference lacks the family), with the working tree's family / GEMM
 rows/s beside (issue 35: no family slower than GEMM per row; reported, not
 judged; off with ``--skip-families``).
@@ -461,8 +462,13 @@ def speed_phase(versions: dict[str, Path], args, tmp: Path, workdir: Path, log) 
 
 def family_phase(versions: dict[str, Path], args, tmp: Path, log, record) -> None:
     """Per family rows/s of warm ``evaluate`` on bench/family_speed.py's tables (built once,
-    by the working tree), one process per version and round, alternating; each a speed
-    figure with the working tree's family / GEMM rows/s (``over_gemm``) beside."""
+    by the working tree), each a speed figure with the working tree's family / GEMM rows/s
+    (``over_gemm``) beside. One long-lived worker per version (``regress_worker.py
+    serve-families``); in each round every family is timed by both, one right after the
+    other, the versions' order flipping family by family and round by round and the
+    families' order reversed every other round: a version's time of a family is taken
+    next to the other's, not minutes apart, which on a shared machine swung the ratios
+    of identical code from 0.7 to 1.4."""
     from family_speed import family_tables, round_order  # noqa: E402  (bench/)
 
     t0 = time.perf_counter()
@@ -472,31 +478,71 @@ def family_phase(versions: dict[str, Path], args, tmp: Path, log, record) -> Non
         paths[fam] = str(tmp / f"family_{fam}.parquet")
         table.write_parquet(paths[fam])
     fams = list(built)
+    spec = tmp / "families.json"
+    spec.write_text(json.dumps({"hw": "h100", "tables": paths, "warmup_rows": 2000}))
     rounds = args.repeats
     log(f"families: {len(fams)} tables of {args.family_rows:,} rows in {time.perf_counter() - t0:.1f} s; "
-        f"{rounds} round(s), alternating")
-    runs: dict[str, list[dict]] = {t: [] for t in versions}
-    for i in range(rounds):
-        for tag in (list(versions) if i % 2 == 0 else list(versions)[::-1]):
-            sp, rp = tmp / f"fam_{tag}_{i}.json", tmp / f"fam_res_{tag}_{i}.json"
-            sp.write_text(json.dumps({"hw": "h100", "tables": paths, "order": round_order(fams, i),
-                                      "warmup_rows": 2000}))
-            r = subprocess.run([PY, str(BENCH / "regress_worker.py"), "time-families", str(sp), str(rp)],
-                               cwd=versions[tag], env=version_env(versions[tag]), capture_output=True, text=True)
-            runs[tag].append(json.loads(rp.read_text()) if rp.exists() else
-                             {f: {"status": "error", "error": r.stderr.strip()[-300:] or "worker failed"}
-                              for f in fams})
-        log(f"  families round {i + 1}/{rounds}: " + ", ".join(
-            f"{t} {sum(x.get('seconds', 0.0) for x in runs[t][-1].values() if x.get('status') == 'ok'):.1f} s"
-            for t in versions))
+        f"{rounds} round(s), the versions alternating family by family")
+    procs: dict[str, subprocess.Popen] = {}
+    errs: dict[str, Path] = {}
+    warm: dict[str, dict] = {}
+    runs: dict[str, dict[str, list]] = {t: {f: [] for f in fams} for t in versions}
+    failed: dict[str, str] = {}
+
+    def worker_error(tag: str) -> str:
+        text = errs[tag].read_text().strip() if errs[tag].exists() else ""
+        return text[-300:] or "worker failed"
+
+    try:
+        for tag in versions:  # one after the other: their warm-ups compete for no CPU
+            errs[tag] = tmp / f"families_{tag}.err"
+            with open(errs[tag], "w") as ef:
+                procs[tag] = subprocess.Popen(
+                    [PY, str(BENCH / "regress_worker.py"), "serve-families", str(spec), "-"],
+                    cwd=versions[tag], env=version_env(versions[tag]), stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=ef, text=True, bufsize=1)
+            line = procs[tag].stdout.readline()
+            if not line:
+                failed[tag] = worker_error(tag)
+                log(f"  families [{tag}] failed: {failed[tag]}")
+                continue
+            warm[tag] = json.loads(line)["warm"]
+        for i in range(rounds):
+            for j, fam in enumerate(round_order(fams, i)):
+                tags = list(versions) if (i + j) % 2 == 0 else list(versions)[::-1]
+                for tag in tags:
+                    if tag in failed:
+                        continue
+                    if warm[tag].get(fam, {}).get("status") != "ok":
+                        runs[tag][fam].append(warm[tag].get(fam, {"status": "error", "error": "not run"}))
+                        continue
+                    procs[tag].stdin.write(json.dumps({"family": fam}) + "\n")
+                    procs[tag].stdin.flush()
+                    line = procs[tag].stdout.readline()
+                    if not line:
+                        failed[tag] = worker_error(tag)
+                        log(f"  families [{tag}] failed: {failed[tag]}")
+                        continue
+                    runs[tag][fam].append(json.loads(line))
+            log(f"  families round {i + 1}/{rounds}: " + ", ".join(
+                f"{t} {sum(r[-1].get('seconds', 0.0) for r in runs[t].values() if r):.1f} s" for t in versions))
+    finally:
+        for p in procs.values():
+            if p.stdin:
+                p.stdin.close()
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
 
     def rates(tag: str, fam: str):
-        vals = [run[fam]["rows"] / run[fam]["seconds"] for run in runs[tag]
-                if run.get(fam, {}).get("status") == "ok"]
+        vals = [r["rows"] / r["seconds"] for r in runs[tag][fam] if r.get("status") == "ok"]
         if vals:
             return vals
-        errs = [run.get(fam, {}).get("error") for run in runs[tag]]
-        return next((e for e in errs if e), "not measured")
+        if tag in failed:
+            return failed[tag]
+        return next((r.get("error") for r in runs[tag][fam] if r.get("error")), "not measured")
 
     gemm_new = rates("new", "gemm")
     g = statistics.median(gemm_new) if isinstance(gemm_new, list) else None

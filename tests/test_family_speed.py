@@ -155,6 +155,7 @@ def test_timing_reports_a_family_it_cannot_evaluate():
     res = fs.time_round(fake, tabs, "h100", ["other", "gemm"])
     assert res["gemm"]["status"] == "ok" and res["gemm"]["rows"] == 2 and res["gemm"]["feasible"] == 2
     assert res["other"]["status"] == "error"
+    assert len(res["gemm"]["passes"]) == 3  # quick: passes up to 1 s, at most 3
     assert fs.round_order(["a", "b", "c"], 0) == ["a", "b", "c"]
     assert fs.round_order(["a", "b", "c"], 1) == ["c", "b", "a"]
 
@@ -170,3 +171,30 @@ def test_guard_summary_line_names_families_slower_than_gemm():
     assert "2 of 3 below 1: rowwise 0.05, attention 0.80" in line
     assert "1 not measured" in line
     assert family_summary([{"name": "full model", "ratio": 1.0}]) is None
+
+
+def test_guard_worker_serves_family_timings(tmp_path, sweeps):
+    """bench/regress_worker.py serve-families: ready line, one answer per request, a family
+    the version lacks reported as an error (n/a in the guard), never a crash."""
+    import json
+    import os
+    import subprocess
+
+    gemm = tmp_path / "gemm.parquet"
+    fs.family_table("gemm", 50, sweeps).write_parquet(gemm)
+    nope = tmp_path / "nope.parquet"
+    pl.DataFrame({"m": [1]}).write_parquet(nope)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"hw": "h100", "tables": {"gemm": str(gemm), "nope": str(nope)},
+                                "warmup_rows": 10}))
+    env = dict(os.environ, PYTHONPATH=str(BENCH.parent))
+    r = subprocess.run([sys.executable, str(BENCH / "regress_worker.py"), "serve-families", str(spec), "-"],
+                       input='{"family": "gemm"}\n{"family": "nope"}\n', capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(lines) == 3
+    assert lines[0]["ready"] and lines[0]["warm"]["gemm"]["status"] == "ok"
+    assert lines[0]["warm"]["nope"]["status"] == "error" and "nope" in lines[0]["warm"]["nope"]["error"]
+    assert lines[1]["status"] == "ok" and lines[1]["rows"] == 50 and lines[1]["seconds"] > 0
+    assert lines[2]["status"] == "error"
