@@ -50,7 +50,7 @@ through ``evaluate``; n/a where the reference has no attention family); per
 family rows/s (bench/family_speed.py's table of ``--family-rows`` distinct rows
 of each family with a built-in sweep, made once by the working tree; warm
 ``evaluate`` on h100, one process per version, the versions alternating
-family by family; n/a
+family by family, at least 3 rounds; n/a
 where the reference lacks the family), with the working tree's family / GEMM
 rows/s beside (issue 35: no family slower than GEMM per row; reported, not
 judged; off with ``--skip-families``).
@@ -480,7 +480,7 @@ def family_phase(versions: dict[str, Path], args, tmp: Path, log, record) -> Non
     fams = list(built)
     spec = tmp / "families.json"
     spec.write_text(json.dumps({"hw": "h100", "tables": paths, "warmup_rows": 2000}))
-    rounds = args.repeats
+    rounds = max(args.repeats, 3)  # a median of 3: identical code read 0.75-1.46 over 2 rounds
     log(f"families: {len(fams)} tables of {args.family_rows:,} rows in {time.perf_counter() - t0:.1f} s; "
         f"{rounds} round(s), the versions alternating family by family")
     procs: dict[str, subprocess.Popen] = {}
@@ -555,8 +555,17 @@ def family_phase(versions: dict[str, Path], args, tmp: Path, log, record) -> Non
                    unit="rows/s", higher_better=True)
         f["family"] = fam
         f["over_gemm"] = f["new"] / g if (g and f["new"]) else None
+        cpu = {t: [r["cpu_seconds"] for r in runs[t][fam] if r.get("status") == "ok" and "cpu_seconds" in r]
+               for t in versions}
+        f["ratio_cpu"] = (statistics.median(cpu["ref"]) / statistics.median(cpu["new"])
+                          if cpu["ref"] and cpu["new"] and statistics.median(cpu["new"]) > 0 else None)
+        notes = []
+        if f["ratio_cpu"] is not None:
+            notes.append(f"CPU {f['ratio_cpu']:.2f}")
         if fam != "gemm" and f["over_gemm"] is not None:
-            f["note"] = f"working {fam}/GEMM {f['over_gemm']:.2f}" + (" (< 1)" if f["over_gemm"] < 1 else "")
+            notes.append(f"working {fam}/GEMM {f['over_gemm']:.2f}" + (" (< 1)" if f["over_gemm"] < 1 else ""))
+        if notes:
+            f["note"] = "; ".join(notes)
 
 
 def family_summary(speed: list[dict]) -> str | None:
@@ -643,7 +652,7 @@ def main(argv=None) -> int:
                     help="distinct rows per family of the per-family speed figures "
                          "(bench/family_speed.py; default 100,000; --quick 20,000)")
     ap.add_argument("--skip-families", action="store_true",
-                    help="no per-family speed figures (about 1.5 min of a default speed run)")
+                    help="no per-family speed figures (about 2 min of a default speed run on 2 busy cores)")
     ap.add_argument("--sample-problems", type=int,
                     help="problems per measured file (default all; --quick 300)")
     ap.add_argument("--files", nargs="+", type=Path, metavar="MEASURED",
