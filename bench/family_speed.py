@@ -45,7 +45,7 @@ slice of its table (``--warmup-rows``: numba kernels load or compile, caches),
 then ``--repeats`` rounds time the whole table of every family in turn, the
 order reversed every other round so no family always runs after the same
 neighbour; in a round a family's time is the best of as many passes as add up
-to 1 s (at most 3: :func:`time_round`), and the median of the rounds is
+to 1 s (at most 10: :func:`time_round`), and the median of the rounds is
 reported. Only ratios measured in the same
 run compare across runs (the machine may be shared and noisy).
 
@@ -226,7 +226,7 @@ def warm_up(evaluate, tables: dict[str, pl.DataFrame], hw, warmup_rows: int = 20
 
 
 def time_round(evaluate, tables: dict[str, pl.DataFrame], hw, order: list[str], log=None,
-               label: str = "", min_seconds: float = 1.0, max_passes: int = 3) -> dict[str, dict]:
+               label: str = "", min_seconds: float = 1.0, max_passes: int = 10) -> dict[str, dict]:
     """Timed ``evaluate`` of each family's whole table, in ``order``: passes until they
     add up to ``min_seconds`` (at most ``max_passes``), the family's time the best of them
     (the pass least disturbed by the machine's other jobs; a family slower than

@@ -25,7 +25,7 @@ workload, summed over the workloads) and, when ``attention_input`` is given,
 working tree's bench/family_speed.py). It reads the tables, warms every family up
 untimed on a slice, writes one JSON line ``{"ready": true, "warm": {family: status}}``
 to stdout, then for each line ``{"family": F}`` on stdin times F's whole table
-(bench/family_speed.py's ``time_round``: the best of up to 3 passes adding up to
+(bench/family_speed.py's ``time_round``: the best of up to 10 passes adding up to
 1 s) and writes one JSON line ``{"status", "seconds", "passes", "rows",
 "feasible"}`` or ``{"status": "error", "error"}``; it ends at the end of stdin.
 The guard keeps one per version and alternates them family by family, so the two
