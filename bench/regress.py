@@ -4,6 +4,7 @@
                             [--tol-mape 0.3] [--tol-bias 0.02] [--tol-spearman 0.005]
                             [--tol-top5 0.3] [--speed-ratio 0.95] [--min-problems 3]
                             [--skip-speed | --skip-accuracy] [--no-cold] [--workdir DIR]
+                            [--family-rows N] [--skip-families]
                             [--keep-predictions DIR]
 
 Run it before every model or speed commit against main's last landing
