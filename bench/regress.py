@@ -4,6 +4,7 @@
                             [--tol-mape 0.3] [--tol-bias 0.02] [--tol-spearman 0.005]
                             [--tol-top5 0.3] [--speed-ratio 0.95] [--min-problems 3]
                             [--skip-speed | --skip-accuracy] [--no-cold] [--workdir DIR]
+                            [--family-rows N] [--skip-families]
                             [--keep-predictions DIR]
 
 Run it before every model or speed commit against main's last landing
@@ -46,13 +47,20 @@ an empty numba cache (every kernel it uses compiles: minutes; once per version,
 off with ``--no-cold`` and in ``--quick``);
 ``prune`` latency (bench/prune_latency.py's workloads and configurations,
 sum of the per-workload medians); attention rows/s (the FlexAttention file
-through ``evaluate``; n/a where the reference has no attention family).
+through ``evaluate``; n/a where the reference has no attention family); per
+family rows/s (bench/family_speed.py's table of ``--family-rows`` distinct rows
+of each family with a built-in sweep, made once by the working tree; warm
+``evaluate`` on h100, one process per version, the versions alternating
+family by family, at least 3 rounds; n/a
+where the reference lacks the family), with the working tree's family / GEMM
+rows/s beside (issue 35: no family slower than GEMM per row; reported, not
+judged; off with ``--skip-families``).
 
 ``--quick``: every 7th row of the sweep (285,715 rows, all its 556
 workloads: its first 300,000 rows would miss the ragged-M workloads where the
 2a4cd2d slowdown is), one timed
 repeat instead of two, 300
-problems per measured file, and no cold start (a few minutes on 2 cores);
+problems per measured file, 20,000 rows per family, and no cold start (a few minutes on 2 cores);
 its accuracy figures are of the sample, so compare them only with other
 ``--quick`` runs.
 
@@ -370,7 +378,7 @@ def speed_phase(versions: dict[str, Path], args, tmp: Path, workdir: Path, log) 
         return [PY, "-c", CLI_MAIN, "evaluate", str(sweep), "--hw", "h100",
                 "-o", str(tmp / f"sweep_out_{tag}.parquet"), "-q", *extra]
 
-    def record(name: str, res: dict, what: str, unit: str = "s", higher_better: bool = False) -> None:
+    def record(name: str, res: dict, what: str, unit: str = "s", higher_better: bool = False) -> dict:
         ref, new = res["ref"], res["new"]
         r_med = statistics.median(ref) if isinstance(ref, list) and ref else None
         n_med = statistics.median(new) if isinstance(new, list) and new else None
@@ -380,6 +388,7 @@ def speed_phase(versions: dict[str, Path], args, tmp: Path, workdir: Path, log) 
             best = max(new) / max(ref) if higher_better else min(ref) / min(new)
         figures.append({"name": name, "what": what, "unit": unit, "ref": r_med, "new": n_med,
                         "ref_runs": ref, "new_runs": new, "ratio": ratio, "ratio_best": best})
+        return figures[-1]
 
     log(f"speed: sweep {sweep} ({rows:,} rows), {reps} timed repeats after 1 warm-up, alternating")
     record(f"full model, evaluate {rows:,}-row sweep",
@@ -447,7 +456,133 @@ def speed_phase(versions: dict[str, Path], args, tmp: Path, workdir: Path, log) 
     record("attention, FlexAttention rows through evaluate", {t: api_values(t, "attention_rows_per_s") for t in versions},
            "warm evaluate(family='attention') on the A100 FlexAttention file (aggregated rows)",
            unit="rows/s", higher_better=True)
+    if not args.skip_families:
+        family_phase(versions, args, tmp, log, record)
     return figures
+
+
+def family_phase(versions: dict[str, Path], args, tmp: Path, log, record) -> None:
+    """Per family rows/s of warm ``evaluate`` on bench/family_speed.py's tables (built once,
+    by the working tree), each a speed figure with the working tree's family / GEMM rows/s
+    (``over_gemm``) beside. One long-lived worker per version (``regress_worker.py
+    serve-families``); in each round every family is timed by both, one right after the
+    other, the versions' order flipping family by family and round by round and the
+    families' order reversed every other round: a version's time of a family is taken
+    next to the other's, not minutes apart, which on a shared machine swung the ratios
+    of identical code from 0.7 to 1.4."""
+    from family_speed import family_tables, round_order  # noqa: E402  (bench/)
+
+    t0 = time.perf_counter()
+    built = family_tables(args.family_rows)
+    paths = {}
+    for fam, (_, table) in built.items():
+        paths[fam] = str(tmp / f"family_{fam}.parquet")
+        table.write_parquet(paths[fam])
+    fams = list(built)
+    spec = tmp / "families.json"
+    spec.write_text(json.dumps({"hw": "h100", "tables": paths, "warmup_rows": 2000}))
+    rounds = max(args.repeats, 3)  # a median of 3: identical code read 0.75-1.46 over 2 rounds
+    log(f"families: {len(fams)} tables of {args.family_rows:,} rows in {time.perf_counter() - t0:.1f} s; "
+        f"{rounds} round(s), the versions alternating family by family")
+    procs: dict[str, subprocess.Popen] = {}
+    errs: dict[str, Path] = {}
+    warm: dict[str, dict] = {}
+    runs: dict[str, dict[str, list]] = {t: {f: [] for f in fams} for t in versions}
+    failed: dict[str, str] = {}
+
+    def worker_error(tag: str) -> str:
+        text = errs[tag].read_text().strip() if errs[tag].exists() else ""
+        return text[-300:] or "worker failed"
+
+    try:
+        for tag in versions:  # one after the other: their warm-ups compete for no CPU
+            errs[tag] = tmp / f"families_{tag}.err"
+            with open(errs[tag], "w") as ef:
+                procs[tag] = subprocess.Popen(
+                    [PY, str(BENCH / "regress_worker.py"), "serve-families", str(spec), "-"],
+                    cwd=versions[tag], env=version_env(versions[tag]), stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=ef, text=True, bufsize=1)
+            line = procs[tag].stdout.readline()
+            if not line:
+                failed[tag] = worker_error(tag)
+                log(f"  families [{tag}] failed: {failed[tag]}")
+                continue
+            warm[tag] = json.loads(line)["warm"]
+        for i in range(rounds):
+            for j, fam in enumerate(round_order(fams, i)):
+                tags = list(versions) if (i + j) % 2 == 0 else list(versions)[::-1]
+                for tag in tags:
+                    if tag in failed:
+                        continue
+                    if warm[tag].get(fam, {}).get("status") != "ok":
+                        runs[tag][fam].append(warm[tag].get(fam, {"status": "error", "error": "not run"}))
+                        continue
+                    procs[tag].stdin.write(json.dumps({"family": fam}) + "\n")
+                    procs[tag].stdin.flush()
+                    line = procs[tag].stdout.readline()
+                    if not line:
+                        failed[tag] = worker_error(tag)
+                        log(f"  families [{tag}] failed: {failed[tag]}")
+                        continue
+                    runs[tag][fam].append(json.loads(line))
+            log(f"  families round {i + 1}/{rounds}: " + ", ".join(
+                f"{t} {sum(r[-1].get('seconds', 0.0) for r in runs[t].values() if r):.1f} s" for t in versions))
+    finally:
+        for p in procs.values():
+            if p.stdin:
+                p.stdin.close()
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def rates(tag: str, fam: str):
+        vals = [r["rows"] / r["seconds"] for r in runs[tag][fam] if r.get("status") == "ok"]
+        if vals:
+            return vals
+        if tag in failed:
+            return failed[tag]
+        return next((r.get("error") for r in runs[tag][fam] if r.get("error")), "not measured")
+
+    gemm_new = rates("new", "gemm")
+    g = statistics.median(gemm_new) if isinstance(gemm_new, list) else None
+    for fam in fams:
+        sweep, table = built[fam]
+        f = record(f"family {fam} ({sweep}), evaluate rows/s",
+                   {t: rates(t, fam) for t in versions},
+                   f"warm evaluate(family={fam!r}) on h100 of bench/family_speed.py's "
+                   f"{table.height:,} distinct rows from sweeps/{sweep}.toml",
+                   unit="rows/s", higher_better=True)
+        f["family"] = fam
+        f["over_gemm"] = f["new"] / g if (g and f["new"]) else None
+        cpu = {t: [r["cpu_seconds"] for r in runs[t][fam] if r.get("status") == "ok" and "cpu_seconds" in r]
+               for t in versions}
+        f["ratio_cpu"] = (statistics.median(cpu["ref"]) / statistics.median(cpu["new"])
+                          if cpu["ref"] and cpu["new"] and statistics.median(cpu["new"]) > 0 else None)
+        notes = []
+        if f["ratio_cpu"] is not None:
+            notes.append(f"CPU {f['ratio_cpu']:.2f}")
+        if fam != "gemm" and f["over_gemm"] is not None:
+            notes.append(f"working {fam}/GEMM {f['over_gemm']:.2f}" + (" (< 1)" if f["over_gemm"] < 1 else ""))
+        if notes:
+            f["note"] = "; ".join(notes)
+
+
+def family_summary(speed: list[dict]) -> str | None:
+    """The issue's target as one line: the working tree's families slower than GEMM per row."""
+    fam = [f for f in speed if f.get("family") and f["family"] != "gemm"]
+    if not fam:
+        return None
+    known = [f for f in fam if f.get("over_gemm") is not None]
+    slow = sorted((f for f in known if f["over_gemm"] < 1), key=lambda f: f["over_gemm"])
+    text = (f"families, working tree rows/s over its GEMM's (issue 35: no family slower than GEMM per row): "
+            f"{len(slow)} of {len(known)} below 1")
+    if slow:
+        text += ": " + ", ".join(f"{f['family']} {f['over_gemm']:.2f}" for f in slow)
+    if len(known) < len(fam):
+        text += f"; {len(fam) - len(known)} not measured"
+    return text
 
 
 # ----------------------------------------------------------------------
@@ -477,7 +612,12 @@ def format_speed(figures: list[dict], tol: Tolerance) -> str:
         ratio = "n/a" if f["ratio"] is None else f"{f['ratio']:.2f}"
         if f.get("ratio_best") is not None and len(f["ref_runs"]) > 1:
             ratio += f" (best runs: {f['ratio_best']:.2f})"
+        if f.get("note"):
+            note = f"; {f['note']}{note}"
         lines.append(f"  {f['name']}: {vals}; ratio {ratio}{mark}{note}")
+    fl = family_summary(figures)
+    if fl:
+        lines.append(fl)
     return "\n".join(lines)
 
 
@@ -509,6 +649,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int,
                     help="sweep rows (default 2,000,000; --quick 300,000: every 7th row of the full sweep)")
     ap.add_argument("--repeats", type=int, help="timed repeats of each speed figure after its warm-up (default 2; --quick 1)")
+    ap.add_argument("--family-rows", type=int,
+                    help="distinct rows per family of the per-family speed figures "
+                         "(bench/family_speed.py; default 100,000; --quick 20,000)")
+    ap.add_argument("--skip-families", action="store_true",
+                    help="no per-family speed figures (about 2 min of a default speed run on 2 busy cores)")
     ap.add_argument("--sample-problems", type=int,
                     help="problems per measured file (default all; --quick 300)")
     ap.add_argument("--files", nargs="+", type=Path, metavar="MEASURED",
@@ -523,6 +668,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     args.rows = args.rows or (300_000 if args.quick else 2_000_000)
     args.repeats = args.repeats or (1 if args.quick else 2)
+    args.family_rows = args.family_rows or (20_000 if args.quick else 100_000)
     if args.cold is None:
         args.cold = not args.quick
     if args.sample_problems is None and args.quick:
@@ -610,10 +756,18 @@ def _main(args, tol: Tolerance) -> int:
             print()
             print(format_speed(speed, tol))
             report["speed"] = speed
+            if any(f.get("family") for f in speed):
+                report["family_speed"] = {
+                    "rows": args.family_rows, "hw": "h100",
+                    "over_gemm": {f["family"]: f.get("over_gemm") for f in speed if f.get("family")},
+                    "ratio": {f["family"]: f["ratio"] for f in speed if f.get("family")}}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     wall = time.perf_counter() - t_start
     lines = summary_lines(judged_all, speed, group_all, ref_name, new_name, tol)
+    fl = family_summary(speed)
+    if fl:
+        lines.insert(len(lines) - 1, fl)  # before the verdict
     lines.append(f"(bench/regress.py {args.ref}{' --quick' if args.quick else ''}, {wall / 60:.1f} min wall)")
     print("\n---- summary ----")
     print("\n".join(lines))

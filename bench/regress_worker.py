@@ -2,6 +2,7 @@
 
     python bench/regress_worker.py predict JOBS.json RESULT.json
     python bench/regress_worker.py time-api SPEC.json RESULT.json
+    python bench/regress_worker.py serve-families SPEC.json -
 
 It imports whatever ``tsbatch`` the ``PYTHONPATH`` names (the working tree or
 a reference installed beside it), so it uses only APIs every version since
@@ -18,6 +19,19 @@ one ``{"status": "ok" | "unsupported" | "error", "error", "seconds"}`` per job.
 workloads and 1,000 configurations: median of ``prune_reps`` warm calls per
 workload, summed over the workloads) and, when ``attention_input`` is given,
 ``evaluate(family="attention")`` rows/s (best of ``attention_reps`` warm calls).
+
+``serve-families``: a long-lived timer of warm ``evaluate`` per family (SPEC:
+``hw``, ``tables`` {family: Parquet path}, ``warmup_rows``; the tables made by the
+working tree's bench/family_speed.py). It reads the tables, warms every family up
+untimed on a slice, writes one JSON line ``{"ready": true, "warm": {family: status}}``
+to stdout, then for each line ``{"family": F}`` on stdin times F's whole table
+(bench/family_speed.py's ``time_round``: the best of up to 10 passes adding up to
+1 s) and writes one JSON line ``{"status", "seconds", "passes", "rows",
+"feasible"}`` or ``{"status": "error", "error"}``; it ends at the end of stdin.
+The guard keeps one per version and alternates them family by family, so the two
+versions' times of a family are taken next to each other. A family the version
+lacks is reported with its error in ``warm``, never timed. (RESULT.json: unused,
+pass ``-``; anything the model prints goes to stderr.)
 """
 
 from __future__ import annotations
@@ -120,11 +134,41 @@ def _time_api(spec_path: str, result_path: str) -> int:
     return 0
 
 
+def _serve_families(spec_path: str, _unused: str) -> int:
+    import os
+
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # stdout is the protocol's: whatever else is printed goes to stderr
+    sys.stdout = sys.stderr
+    import polars as pl
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from family_speed import time_round, warm_up  # no tsbatch import: either version's runs
+
+    spec = json.loads(Path(spec_path).read_text())
+    hw = spec.get("hw", "h100")
+    evaluate = _module("tsbatch.engine.evaluate", "tsbatch.evaluate").evaluate
+    tables = {f: pl.read_parquet(p) for f, p in spec["tables"].items()}
+    warm = warm_up(evaluate, tables, hw, int(spec.get("warmup_rows", 2000)))
+    out.write(json.dumps({"ready": True, "warm": warm}) + "\n")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        fam = json.loads(line)["family"]
+        if fam not in tables or warm.get(fam, {}).get("status") != "ok":
+            res = {"status": "error", "error": warm.get(fam, {}).get("error", f"no table for {fam}")}
+        else:
+            res = time_round(evaluate, {fam: tables[fam]}, hw, [fam])[fam]
+        out.write(json.dumps(res) + "\n")
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[0] not in ("predict", "time-api"):
+    cmds = {"predict": _predict, "time-api": _time_api, "serve-families": _serve_families}
+    if len(argv) != 3 or argv[0] not in cmds:
         print(__doc__, file=sys.stderr)
         return 2
-    return (_predict if argv[0] == "predict" else _time_api)(argv[1], argv[2])
+    return cmds[argv[0]](argv[1], argv[2])
 
 
 if __name__ == "__main__":

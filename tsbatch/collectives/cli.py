@@ -22,7 +22,7 @@ import polars as pl
 
 from tsbatch.errors import InputError
 
-__all__ = ["add_parser", "run", "parse_bytes", "explain_collective", "explain_fused", "run_sweep"]
+__all__ = ["add_parser", "run", "parse_bytes", "explain_collective", "explain_fused", "run_sweep", "sweep_frame"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20, "mib": 1 << 20,
           "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9}
@@ -169,8 +169,9 @@ def explain_fused(family: str, params: dict) -> str:
 
 
 # ------------------------------------------------------------------ sweep
-def run_sweep(path: str | Path) -> tuple[pl.DataFrame, dict]:
-    """Expand a sweep file (fixed values x axes), evaluate, rank within each workload."""
+def sweep_frame(path: str | Path) -> tuple[str, pl.DataFrame, dict]:
+    """A sweep file's family, its rows (fixed values x axes, sizes in bytes) and its
+    parsed TOML, unevaluated."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: sweep file not found")
@@ -195,7 +196,14 @@ def run_sweep(path: str | Path) -> tuple[pl.DataFrame, dict]:
     for k, v in list(rows.items()):
         if k == "bytes":
             rows[k] = [parse_bytes(x) if isinstance(x, str) else int(x) for x in v]
-    frame = pl.DataFrame(rows)
+    return family, pl.DataFrame(rows), doc
+
+
+def run_sweep(path: str | Path) -> tuple[pl.DataFrame, dict]:
+    """Expand a sweep file (fixed values x axes), evaluate, rank within each workload."""
+    path = Path(path)
+    family, frame, doc = sweep_frame(path)
+    fams = _families()
     out = _evaluate(frame, family)
     by = doc.get("rank", {}).get("by") or [c for c in fams[family].workload_columns if c in out.columns]
     out = out.with_columns(
@@ -203,7 +211,7 @@ def run_sweep(path: str | Path) -> tuple[pl.DataFrame, dict]:
     ).sort([*by, "rank"], nulls_last=True)
     meta = {"tsbatch.family": family,
             "tsbatch.sweep_sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16],
-            "tsbatch.rank_by": json.dumps(by), "tsbatch.axes": json.dumps(names)}
+            "tsbatch.rank_by": json.dumps(by), "tsbatch.axes": json.dumps(list(doc.get("axes", {})))}
     return out, meta
 
 

@@ -303,7 +303,8 @@ def _describe(j: dict, group: Sequence[str]) -> str:
 def summary_lines(judged: Iterable[dict], speed: Iterable[dict], group: Sequence[str],
                   ref_name: str, new_name: str, tol: Tolerance, worst: int = 8) -> list[str]:
     """The block meant for a commit message: counts per verdict, the worst
-    accuracy regressions (by tolerances exceeded) and every speed ratio."""
+    accuracy regressions (by tolerances exceeded) and every speed ratio (with a
+    speed figure's ``note``, if it has one, after it)."""
     judged = list(judged)
     speed = list(speed)
     counts: dict[str, int] = {}
@@ -326,7 +327,8 @@ def summary_lines(judged: Iterable[dict], speed: Iterable[dict], group: Sequence
         for s in speed:
             mark = {"worse": " !!", "better": " +"}.get(s["verdict"], "")
             r = "n/a" if _missing(s["ratio"]) else f"{s['ratio']:.2f}"
-            lines.append(f"  {s['name']}: {r}{mark}")
+            note = f"; {s['note']}" if s.get("note") else ""
+            lines.append(f"  {s['name']}: {r}{mark}{note}")
     n_bad = len(worse) + len(sp_worse)
     lines.append(f"verdict: {'REGRESSED' if n_bad else 'no regression beyond tolerance'} "
                  f"({len(worse)} accuracy, {len(sp_worse)} speed figure(s) worse)")

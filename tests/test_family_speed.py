@@ -1,0 +1,200 @@
+"""bench/family_speed.py's tables (issue 35: per-family speed in the guard).
+
+Correctness only, never wall time: the tables are distinct, reproducible and
+cover every family with a built-in sweep; unknown families are one clear
+error; the shifted rows keep the sweep's feasibility; the timing helpers
+report a family a version cannot evaluate instead of failing; the guard's
+summary line names the families slower than GEMM.
+"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tsbatch.engine.evaluate import evaluate
+from tsbatch.engine.sweep import list_sweeps, load_sweep, sweep_dir
+from tsbatch.errors import InputError
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import family_speed as fs  # noqa: E402
+from regress import family_summary  # noqa: E402
+
+ROWS = 3000  # more than most sweeps (the fused ones: 9 to 540 rows): those tables are shifted
+
+
+@pytest.fixture(scope="module")
+def sweeps():
+    return fs.builtin_sweeps()
+
+
+@pytest.fixture(scope="module")
+def tables(sweeps):
+    return {f: fs.family_table(f, ROWS, sweeps) for f in sweeps}
+
+
+def _sweep_families() -> set[str]:
+    """Every family a built-in sweep file names, read here without the bench's code."""
+    out = set()
+    for name in list_sweeps():
+        doc = tomllib.loads((sweep_dir() / f"{name}.toml").read_text())
+        out.add(load_sweep(name).family if "sweep" in doc else doc.get("family", "collective"))
+    return out
+
+
+def test_every_family_with_a_sweep_is_covered(sweeps, tables):
+    fams = _sweep_families()
+    assert set(sweeps) == fams
+    assert set(fs.SHIFT) >= fams
+    assert list(sweeps)[0] == "gemm"
+    assert set(fs.family_tables(200)) == fams
+    # the left-out list is exactly the registered families without a sweep
+    from kernels_catalog.registry import FAMILIES
+
+    assert set(fs.families_without_sweep(sweeps)) == set(FAMILIES) - fams
+
+
+def test_tables_are_distinct_and_sized(sweeps, tables):
+    for fam, t in tables.items():
+        assert t.height == ROWS, fam
+        assert t.unique().height == t.height, fam
+        # the family's input columns only, as the sweep has them
+        base = sweeps[fam][1]
+        assert set(t.columns) <= set(base.columns), fam
+        # the shifted columns moved and nothing else did
+        shifted = [c for c, _ in fs.SHIFT[fam]]
+        for c in t.columns:
+            if c not in shifted:
+                assert set(t[c].unique().to_list()) <= set(base[c].unique().to_list()), (fam, c)
+        if base.height < ROWS:
+            assert any(t[c].max() > base[c].max() for c in shifted), fam
+        else:  # evenly spaced rows of the sweep itself
+            assert t.join(base.select(t.columns), on=t.columns, how="anti", nulls_equal=True).height == 0
+
+
+def test_shift_keeps_sizes_divisible_as_the_sweep(sweeps, tables):
+    for fam, t in tables.items():
+        for col, step in fs.SHIFT[fam]:
+            base = sweeps[fam][1][col]
+            assert set((t[col] % step).to_list()) == set((base % step).to_list()), (fam, col)
+
+
+def test_shifted_rows_as_feasible_as_the_sweep(sweeps, tables):
+    """The steps of :data:`SHIFT` are there to keep rows feasible: a table of cheaply
+    priced infeasible rows would flatter a family."""
+    for fam, t in tables.items():
+        base = evaluate(sweeps[fam][1], "h100", family=fam)["feasible"].mean()
+        new = evaluate(t, "h100", family=fam)["feasible"].mean()
+        assert abs(new - base) <= 0.05, (fam, base, new)
+
+
+def test_reproducible(sweeps, tables):
+    for fam in ("gemm", "rowwise", "moe_ep"):
+        again = fs.family_table(fam, ROWS)
+        assert again.equals(tables[fam])
+
+
+def test_fewer_rows_than_the_sweep_are_evenly_spaced(sweeps):
+    base = sweeps["gemm"][1]
+    t = fs.family_table("gemm", 100, sweeps)
+    assert t.height == 100 and t.unique().height == 100
+    # every m and every shape of the sweep kept, not just its first workloads
+    assert set(t["m"].to_list()) == set(base["m"].to_list())
+    assert set(t["n"].to_list()) == set(base["n"].to_list())
+
+
+def test_copies_that_collide_are_dropped_and_replaced():
+    base = pl.DataFrame({"rows": [1, 2, 3], "x": [0, 0, 0]})
+    out = fs._shifted(base, (("rows", 1),), 3)  # copies 1 and 2 repeat rows 2, 3
+    assert out.height == out.unique().height == 5
+    assert sorted(out["rows"].to_list()) == [1, 2, 3, 4, 5]
+
+
+def test_two_columns_in_mixed_radix():
+    base = pl.DataFrame({"a": [0], "b": [0]})
+    out = fs._shifted(base, (("a", 10), ("b", 1)), 9)  # radix 3
+    assert sorted(zip(out["a"].to_list(), out["b"].to_list())) == [
+        (a, b) for a in (0, 10, 20) for b in (0, 1, 2)]
+
+
+def test_unknown_family_is_one_clear_error(sweeps):
+    with pytest.raises(InputError, match="unknown family 'nope'"):
+        fs.family_table("nope", 10, sweeps)
+    with pytest.raises(InputError, match="'ag_gemm' has no built-in sweep"):
+        fs.family_table("ag_gemm", 10, sweeps)
+    with pytest.raises(InputError, match="at least 1"):
+        fs.family_table("gemm", 0, sweeps)
+
+
+def test_cli_errors_name_what_is_wrong(capsys):
+    assert fs.main(["--families", "gemm,nope", "--rows", "10", "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nope" in err[0]
+    assert fs.main(["--hw", "h100,zz9", "--rows", "10", "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "zz9" in err[0]
+
+
+def test_timing_reports_a_family_it_cannot_evaluate():
+    tabs = {"gemm": pl.DataFrame({"m": [1, 2]}), "other": pl.DataFrame({"m": [1]})}
+
+    def fake(frame, hw, family="gemm"):
+        if family != "gemm":
+            raise InputError(f"unknown kernel family '{family}'")
+        return frame.with_columns(pl.lit(True).alias("feasible"))
+
+    warm = fs.warm_up(fake, tabs, "h100")
+    assert warm["gemm"]["status"] == "ok"
+    assert warm["other"] == {"status": "error", "error": "InputError: unknown kernel family 'other'"}
+    res = fs.time_round(fake, tabs, "h100", ["other", "gemm"])
+    assert res["gemm"]["status"] == "ok" and res["gemm"]["rows"] == 2 and res["gemm"]["feasible"] == 2
+    assert res["other"]["status"] == "error"
+    assert len(res["gemm"]["passes"]) == 10  # quick: passes up to 1 s, at most 10
+    assert fs.round_order(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert fs.round_order(["a", "b", "c"], 1) == ["c", "b", "a"]
+
+
+def test_guard_summary_line_names_families_slower_than_gemm():
+    speed = [{"name": "full model", "ratio": 1.0},
+             {"family": "gemm", "over_gemm": 1.0},
+             {"family": "rowwise", "over_gemm": 0.05},
+             {"family": "mla_decode", "over_gemm": 2.0},
+             {"family": "attention", "over_gemm": 0.8},
+             {"family": "ulysses", "over_gemm": None}]
+    line = family_summary(speed)
+    assert "2 of 3 below 1: rowwise 0.05, attention 0.80" in line
+    assert "1 not measured" in line
+    assert family_summary([{"name": "full model", "ratio": 1.0}]) is None
+
+
+def test_guard_worker_serves_family_timings(tmp_path, sweeps):
+    """bench/regress_worker.py serve-families: ready line, one answer per request, a family
+    the version lacks reported as an error (n/a in the guard), never a crash."""
+    import json
+    import os
+    import subprocess
+
+    gemm = tmp_path / "gemm.parquet"
+    fs.family_table("gemm", 50, sweeps).write_parquet(gemm)
+    nope = tmp_path / "nope.parquet"
+    pl.DataFrame({"m": [1]}).write_parquet(nope)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"hw": "h100", "tables": {"gemm": str(gemm), "nope": str(nope)},
+                                "warmup_rows": 10}))
+    env = dict(os.environ, PYTHONPATH=str(BENCH.parent))
+    r = subprocess.run([sys.executable, str(BENCH / "regress_worker.py"), "serve-families", str(spec), "-"],
+                       input='{"family": "gemm"}\n{"family": "nope"}\n', capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(lines) == 3
+    assert lines[0]["ready"] and lines[0]["warm"]["gemm"]["status"] == "ok"
+    assert lines[0]["warm"]["nope"]["status"] == "error" and "nope" in lines[0]["warm"]["nope"]["error"]
+    assert lines[1]["status"] == "ok" and lines[1]["rows"] == 50 and lines[1]["seconds"] > 0
+    assert lines[2]["status"] == "error"
