@@ -200,11 +200,22 @@ def _need(df: pl.DataFrame, cols, family: str) -> pl.DataFrame:
     return df
 
 
-def _gpu_of(systems: np.ndarray) -> np.ndarray:
+def _per_system(systems: np.ndarray, value, dtype) -> np.ndarray:
+    """``value(system)`` for each row's system, looked up once per distinct system."""
     from tsbatch.collectives.systems import get_system
 
-    keys = {s: get_system(s).gpu for s in np.unique(systems)}
-    return np.array([keys[s] for s in systems], dtype=object)
+    n = len(systems)
+    if n and (systems == systems[0]).all():  # the usual case: one system
+        uniq, codes = [systems[0]], np.zeros(n, dtype=np.int64)
+    else:
+        ser = pl.Series(systems, dtype=pl.String)
+        uniq = ser.unique(maintain_order=True).to_list()
+        codes = ser.replace_strict(uniq, list(range(len(uniq))), return_dtype=pl.Int64).to_numpy()
+    return np.array([value(get_system(s)) for s in uniq], dtype=dtype)[codes]
+
+
+def _gpu_of(systems: np.ndarray) -> np.ndarray:
+    return _per_system(systems, lambda s: s.gpu, object)
 
 
 def _eval_compute(frame: pl.DataFrame, gpus: np.ndarray, family: str,
@@ -247,7 +258,6 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
     :mod:`kernels_catalog.registry`)."""
     from tsbatch.collectives.model import evaluate as eval_coll
     from tsbatch.collectives.plan import default_channels
-    from tsbatch.collectives.systems import get_system
 
     fam = FAMILIES[family]
     df = _need(frame, fam.columns, family)
@@ -333,19 +343,17 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
                          "bytes": np.maximum(comm_frames[0][1], 1)})
     cres = eval_coll(coll)
     comm = cres["latency_us"].to_numpy()
+    chan = _per_system(systems, default_channels, np.float64)
+    slow = sms / np.maximum(sms - chan, 1.0)
     if family in ("ulysses", "moe_ep"):
         # ulysses: three all-to-alls (Q, K, V) before attention and one (O) after, per
         # head chunk; moe_ep: the dispatch before the experts and the combine after
         comm_in, comm_out = (3 * comm, comm) if family == "ulysses" else (comm, comm)
-        chan = np.array([default_channels(get_system(x)) for x in systems], dtype=np.float64)
-        slow = sms / np.maximum(sms - chan, 1.0)
         steady = np.maximum(comp * np.where(c > 1, slow, 1.0), comm_in + comm_out)
         total_t = comm_in + (c - 1) * steady + comp + comm_out
         comm_total = c * (comm_in + comm_out)
         chunk_comm = comm_in + comm_out
     else:
-        chan = np.array([default_channels(get_system(x)) for x in systems], dtype=np.float64)
-        slow = sms / np.maximum(sms - chan, 1.0)
         total_t = _envelope(comp, comp, comm, c, lead, slow)
         comm_total = c * comm
         chunk_comm = comm
