@@ -501,15 +501,20 @@ def _group_l15(pb, sc, mm, ids, wts, lo, hi, nw, ns, sh, sslot):
         return
     for q in range(m):
         last_idx[sc.sub_ids[q]] = -1
+    # the pool room a pattern takes: its accesses, counting those of the tensors
+    # left out of the sequence (pb.pool_step per tile and step), so that the pool
+    # stores the very patterns it would with them (a stored group's probabilities
+    # are summed before they are added: which groups are stored sets the rounding)
+    mp = (m // n_step) * pb.pool_step
     # pool offset of this group's probabilities, if they get stored
     poff = -1
     # the group's footprint surely hits: every re-touch distance is below it,
     # so its probability is exactly 1 too (non-increasing SDCM), and a first
     # touch misses (as set above)
     if hit_prob_gauss(foot / pb.unit, pb.assoc15, pb.B15) == 1.0:
-        if sslot >= 0 and pat_off[PAT_SLOTS] + m <= PAT_POOL:
+        if sslot >= 0 and pat_off[PAT_SLOTS] + mp <= PAT_POOL:
             poff = pat_off[PAT_SLOTS]
-            pat_off[PAT_SLOTS] = poff + m
+            pat_off[PAT_SLOTS] = poff + mp
             for q in range(m):
                 pool_h15[poff + q] = h15[sub_j[q]]
     else:
@@ -548,12 +553,12 @@ def _group_l15(pb, sc, mm, ids, wts, lo, hi, nw, ns, sh, sslot):
                 sc.sub_wts[q] = wts[sub_j[q]]
             step_distances(sc.sub_ids, sc.sub_wts, m, last_idx, sc.tree, sub_d)
             fill = pat_off[PAT_SLOTS]
-            store = slot >= 0 and fill + m <= PAT_POOL
+            store = slot >= 0 and fill + mp <= PAT_POOL
             if store:
                 pat_m[slot] = m
                 mm.pat_hash[slot] = hsh
                 pat_off[slot] = fill
-                pat_off[PAT_SLOTS] = fill + m
+                pat_off[PAT_SLOTS] = fill + mp
                 poff = fill
             # np.bool_, not a literal: one compiled _memo_hits for both call sites
             _memo_hits(sub_d, m, np.bool_(False), pb.assoc15, pb.B15, pb.unit, mm.memo15_k,
@@ -677,6 +682,66 @@ def _hits_fast(pb, bk, sc, mm, w, valid_from, start, nw, n, nft, run):
         bk.hit2[t] += kf * loc[3, t]
 
 
+#: a problem's per-step bytes summed over its tiles stay below this, so that every
+#: sum of its block bytes (distances, footprints, the waves' new bytes) is an
+#: exact integer in float64 (2^53 with room for the few terms a distance adds)
+EXACT_BYTES = float(1 << 50)
+
+
+@jit_scalar
+def _live_tensors(per_step, tbytes, mask, P, g0, g1, g2):
+    """The cadence flags of the accesses a problem's sequence keeps: ``per_step``
+    itself, or a copy with the per-step tensors of zero bytes set to 0 where
+    leaving them out changes no other tensor's result by a bit. Their accesses
+    add nothing to any distance or footprint, but they are positions in the
+    step sequence, where a float sum (a Fenwick prefix, a running total) may
+    round otherwise when its terms move: with integer block sizes whose total
+    over the grid stays below :data:`EXACT_BYTES`, every such sum is exact in
+    any order. They are also labels of the L1.5 group patterns: one is left
+    out only where its labels follow from the others' (its reuse dimensions,
+    those of more than one tile, are none, a block per tile, or a kept
+    tensor's), so that groups of equal patterns stay the groups of equal
+    patterns. At least one tensor with bytes stays. (The unit, the mean
+    per-step block bytes, and the L1.5 pattern pool's room are the caller's,
+    counting them.)"""
+    T = per_step.shape[0]
+    span = 0
+    if g0 > 1:
+        span |= 1
+    if g1 > 1:
+        span |= 2
+    if g2 > 1:
+        span |= 4
+    zeros = 0
+    live = 0
+    tot = 0.0
+    for t in range(T):
+        if per_step[t] == 0:
+            continue
+        b = tbytes[t]
+        if b == 0.0:
+            zeros += 1
+        elif b == math.floor(b) and b > 0.0:
+            live += 1
+            tot += b
+        else:
+            return per_step
+    if zeros == 0 or live == 0 or not (tot * P < EXACT_BYTES):
+        return per_step
+    out = per_step.copy()
+    for t in range(T):
+        if per_step[t] == 0 or tbytes[t] != 0.0:
+            continue
+        m = mask[t] & span
+        follows = m == 0
+        for t2 in range(T):
+            if per_step[t2] != 0 and tbytes[t2] != 0.0 and (mask[t2] & span) == m:
+                follows = True
+        if follows:
+            out[t] = 0
+    return out
+
+
 @separately_linked
 @jit_serial_internal
 def _cache_one(b, i):
@@ -692,6 +757,30 @@ def _cache_one(b, i):
     fast = b.fast
     T = mask.shape[0]
     P = g0 * g1 * g2
+    # the unit: the mean block bytes of the per-step tensors, counting every one
+    n_step = np.int64(0)
+    unit = 0.0
+    once_bytes = 0.0
+    for t in range(T):
+        if per_step[t] != 0:
+            n_step += 1
+            unit += tbytes[t]
+        else:
+            once_bytes += tbytes[t]
+    for t in range(T):
+        out_h15[t] = 0.0
+        out_h2[t] = 0.0
+        out_dram[t] = 1.0
+    if n_step == 0 or P == 0:
+        return
+    unit /= n_step
+    pool_step = n_step
+    if b.drop_zero:
+        per_step = _live_tensors(per_step, tbytes, mask, P, g0, g1, g2)
+        n_step = np.int64(0)
+        for t in range(T):
+            if per_step[t] != 0:
+                n_step += 1
     zorder = order == ORDER_ZORDER
     x = np.empty((3, P if zorder else 0), dtype=np.int64)
     if zorder:
@@ -716,22 +805,6 @@ def _cache_one(b, i):
                 kstr[t, d] = stride
                 stride *= gdim[d]
 
-    n_step = np.int64(0)
-    unit = 0.0
-    once_bytes = 0.0
-    for t in range(T):
-        if per_step[t] != 0:
-            n_step += 1
-            unit += tbytes[t]
-        else:
-            once_bytes += tbytes[t]
-    for t in range(T):
-        out_h15[t] = 0.0
-        out_h2[t] = 0.0
-        out_dram[t] = 1.0
-    if n_step == 0 or P == 0:
-        return
-    unit /= n_step
     use15 = g15 > 0 and cap15 > 0.0 and assoc15 > 0
     ngroups = (nsm + g15 - 1) // g15 if use15 else 1
 
@@ -763,7 +836,7 @@ def _cache_one(b, i):
     gsig = fast and use15 and not zorder
     pb = Problem(g0=g0, g1=g1, g2=g2, order=order, group=group, gm=gmb, zorder=zorder, x=x,
                  P=P, conc=conc, T=T, per_step=per_step, kstr=kstr, koff=koff, tbytes=tbytes,
-                 n_step=n_step, once_bytes=once_bytes, unit=unit, B2=cap2 / unit,
+                 n_step=n_step, pool_step=pool_step, once_bytes=once_bytes, unit=unit, B2=cap2 / unit,
                  assoc2=assoc2, use15=use15, B15=cap15 / unit, assoc15=assoc15, nsm=nsm,
                  g15=g15, ngroups=ngroups, kf=kf, ks=ks, svals=svals, fast=fast, gsig=gsig)
 
@@ -923,7 +996,7 @@ def _cache_one(b, i):
                 hit2[t] = saved[3 * T + t] + wt_in * (hit2[t] - saved[3 * T + t])
         done = w
     for t in range(T):
-        if per_step[t] == 0 or acc[t] == 0.0:
+        if per_step[t] == 0 or acc[t] == 0.0 or (tbytes[t] == 0.0 and b.drop_zero):
             continue
         out_h15[t] = hit15[t] / acc[t]
         out_h2[t] = hit2[t] / req2[t] if req2[t] > 0.0 else 0.0
@@ -1683,7 +1756,8 @@ def _cache_rows(b, perm, lo, hi):
 
 def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                     cap2, assoc2, nsm, g15, cap15, assoc15, k_samples=4, max_waves=1 << 30,
-                    max_lookback=1 << 30, general=False, interior_weights=True):
+                    max_lookback=1 << 30, general=False, interior_weights=True,
+                    drop_zero=True):
     """Per-tensor hit rates for a batch of cache problems.
 
     Parameters are 1-D arrays of length ``n`` (one cache problem each) except
@@ -1701,6 +1775,17 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
     and each interior one for ``(W - 2) / (max_waves - 2)`` interior waves;
     without, every analysed wave counts once, which over-counts the cold
     first wave (kept to compare: bench/wave_sampling.py).
+
+    A per-step tensor of zero bytes (a program's tensor that a configuration
+    turns off: an epilogue's second B tile, a norm's re-read of a row kept in
+    registers) moves nothing: with ``drop_zero`` (the default) it gets
+    ``(0, 0, 1)`` as the once-per-tile tensors do (the traffic split scales
+    its rates by its zero bytes), and its accesses are left out of the
+    sequence where the other tensors' results are then the same to the bit
+    (:func:`_live_tensors`: integer block sizes, labels that follow the kept
+    tensors'); the unit, the mean per-step block bytes, still counts it.
+    ``drop_zero=False`` accesses it as any other tensor (kept to compare:
+    tests/test_cache_zero.py).
 
     Returns
     -------
@@ -1728,7 +1813,8 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
                   f64(cap2), f64(assoc2), i64(nsm), i64(g15), f64(cap15), f64(assoc15),
                   k_samples=int(k_samples), max_waves=int(max(max_waves, 2)),
                   max_lookback=int(max(max_lookback, 1)), fast=not general,
-                  weights=bool(interior_weights), h15=h15, h2=h2, dram=dram)
+                  weights=bool(interior_weights), drop_zero=bool(drop_zero), h15=h15, h2=h2,
+                  dram=dram)
     run_shares(_cache_rows, (batch, perm), bounds)
     return h15, h2, dram
 
