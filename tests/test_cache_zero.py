@@ -157,3 +157,49 @@ def test_zero_tensor_against_the_twin(g0, g1, order, ksteps, zmask, l15):
         p["assoc15"]))
     assert_allclose(got, want, rtol=0, atol=1e-11)
     assert_array_equal(got[:, 2], [0.0, 0.0, 1.0])
+
+
+# ----------------------------------------------------------------------
+# waves only book-kept, non-integer block sizes (``seq_book``)
+# ----------------------------------------------------------------------
+@st.composite
+def fractional_problem(draw) -> dict:
+    """Panel orders, H100-sized waves, block sizes that are not integers (an
+    edge tile's average rows, a MoE tile's average tokens), 2-4 per-step
+    tensors reused along rows or columns, enough waves to book-keep some."""
+    T = draw(st.integers(2, 4))
+    mask = [draw(st.sampled_from([1, 2, 3, 5, 6])) for _ in range(T)]
+    per_step = [1, 1] + [draw(st.integers(0, 1)) for _ in range(T - 2)]
+    tb = [draw(st.floats(16.0, 9000.0)) for _ in range(T)]
+    g0, g1 = draw(st.integers(1, 70)), draw(st.integers(1, 70))
+    return dict(g0=g0, g1=g1, g2=draw(st.integers(1, 3)),
+                order=draw(st.sampled_from([ORDER_NAMES[o] for o in ("row", "col", "grouped",
+                                                                      "persistent")])),
+                group=draw(st.sampled_from([1, 2, 4, 8])), conc=132 * draw(st.integers(1, 3)),
+                ksteps=draw(st.integers(1, 100)), mask=mask, per_step=per_step, tbytes=tb,
+                cap2=draw(st.sampled_from([2e5, 4e6, 5e7])), assoc2=16.0, nsm=132,
+                g15=draw(st.sampled_from([0, 8])), cap15=184320.0, assoc15=8.0)
+
+
+@settings(max_examples=120, deadline=None)
+@given(fractional_problem(), st.sampled_from(SAMPLINGS))
+def test_seq_book_keeping_equals_the_per_access_pass(p, sampling):
+    args = _args(p)
+    want = reuse.cache_hit_rates(*args, seq_book=False, **sampling)
+    got = reuse.cache_hit_rates(*args, **sampling)
+    for a, b in zip(want, got):
+        assert_array_equal(_bits(a), _bits(b))
+
+
+def test_seq_book_keeping_on_a_long_grid():
+    """An epilogue-like grid of 24 waves (8 analysed, the rest book-kept), A's
+    block the average of a ragged edge (4097 rows in 33 tiles of 128)."""
+    p = dict(g0=33, g1=224, g2=1, order=ORDER_NAMES["grouped"], group=8, conc=396, ksteps=64,
+             mask=[2, 1, 1, 0], per_step=[1, 1, 1, 0],
+             tbytes=[4097 / 33 * 64 * 2, 128 * 64 * 2, 128 * 64 * 2, 128 * 128 * 2],
+             cap2=5e7 * 0.5, assoc2=16.0, nsm=132, g15=8, cap15=184320.0, assoc15=8.0)
+    for sampling in SAMPLINGS:
+        want = reuse.cache_hit_rates(*_args(p), seq_book=False, **sampling)
+        got = reuse.cache_hit_rates(*_args(p), **sampling)
+        for a, b in zip(want, got):
+            assert_array_equal(_bits(a), _bits(b))

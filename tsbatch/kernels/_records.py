@@ -188,6 +188,9 @@ class Batch(NamedTuple):
     #: per-step tensors of zero bytes get ``(0, 0, 1)`` and leave the sequence where
     #: that is exact (``reuse._live_tensors``); else they are accessed as any other
     drop_zero: bool
+    #: the waves only book-kept, with block sizes of any value, per distinct block in
+    #: the per-access order (``reuse._hits_blocks`` / ``_book_blocks`` with ``seq``)
+    seq_book: bool
     # ---- outputs (n, T) float64, written
     h15: np.ndarray
     h2: np.ndarray
