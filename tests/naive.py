@@ -249,7 +249,9 @@ def cache_hit_rates_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, 
     probability of its exact stack distance inside its own (wave, step, SM
     group) subsequence, against the L1.5 capacity. The cascade: L2 sees
     the L1.5 misses, DRAM the L2 misses. Once-per-tile tensors get
-    ``(0, 0, 1)``.
+    ``(0, 0, 1)``, and so do per-step tensors of zero bytes (they move
+    nothing; their accesses stay in the sequence, where they add no bytes to
+    any distance, and the unit counts them).
     """
     T = len(mask)
     h15 = [0.0] * T
@@ -290,6 +292,8 @@ def cache_hit_rates_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, 
         req2[t] += 1.0 - p15[j]
         hit2[t] += (1.0 - p15[j]) * ph2
     for t in step_t:
+        if tbytes[t] == 0:
+            continue
         h15[t] = hit15[t] / acc[t]
         h2[t] = hit2[t] / req2[t] if req2[t] > 0.0 else 0.0
         dram[t] = (req2[t] - hit2[t]) / acc[t]

@@ -52,6 +52,9 @@ class Problem(NamedTuple):
     koff: np.ndarray  #: (T + 1,) int64: first block id of each per-step tensor
     tbytes: np.ndarray  #: (T,) float64: block bytes
     n_step: int  #: per-step tensors (accesses per tile and step)
+    #: the L1.5 pattern pool's room per tile and step: ``n_step`` with the per-step
+    #: tensors of zero bytes left out of the sequence (``reuse._live_tensors``)
+    pool_step: int
     once_bytes: float  #: once-per-tile bytes of a tile
     # ---- the caches, in tile units (``unit``: mean per-step block bytes)
     unit: float
@@ -182,6 +185,12 @@ class Batch(NamedTuple):
     max_lookback: int  #: waves of lookback (>= 1)
     fast: bool  #: the fast path (else the general one)
     weights: bool  #: interior sampled waves weighted for their share
+    #: per-step tensors of zero bytes get ``(0, 0, 1)`` and leave the sequence where
+    #: that is exact (``reuse._live_tensors``); else they are accessed as any other
+    drop_zero: bool
+    #: the waves only book-kept, with block sizes of any value, per distinct block in
+    #: the per-access order (``reuse._hits_blocks`` / ``_book_blocks`` with ``seq``)
+    seq_book: bool
     # ---- outputs (n, T) float64, written
     h15: np.ndarray
     h2: np.ndarray

@@ -45,7 +45,11 @@ panels like an earlier group's (:func:`_group_sig`) reuses that group's.
 A lookback window that no later analysed wave reads starts at the earliest
 wave holding a previous touch of the analysed wave's blocks, found in closed
 form on the panel orders (:func:`_window_start`); the waves before it would
-be book-kept for nothing.
+be book-kept for nothing. With block sizes that are not integers (an average
+edge tile), where those sums are exact no more, the waves only book-kept are
+still book-kept per distinct block, their bytes added one by one in the
+per-access order (``seq``). A per-step tensor of zero bytes gets ``(0, 0,
+1)`` and, where that is exact, leaves the sequence (:func:`_live_tensors`).
 ``cache_hit_rates(..., general=True)`` runs the original per-access code,
 which tests/test_cache_fast.py holds the fast path equal to (bench/cache_speed.py
 times the two).
@@ -501,15 +505,20 @@ def _group_l15(pb, sc, mm, ids, wts, lo, hi, nw, ns, sh, sslot):
         return
     for q in range(m):
         last_idx[sc.sub_ids[q]] = -1
+    # the pool room a pattern takes: its accesses, counting those of the tensors
+    # left out of the sequence (pb.pool_step per tile and step), so that the pool
+    # stores the very patterns it would with them (a stored group's probabilities
+    # are summed before they are added: which groups are stored sets the rounding)
+    mp = (m // n_step) * pb.pool_step
     # pool offset of this group's probabilities, if they get stored
     poff = -1
     # the group's footprint surely hits: every re-touch distance is below it,
     # so its probability is exactly 1 too (non-increasing SDCM), and a first
     # touch misses (as set above)
     if hit_prob_gauss(foot / pb.unit, pb.assoc15, pb.B15) == 1.0:
-        if sslot >= 0 and pat_off[PAT_SLOTS] + m <= PAT_POOL:
+        if sslot >= 0 and pat_off[PAT_SLOTS] + mp <= PAT_POOL:
             poff = pat_off[PAT_SLOTS]
-            pat_off[PAT_SLOTS] = poff + m
+            pat_off[PAT_SLOTS] = poff + mp
             for q in range(m):
                 pool_h15[poff + q] = h15[sub_j[q]]
     else:
@@ -548,12 +557,12 @@ def _group_l15(pb, sc, mm, ids, wts, lo, hi, nw, ns, sh, sslot):
                 sc.sub_wts[q] = wts[sub_j[q]]
             step_distances(sc.sub_ids, sc.sub_wts, m, last_idx, sc.tree, sub_d)
             fill = pat_off[PAT_SLOTS]
-            store = slot >= 0 and fill + m <= PAT_POOL
+            store = slot >= 0 and fill + mp <= PAT_POOL
             if store:
                 pat_m[slot] = m
                 mm.pat_hash[slot] = hsh
                 pat_off[slot] = fill
-                pat_off[PAT_SLOTS] = fill + m
+                pat_off[PAT_SLOTS] = fill + mp
                 poff = fill
             # np.bool_, not a literal: one compiled _memo_hits for both call sites
             _memo_hits(sub_d, m, np.bool_(False), pb.assoc15, pb.B15, pb.unit, mm.memo15_k,
@@ -677,6 +686,66 @@ def _hits_fast(pb, bk, sc, mm, w, valid_from, start, nw, n, nft, run):
         bk.hit2[t] += kf * loc[3, t]
 
 
+#: a problem's per-step bytes summed over its tiles stay below this, so that every
+#: sum of its block bytes (distances, footprints, the waves' new bytes) is an
+#: exact integer in float64 (2^53 with room for the few terms a distance adds)
+EXACT_BYTES = float(1 << 50)
+
+
+@jit_scalar
+def _live_tensors(per_step, tbytes, mask, P, g0, g1, g2):
+    """The cadence flags of the accesses a problem's sequence keeps: ``per_step``
+    itself, or a copy with the per-step tensors of zero bytes set to 0 where
+    leaving them out changes no other tensor's result by a bit. Their accesses
+    add nothing to any distance or footprint, but they are positions in the
+    step sequence, where a float sum (a Fenwick prefix, a running total) may
+    round otherwise when its terms move: with integer block sizes whose total
+    over the grid stays below :data:`EXACT_BYTES`, every such sum is exact in
+    any order. They are also labels of the L1.5 group patterns: one is left
+    out only where its labels follow from the others' (its reuse dimensions,
+    those of more than one tile, are none, a block per tile, or a kept
+    tensor's), so that groups of equal patterns stay the groups of equal
+    patterns. At least one tensor with bytes stays. (The unit, the mean
+    per-step block bytes, and the L1.5 pattern pool's room are the caller's,
+    counting them.)"""
+    T = per_step.shape[0]
+    span = 0
+    if g0 > 1:
+        span |= 1
+    if g1 > 1:
+        span |= 2
+    if g2 > 1:
+        span |= 4
+    zeros = 0
+    live = 0
+    tot = 0.0
+    for t in range(T):
+        if per_step[t] == 0:
+            continue
+        b = tbytes[t]
+        if b == 0.0:
+            zeros += 1
+        elif b == math.floor(b) and b > 0.0:
+            live += 1
+            tot += b
+        else:
+            return per_step
+    if zeros == 0 or live == 0 or not (tot * P < EXACT_BYTES):
+        return per_step
+    out = per_step.copy()
+    for t in range(T):
+        if per_step[t] == 0 or tbytes[t] != 0.0:
+            continue
+        m = mask[t] & span
+        follows = m == 0
+        for t2 in range(T):
+            if per_step[t2] != 0 and tbytes[t2] != 0.0 and (mask[t2] & span) == m:
+                follows = True
+        if follows:
+            out[t] = 0
+    return out
+
+
 @separately_linked
 @jit_serial_internal
 def _cache_one(b, i):
@@ -692,6 +761,30 @@ def _cache_one(b, i):
     fast = b.fast
     T = mask.shape[0]
     P = g0 * g1 * g2
+    # the unit: the mean block bytes of the per-step tensors, counting every one
+    n_step = np.int64(0)
+    unit = 0.0
+    once_bytes = 0.0
+    for t in range(T):
+        if per_step[t] != 0:
+            n_step += 1
+            unit += tbytes[t]
+        else:
+            once_bytes += tbytes[t]
+    for t in range(T):
+        out_h15[t] = 0.0
+        out_h2[t] = 0.0
+        out_dram[t] = 1.0
+    if n_step == 0 or P == 0:
+        return
+    unit /= n_step
+    pool_step = n_step
+    if b.drop_zero:
+        per_step = _live_tensors(per_step, tbytes, mask, P, g0, g1, g2)
+        n_step = np.int64(0)
+        for t in range(T):
+            if per_step[t] != 0:
+                n_step += 1
     zorder = order == ORDER_ZORDER
     x = np.empty((3, P if zorder else 0), dtype=np.int64)
     if zorder:
@@ -716,22 +809,6 @@ def _cache_one(b, i):
                 kstr[t, d] = stride
                 stride *= gdim[d]
 
-    n_step = np.int64(0)
-    unit = 0.0
-    once_bytes = 0.0
-    for t in range(T):
-        if per_step[t] != 0:
-            n_step += 1
-            unit += tbytes[t]
-        else:
-            once_bytes += tbytes[t]
-    for t in range(T):
-        out_h15[t] = 0.0
-        out_h2[t] = 0.0
-        out_dram[t] = 1.0
-    if n_step == 0 or P == 0:
-        return
-    unit /= n_step
     use15 = g15 > 0 and cap15 > 0.0 and assoc15 > 0
     ngroups = (nsm + g15 - 1) // g15 if use15 else 1
 
@@ -763,7 +840,8 @@ def _cache_one(b, i):
     gsig = fast and use15 and not zorder
     pb = Problem(g0=g0, g1=g1, g2=g2, order=order, group=group, gm=gmb, zorder=zorder, x=x,
                  P=P, conc=conc, T=T, per_step=per_step, kstr=kstr, koff=koff, tbytes=tbytes,
-                 n_step=n_step, once_bytes=once_bytes, unit=unit, B2=cap2 / unit,
+                 n_step=n_step, pool_step=pool_step, once_bytes=once_bytes, unit=unit,
+                 B2=cap2 / unit,
                  assoc2=assoc2, use15=use15, B15=cap15 / unit, assoc15=assoc15, nsm=nsm,
                  g15=g15, ngroups=ngroups, kf=kf, ks=ks, svals=svals, fast=fast, gsig=gsig)
 
@@ -785,7 +863,16 @@ def _cache_one(b, i):
     # (a run crossing panels takes one layout entry per panel: room for two each)
     sigw = 12 * runs if gsig else 0
     bg = L if blockbook and gsig else 0
-    cand = conc if blockbook else 0
+    # the same per distinct block, sum by sum in the per-access order, for the
+    # panel orders with block sizes of any value (the waves only book-kept);
+    # where every per-step tensor is reused along the grid's rows or columns (a
+    # tensor with a block per tile has as many blocks as accesses: the
+    # per-access pass is cheaper than the merge)
+    seqbook = fast and not zorder and not blockbook and b.seq_book
+    for t in range(T):
+        if per_step[t] != 0 and mask[t] & 3 == 0:
+            seqbook = False
+    cand = conc if blockbook or seqbook else 0
     nrsc = runs * ngroups if gsig else 0
     # (no conditional expression among a record's keywords: numba cannot
     # rebuild a call of many keywords that holds control flow)
@@ -909,10 +996,16 @@ def _cache_one(b, i):
             valid_from = v
         for wv in range(ws, w + 1):
             if blockbook and wv == w and (not use15 or gsig) and _hits_blocks(
-                    pb, bk, sc, mm, w, valid_from, nx - lookback <= w):
+                    pb, bk, sc, mm, w, valid_from, nx - lookback <= w, np.bool_(False)):
                 continue
             if blockbook and wv != w:
-                _book_blocks(pb, bk, sc, wv, valid_from)
+                _book_blocks(pb, bk, sc, wv, valid_from, np.bool_(False))
+                continue
+            if seqbook and wv != w:
+                # first touches forwards, then last touches backwards, sum by sum
+                # (np.bool_, not literals: one compiled kernel for every call site)
+                _hits_blocks(pb, bk, sc, mm, wv, valid_from, np.bool_(False), np.bool_(True))
+                _book_blocks(pb, bk, sc, wv, valid_from, np.bool_(True))
                 continue
             _wave(pb, bk, sc, mm, wv, wv == w, valid_from)
         if scale:
@@ -923,7 +1016,7 @@ def _cache_one(b, i):
                 hit2[t] = saved[3 * T + t] + wt_in * (hit2[t] - saved[3 * T + t])
         done = w
     for t in range(T):
-        if per_step[t] == 0 or acc[t] == 0.0:
+        if per_step[t] == 0 or acc[t] == 0.0 or (tbytes[t] == 0.0 and b.drop_zero):
             continue
         out_h15[t] = hit15[t] / acc[t]
         out_h2[t] = hit2[t] / req2[t] if req2[t] > 0.0 else 0.0
@@ -1217,7 +1310,7 @@ def _two_streams(T, clen):
 
 @separately_linked
 @jit_borrow_internal
-def _book_blocks(pb, bk, sc, w, valid_from):
+def _book_blocks(pb, bk, sc, w, valid_from, seq):
     """The book-keeping of wave ``w`` into ``bk`` (no hit rates; candidates
     in ``sc.cp``, ``sc.ck``, ``sc.clen``) per distinct block instead of per
     access, for the panel orders (row, column, grouped,
@@ -1237,6 +1330,12 @@ def _book_blocks(pb, bk, sc, w, valid_from):
     read off a pointer): the per-access tail pass's running sum, summed in
     another order, like ``ustep`` and ``newb``. The caller runs this only
     when every block size is an integer (sums exact in any order).
+
+    ``seq``: any block sizes. The tail pass then adds the candidates' bytes one
+    by one in order of position from the end (the tensors' streams merged):
+    the per-access pass's running sum, term by term, so equal to it to the
+    bit; the wave's footprint and new bytes come from ``_hits_blocks(...,
+    seq=True)``, called first (it reads ``lastwave`` before this sets it).
     """
     P, conc, g0, g1, gm = pb.P, pb.conc, pb.g0, pb.g1, pb.gm
     T, n_step, per_step, kstr = pb.T, pb.n_step, pb.per_step, pb.kstr
@@ -1248,7 +1347,10 @@ def _book_blocks(pb, bk, sc, w, valid_from):
     if end > P:
         end = P
     plane = g0 * g1
-    pw = gm * g1
+    # a grid of one column is walked as one panel a plane (any panel rows give
+    # the same order, so the same candidates)
+    gw = g0 if g1 == 1 else gm
+    pw = gw * g1
     for t in range(T):
         clen[t] = 0
         clen[2 * T + t] = 1  # covered columns [lo, hi]: none
@@ -1265,7 +1367,7 @@ def _book_blocks(pb, bk, sc, w, valid_from):
         pa = ra // pw
         pi = (rb - 1) // pw
         while pi >= pa:
-            first, size, ia, ib, p0 = _panel_segment(pi, gm, g0, g1, ra, rb, zb, start)
+            first, size, ia, ib, p0 = _panel_segment(pi, gw, g0, g1, ra, rb, zb, start)
             q = 0
             for t in range(T):
                 if per_step[t] == 0:
@@ -1342,6 +1444,29 @@ def _book_blocks(pb, bk, sc, w, valid_from):
                 q += 1
             pi -= 1
         z -= 1
+    if seq:
+        # ---- any block sizes: the per-access tail pass's running sum, term by term
+        # in order of position from the end (the tensors' candidates merged); the
+        # footprint and new bytes came from _hits_blocks(..., seq=True)
+        for t in range(T):
+            clen[T + t] = 0
+        run = 0.0
+        while True:
+            tm = -1
+            best = np.int64(0)
+            for t in range(T):
+                a = clen[T + t]
+                if a < clen[t] and (tm < 0 or cp[t, a] > best):
+                    best = cp[t, a]
+                    tm = t
+            if tm < 0:
+                break
+            k = ck[tm, clen[T + tm]]
+            clen[T + tm] += 1
+            tail_b[k] = run
+            run += tbytes[tm]
+            lastwave[k] = w
+        return
     # ---- the tail pass: a block's tail bytes are the bytes of the candidates at
     # later access positions, per tensor t2 its block bytes times the number of
     # its candidates there (each stream decreases in position); integer block
@@ -1399,7 +1524,7 @@ def _book_blocks(pb, bk, sc, w, valid_from):
 
 @separately_linked
 @jit_borrow_internal
-def _hits_blocks(pb, bk, sc, mm, w, valid_from, book):
+def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
     """Analyse wave ``w`` per distinct block on the panel orders with integer
     block sizes (as :func:`_book_blocks`), adding its hit rates to ``bk``'s
     sums; returns ``False``, having changed nothing but ``bk.fstamp`` and
@@ -1429,6 +1554,12 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book):
     first touch's L2 hit is its cross-wave hit. The first touches' blocks and
     heads go into ``sc.ids`` and ``sc.head``, their list into ``sc.grp`` and
     their cross-wave hits into ``sc.dist``, as the per-access pass lays them.
+
+    ``seq``: book-keeping only, for any block sizes (a wave only book-kept):
+    the first touches' bytes are added one by one in order of position (the
+    tensors' streams merged), the per-access pass's sums term by term, into
+    the wave's ``ustep``, ``newcum`` and ``oncecum``; returns ``False``.
+    :func:`_book_blocks` with ``seq`` follows with the tail bytes.
     """
     P, conc, g0, g1, gm = pb.P, pb.conc, pb.g0, pb.g1, pb.gm
     T, n_step, per_step, kstr = pb.T, pb.n_step, pb.per_step, pb.kstr
@@ -1442,7 +1573,9 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book):
         end = P
     nw = end - start
     plane = g0 * g1
-    pw = gm * g1
+    # (one panel a plane for a grid of one column, as _book_blocks)
+    gw = g0 if g1 == 1 else gm
+    pw = gw * g1
     stamp = -2 - w  # not a wave index: the per-access pass's own stamps stay valid
     for t in range(T):
         clen[t] = 0
@@ -1459,7 +1592,7 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book):
         rb = end - zb if end - zb < plane else plane
         pl = (rb - 1) // pw
         for pi in range(ra // pw, pl + 1):
-            first, size, ia, ib, p0 = _panel_segment(pi, gm, g0, g1, ra, rb, zb, start)
+            first, size, ia, ib, p0 = _panel_segment(pi, gw, g0, g1, ra, rb, zb, start)
             q = 0
             for t in range(T):
                 if per_step[t] == 0:
@@ -1537,6 +1670,33 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book):
                 clen[t] = c
                 q += 1
         z += 1
+    if seq:
+        # ---- book-keeping only, any block sizes: the per-access pass's first-touch
+        # sums, term by term in order of position (the tensors' candidates merged)
+        for t in range(T):
+            clen[T + t] = 0  # read pointers
+        run = 0.0
+        newb = 0.0
+        fresh_all = w - 1 < valid_from
+        while True:
+            tm = -1
+            best = np.int64(0)
+            for t in range(T):
+                a = clen[T + t]
+                if a < clen[t] and (tm < 0 or cp[t, a] < best):
+                    best = cp[t, a]
+                    tm = t
+            if tm < 0:
+                break
+            k = ck[tm, clen[T + tm]]
+            clen[T + tm] += 1
+            run += tbytes[tm]
+            if fresh_all or lastwave[k] != w - 1:
+                newb += tbytes[tm]
+        bk.ustep[w] = run
+        bk.newcum[w + 1] = bk.newcum[w] + newb
+        bk.oncecum[w + 1] = bk.oncecum[w] + nw * pb.once_bytes
+        return False
     # ---- heads (bytes of the candidates at earlier positions), footprint, new bytes
     run = 0.0
     newb = 0.0
@@ -1670,7 +1830,7 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book):
         bk.req2[t] += kf * (nw - s15)
         bk.hit2[t] += kf * ((nw - nt - s15) + cw)
     if book:
-        _book_blocks(pb, bk, sc, w, valid_from)
+        _book_blocks(pb, bk, sc, w, valid_from, np.bool_(False))
     return True
 
 
@@ -1683,7 +1843,8 @@ def _cache_rows(b, perm, lo, hi):
 
 def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                     cap2, assoc2, nsm, g15, cap15, assoc15, k_samples=4, max_waves=1 << 30,
-                    max_lookback=1 << 30, general=False, interior_weights=True):
+                    max_lookback=1 << 30, general=False, interior_weights=True,
+                    drop_zero=True, seq_book=True):
     """Per-tensor hit rates for a batch of cache problems.
 
     Parameters are 1-D arrays of length ``n`` (one cache problem each) except
@@ -1701,6 +1862,20 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
     and each interior one for ``(W - 2) / (max_waves - 2)`` interior waves;
     without, every analysed wave counts once, which over-counts the cold
     first wave (kept to compare: bench/wave_sampling.py).
+
+    A per-step tensor of zero bytes (a program's tensor that a configuration
+    turns off: an epilogue's second B tile, a norm's re-read of a row kept in
+    registers) moves nothing: with ``drop_zero`` (the default) it gets
+    ``(0, 0, 1)`` as the once-per-tile tensors do (the traffic split scales
+    its rates by its zero bytes), and its accesses are left out of the
+    sequence where the other tensors' results are then the same to the bit
+    (:func:`_live_tensors`: integer block sizes, labels that follow the kept
+    tensors'); the unit, the mean per-step block bytes, still counts it.
+    ``drop_zero=False`` accesses it as any other tensor (kept to compare:
+    tests/test_cache_zero.py). ``seq_book=False`` book-keeps the waves of
+    non-integer block sizes access by access instead of per distinct block
+    (the same sums in the same order: tests/test_cache_zero.py holds the two
+    equal to the bit).
 
     Returns
     -------
@@ -1728,7 +1903,8 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
                   f64(cap2), f64(assoc2), i64(nsm), i64(g15), f64(cap15), f64(assoc15),
                   k_samples=int(k_samples), max_waves=int(max(max_waves, 2)),
                   max_lookback=int(max(max_lookback, 1)), fast=not general,
-                  weights=bool(interior_weights), h15=h15, h2=h2, dram=dram)
+                  weights=bool(interior_weights), drop_zero=bool(drop_zero),
+                  seq_book=bool(seq_book), h15=h15, h2=h2, dram=dram)
     run_shares(_cache_rows, (batch, perm), bounds)
     return h15, h2, dram
 
