@@ -122,6 +122,8 @@ def _program_exprs(prog: TileProgram):
             yield e
     for t in prog.tensors:
         yield t.bytes
+        if t.foot is not None:
+            yield t.foot
     for f in prog.footprints:
         yield f.bytes
     for a in prog.actions:
@@ -215,6 +217,10 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     t_bytes = np.zeros((n, max(T, 1)), dtype=np.float64)
     t_mask = np.zeros((n, max(T, 1)), dtype=np.int64)
     t_per_step = np.zeros((n, max(T, 1)), dtype=np.int64)
+    # the cache model's block bytes: every block at its full tile size where the
+    # program says so (``foot``), as GEMM's (None: the traffic bytes)
+    has_foot = any(t.foot is not None for t in prog.tensors)
+    t_foot = np.zeros((n, max(T, 1)), dtype=np.float64) if has_foot else None
     work_iter = np.zeros((n, N_RES), dtype=np.float64)
     work_epi = np.zeros((n, N_RES), dtype=np.float64)
     for j, t in enumerate(prog.tensors):
@@ -222,6 +228,8 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         t_bytes[:, j] = b
         t_mask[:, j] = t.mask
         t_per_step[:, j] = 1 if t.cadence == "step" else 0
+        if t_foot is not None:
+            t_foot[:, j] = b if t.foot is None else _arr(t.foot, env, n)
         if t.cadence == "tile":
             work_epi[:, R_L2] += b
             work_epi[:, R_DRAM] += b
@@ -371,6 +379,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         ksteps=ksteps, stages=stages,
         smem_block=np.minimum(np.ceil(smem), SIZE_LIMIT).astype(np.int64), regs_thread=regs, threads=threads,
         warps=warps, t_mask=t_mask[:, :T], t_per_step=t_per_step[:, :T], t_bytes=t_bytes[:, :T],
+        t_foot=None if t_foot is None else t_foot[:, :T],
         work_iter=work_iter, work_epi=work_epi, rate=rate, warps_full=float(hw.warp_schedulers),
         lat_us=np.full(n, hw.cal("mem_latency_us")),
         ovh_iter_us=np.full(n, hw.cal("iter_overhead_cycles") * cyc),

@@ -8,7 +8,9 @@ A :class:`TileProgram` is what a kernel author would sketch on a whiteboard:
 - **tensors** the tiles touch, each with its block bytes, the grid
   dimensions along which the same block is read again (its *reuse
   dimensions*, the cache model's input) and its cadence (every loop step,
-  or once per tile);
+  or once per tile); optionally its block bytes as the cache model sees
+  them (``foot``: every block at its full tile size, GEMM's rule, where
+  ``bytes`` holds the grid's average edge tile);
 - **footprints**: what each block holds and where (``registers``, ``smem``,
   ``tmem`` on Blackwell, ``global``), which bounds how many blocks an SM
   holds at once;
@@ -218,6 +220,11 @@ class Tensor:
     reuse: tuple[int, ...]
     cadence: str  # "step" (every loop iteration) or "tile" (once per tile)
     store: bool = False
+    #: block bytes as the cache model sees them (its footprints and the cache
+    #: problem's key) where they differ from the traffic ``bytes``: every block at
+    #: its full tile size, so that problems of one grid share their cache results
+    #: whatever the sizes' edge tiles (GEMM's ``TilePlan.t_foot``); None: ``bytes``
+    foot: Expr | None = None
 
     @property
     def mask(self) -> int:
@@ -499,8 +506,9 @@ def program_from_dict(data: dict, source: str = "<program>") -> TileProgram:
         cad = str(t.get("cadence", "step"))
         if cad not in CADENCES:
             raise ProgramError(f"{w}: cadence {cad!r} is not 'step' or 'tile'")
+        foot = expr(str(t["foot"]), f"{w} foot") if "foot" in t else None
         tensors.append(Tensor(tn, expr(_need(t, "bytes", w), f"{w} bytes"), reuse, cad,
-                              bool(t.get("store", False))))
+                              bool(t.get("store", False)), foot))
     tnames = [t.name for t in tensors]
 
     footprints = []

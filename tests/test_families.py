@@ -210,6 +210,48 @@ def test_user_program_hand_computed(tmp_path):
     assert res["feasible"].all() and res["steady_order"][0] == "mma > post"
 
 
+def test_tensor_foot_is_the_cache_models_block(tmp_path):
+    # bytes: the grid's average edge tile; foot: every block whole (GEMM's t_foot)
+    text = _MINI.replace('bytes = "block * 64 * eb"\n[[footprint]]',
+                         'bytes = "n / cdiv(n, block) * 64 * eb"\nfoot = "block * 64 * eb"\n[[footprint]]')
+    assert text != _MINI
+    hw = get_hw("a100")
+    df = pl.DataFrame({"n": [1000, 1010, 1024], "dtype": ["float16"] * 3, "block": [64] * 3})
+    fam = get_family(str(_mini(tmp_path, text, "foot.toml")))
+    plan = fam.lower(validate(df, fam)[0], hw)
+    assert plan.t_bytes[:, 0].tolist() == [1000 / 16 * 128, 1010 / 16 * 128, 64 * 128]
+    assert plan.t_foot[:, 0].tolist() == [64 * 128] * 3
+    # without foot the cache model takes the traffic bytes
+    plain = get_family(str(_mini(tmp_path)))
+    assert plain.lower(validate(df, plain)[0], hw).t_foot is None
+    # a foot expression is checked as every other one
+    with pytest.raises(ProgramError, match="foot"):
+        load_program(_mini(tmp_path, text.replace('foot = "block', 'foot = "blok'), "bad.toml"))
+
+
+@pytest.mark.parametrize("name, size, shared", [
+    ("gemm_epilogue", "m", None), ("moe_grouped_gemm", "tokens", ("A", "C")), ("rowwise", "hidden", None)])
+def test_program_cache_blocks_whole_tiles(name, size, shared):
+    # the catalog programs whose traffic averages edge tiles key the cache model on
+    # whole tiles: rows that differ in a size only within one grid get the same
+    # blocks (moe's W split by other_share follows the token count: not shared)
+    fam = get_family(name)
+    base = {"gemm_epilogue": dict(m=1000, n=3000, k=4096, dtype="bfloat16", epilogue="residual",
+                                  block_m=128, block_n=128, block_k=64, num_stages=3, num_warps=8),
+            "moe_grouped_gemm": dict(tokens=1000, dtype="bfloat16", experts=8, top_k=2, hidden=4096,
+                                     ffn=14336, block_m=64, block_n=128, block_k=64, num_stages=3,
+                                     num_warps=4),
+            "rowwise": dict(rows=1000, hidden=5000, dtype="bfloat16", op="rmsnorm")}[name]
+    df = pl.DataFrame([{**base, size: base[size] + d} for d in (0, 1, 3)])
+    plan = fam.lower(validate(df, fam)[0], get_hw("h100"))
+    names = [t.name for t in fam.program.tensors]
+    cols = [names.index(t) for t in shared] if shared else list(range(len(names)))
+    foot, traffic = plan.t_foot[:, cols], plan.t_bytes[:, cols]
+    assert (foot >= traffic * (1 - 1e-12)).all()
+    assert (foot == foot[0]).all() and (foot == np.floor(foot)).all()
+    assert (traffic != traffic[0]).any()  # the traffic follows the edge tiles
+
+
 def test_elastic_registers_take_the_cap_never_spill(tmp_path):
     # 4 warps x 32 threads: per thread 256 B (64 registers) held + 2048 B (512) elastic
     regs = """
