@@ -124,12 +124,16 @@ def hit_prob_exact(d, assoc, blocks):
         return 1.0
     lp = math.log(p)
     lq = math.log1p(-p)
-    lg_n1 = math.lgamma(n + 1.0)
     total = 0.0
     top = a_max if a_max < n else int(n)
+    # log C(n, a) term by term (at most A terms): lgamma(n + 1) - lgamma(n - a + 1)
+    # cancels two values of order n log n and left the sum non-monotone in d by
+    # up to 3e-11
+    lc = 0.0
     for a in range(top + 1):
-        lt = lg_n1 - math.lgamma(a + 1.0) - math.lgamma(n - a + 1.0) + a * lp + (n - a) * lq
-        total += math.exp(lt)
+        if a > 0:
+            lc += math.log((n - a + 1.0) / a)
+        total += math.exp(lc + a * lp + (n - a) * lq)
     if total > 1.0:
         total = 1.0
     return total
