@@ -28,13 +28,15 @@ programs. What the plan holds, per row:
 
 from __future__ import annotations
 
+import ast
+
 import numpy as np
 
 from kernels_catalog.base import (
     MAX_CACHE_BLOCKS, MAX_GRID_TILES, SIZE_LIMIT, Family, TilePlan, clamp_group, first_rule,
     map_codes,
 )
-from kernels_catalog.program import TileProgram
+from kernels_catalog.program import DTYPE_NAMES, HW_NAMES, TileProgram
 from tsbatch.kernels.envelope import (
     N_RES, R_ALU, R_CUDA, R_DRAM, R_L15, R_L2, R_NAMES, R_SFU, R_SMEM, R_TC,
 )
@@ -133,19 +135,236 @@ def _program_exprs(prog: TileProgram):
         yield e
 
 
-def admit_program(prog: TileProgram, cols: dict, hw, env: dict) -> np.ndarray:
+#: an integer of at most this magnitude is held exactly by a float64
+EXACT_INT = 1 << 53
+
+
+class _NoProof(Exception):
+    """The interval pass cannot bound an expression (:func:`shadow_exact`)."""
+
+
+_INT, _BOOL, _FLOAT, _STR = "int", "bool", "float", "str"
+
+
+def _as_int(k):
+    """An integer interval ``(lo, hi)`` of a value of kind ``k`` (a bool is 0 or 1)."""
+    if k[0] == _INT:
+        return k[1], k[2]
+    if k[0] == _BOOL:
+        return 0, 1
+    raise _NoProof
+
+
+def _num(a, b, lo_hi):
+    """The kind of a numpy arithmetic result of kinds ``a`` and ``b``: float when either
+    is, else an integer interval from ``lo_hi(a_interval, b_interval)``."""
+    if _STR in (a[0], b[0]):
+        raise _NoProof
+    if _FLOAT in (a[0], b[0]):
+        return (_FLOAT,)
+    if a[0] == _BOOL and b[0] == _BOOL:  # numpy's bool arithmetic is logical: not used
+        raise _NoProof
+    lo, hi = lo_hi(_as_int(a), _as_int(b))
+    return _checked(lo, hi)
+
+
+def _checked(lo: int, hi: int):
+    if max(abs(lo), abs(hi)) > EXACT_INT:
+        raise _NoProof
+    return (_INT, lo, hi)
+
+
+def _corners(f, a, b):
+    v = [f(x, y) for x in a for y in b]
+    return min(v), max(v)
+
+
+def _union(a, b):
+    """The kind of ``where(c, a, b)`` (and the interval holding both)."""
+    if a[0] == b[0] == _BOOL:
+        return (_BOOL,)
+    if _STR in (a[0], b[0]):
+        if a[0] == b[0]:
+            return (_STR,)
+        raise _NoProof
+    if _FLOAT in (a[0], b[0]):
+        return (_FLOAT,)
+    (alo, ahi), (blo, bhi) = _as_int(a), _as_int(b)
+    return _checked(min(alo, blo), max(ahi, bhi))
+
+
+def _nonzero_divisor(b):
+    lo, hi = _as_int(b)
+    if lo <= 0 <= hi:
+        raise _NoProof
+    return lo, hi
+
+
+def _kind(node, kinds: dict):
+    """The kind of an expression node (:data:`_INT` with its interval, :data:`_BOOL`,
+    :data:`_FLOAT`, :data:`_STR`) as numpy evaluates it on the int64 columns, given
+    the kinds of the names; raises :class:`_NoProof` where an integer value may pass
+    :data:`EXACT_INT` or an integer division may divide by zero."""
+    if isinstance(node, ast.Constant):
+        v = node.value
+        if isinstance(v, bool):
+            return (_BOOL,)
+        if isinstance(v, int):
+            return _checked(v, v)
+        return (_FLOAT,) if isinstance(v, float) else (_STR,)
+    if isinstance(node, ast.Name):
+        if node.id not in kinds:
+            raise _NoProof
+        return kinds[node.id]
+    if isinstance(node, ast.BinOp):
+        a, b = _kind(node.left, kinds), _kind(node.right, kinds)
+        op = type(node.op)
+        if op in (ast.BitAnd, ast.BitOr):
+            return (_BOOL,)
+        if op is ast.Div:
+            if _STR in (a[0], b[0]):
+                raise _NoProof
+            return (_FLOAT,)
+        if op is ast.Add:
+            return _num(a, b, lambda x, y: (x[0] + y[0], x[1] + y[1]))
+        if op is ast.Sub:
+            return _num(a, b, lambda x, y: (x[0] - y[1], x[1] - y[0]))
+        if op is ast.Mult:
+            return _num(a, b, lambda x, y: _corners(lambda p, q: p * q, x, y))
+        if op is ast.FloorDiv:
+            return _num(a, b, lambda x, y: _corners(lambda p, q: p // q, x,
+                                                    _nonzero_divisor((_INT, *y))))
+        if op is ast.Mod:
+            def mod(x, y):
+                lo, hi = _nonzero_divisor((_INT, *y))
+                m = max(abs(lo), abs(hi)) - 1
+                return (0, m) if lo > 0 else (-m, 0)
+            return _num(a, b, mod)
+        if op is ast.Pow:
+            def pw(x, y):
+                if y[0] < 0:  # numpy refuses negative integer powers
+                    raise _NoProof
+                big = max(abs(x[0]), abs(x[1]))
+                if big > 1 and y[1] > 63:
+                    raise _NoProof
+                top = big ** y[1] if big > 1 else 1
+                return (0 if x[0] >= 0 else -top), top
+            return _num(a, b, pw)
+        raise _NoProof
+    if isinstance(node, ast.UnaryOp):
+        a = _kind(node.operand, kinds)
+        if isinstance(node.op, ast.Not):
+            return (_BOOL,)
+        if a[0] == _INT:
+            return (_INT, -a[2], -a[1])
+        if a[0] == _FLOAT:
+            return a
+        raise _NoProof
+    if isinstance(node, (ast.BoolOp, ast.Compare)):
+        for v in (node.values if isinstance(node, ast.BoolOp) else
+                  [node.left, *node.comparators]):
+            _kind(v, kinds)
+        return (_BOOL,)
+    if isinstance(node, ast.IfExp):
+        _kind(node.test, kinds)
+        return _union(_kind(node.body, kinds), _kind(node.orelse, kinds))
+    if isinstance(node, ast.Call):
+        fn = node.func.id
+        args = [_kind(x, kinds) for x in node.args]
+        if fn == "where" and len(args) == 3:
+            return _union(args[1], args[2])
+        if fn in ("min", "max") and len(args) == 2:
+            a, b = args
+            if a[0] == b[0] == _BOOL:
+                return (_BOOL,)
+            pick = min if fn == "min" else max
+            return _num(a, b, lambda x, y: (pick(x[0], y[0]), pick(x[1], y[1])))
+        if fn == "cdiv" and len(args) == 2:
+            def cdiv(x, y):
+                lo, hi = y
+                if lo < 0 <= hi:
+                    raise _NoProof
+                d = (max(lo, 1), max(hi, 1))  # a zero divisor is taken as 1
+                return _corners(lambda p, q: -((-p) // q), x, d)
+            return _num(args[0], args[1], cdiv)
+        if fn in ("ceil", "floor", "abs") and len(args) == 1:
+            a = args[0]
+            if a[0] == _FLOAT:
+                return a
+            if a[0] != _INT:
+                raise _NoProof
+            if fn != "abs":
+                return a
+            lo, hi = a[1], a[2]
+            return (_INT, 0 if lo <= 0 <= hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi)))
+        if fn in ("log2", "sqrt", "pow2ceil") and len(args) == 1:
+            if args[0][0] == _STR:
+                raise _NoProof
+            return (_FLOAT,)
+        if fn == "is_pow2" and len(args) == 1:
+            return (_BOOL,)
+    raise _NoProof
+
+
+def shadow_exact(prog: TileProgram, cols: dict, env: dict) -> bool:
+    """Whether the float64 shadow evaluation of :func:`admit_program` would agree with
+    the int64 one (``env``) on every row, proved from the batch's column ranges by
+    interval arithmetic over the expressions: every integer-valued node (numpy's
+    types on the int64 columns) within +-2^53, where int64 cannot wrap and float64
+    holds it exactly, and no integer division or remainder by a divisor that may be
+    zero. A float-valued node then gets the same operands in both evaluations and so
+    the same value. False where that cannot be shown (the shadow pass decides)."""
+    kinds: dict = {}
+    for c in prog.columns:
+        if c.kind == "int":
+            if np.asarray(cols[c.name]).dtype.kind != "i":  # the shadow reads the column itself
+                return False
+            v = env[c.name]
+            if v.shape[0] == 0:
+                return True
+            kinds[c.name] = (_INT, int(v.min()), int(v.max()))
+        elif c.kind == "float":
+            kinds[c.name] = (_FLOAT,)
+        elif c.kind == "bool":
+            kinds[c.name] = (_BOOL,)
+        else:
+            kinds[c.name] = (_STR,)
+    for name in DTYPE_NAMES + HW_NAMES:
+        kinds[name] = (_FLOAT,)
+    try:
+        for name, e in prog.lets:
+            kinds[name] = _kind(e.tree, kinds)
+            if kinds[name][0] == _INT:
+                _checked(kinds[name][1], kinds[name][2])
+        for e in _program_exprs(prog):
+            _kind(e.tree, kinds)
+    except (_NoProof, AttributeError, TypeError):
+        return False
+    return True
+
+
+def admit_program(prog: TileProgram, cols: dict, hw, env: dict,
+                  exact: bool | None = None) -> np.ndarray:
     """Per row, the 1-based code of the first :data:`ADMIT_RULES` entry it breaks
     (0: none): every expression evaluated again with the integer columns as
     float64 (``env`` is the int64 evaluation) must agree with its int64 value,
-    and the grid must stay within the model's limits."""
+    and the grid must stay within the model's limits. Where :func:`shadow_exact`
+    proves the two evaluations equal on every row, the float64 pass is not run
+    (``exact=False`` runs it all the same)."""
     n = env["eb"].shape[0]
     with np.errstate(all="ignore"):
-        fenv = program_env(prog, cols, hw, shadow=True)
-        wrap = np.zeros(n, dtype=bool)
-        for name, _ in prog.lets:
-            wrap |= np.broadcast_to(_differs(env[name], fenv[name]), (n,))
-        for e in _program_exprs(prog):
-            wrap |= np.broadcast_to(_differs(e(env), e(fenv)), (n,))
+        if exact is None:
+            exact = shadow_exact(prog, cols, env)
+        if exact:  # the shadow's values are the int64 ones, as float64
+            fenv = env
+            wrap = np.zeros(n, dtype=bool)
+        else:
+            fenv = program_env(prog, cols, hw, shadow=True)
+            wrap = np.zeros(n, dtype=bool)
+            for name, _ in prog.lets:
+                wrap |= np.broadcast_to(_differs(env[name], fenv[name]), (n,))
+            for e in _program_exprs(prog):
+                wrap |= np.broadcast_to(_differs(e(env), e(fenv)), (n,))
         g = [np.maximum(np.broadcast_to(np.asarray(e(fenv), dtype=np.float64), (n,)), 0.0)
              for e in prog.grid]
         tiles = g[0] * g[1] * g[2]

@@ -156,6 +156,8 @@ class Expr:
         except SyntaxError as exc:
             raise ProgramError(f"{where}: cannot parse expression {self.text!r}: {exc.msg}") from None
         self.names: set[str] = set()
+        #: the parsed expression (kernels_catalog.lowering proves bounds on it)
+        self.tree = tree.body
         self._fn = self._compile(tree.body)
 
     def _compile(self, node):
