@@ -86,9 +86,160 @@ def program_env(prog: TileProgram, cols: dict, hw, shadow: bool = False) -> dict
     env["eb"], env["ob"], env["tc"] = eb[code], ob[code], tc[code]
     env["_dtype_code"] = code
     env.update(_hw_names(hw))
+    shared = None if shadow or n < SHARE_MIN_ROWS else _Sharing(prog, env, n)
     for name, e in prog.lets:
-        env[name] = np.broadcast_to(e(env), (n,))
+        v = None if shared is None else shared.value(e)
+        env[name] = np.broadcast_to(e(env), (n,)) if v is None else v
+    if shared is not None:
+        env[_SHARE_KEY] = shared
     return env
+
+
+#: where ``env`` keeps its :class:`_Sharing` (not a name an expression can use)
+_SHARE_KEY = "<sharing>"
+#: batches of fewer rows evaluate every expression on all of them (:class:`_Sharing`)
+SHARE_MIN_ROWS = 4096
+#: an expression is evaluated on the distinct values of its columns where they are
+#: at most this share of the rows
+SHARE_MAX_FRACTION = 0.125
+#: rows of the sample that screens the columns
+SHARE_SAMPLE = 4096
+#: a column of at most this many values in the sample may be grouped on
+SHARE_LOW_VALUES = 64
+#: fewest operations of the shared expressions for the batch to be grouped (a
+#: grouping costs about as much as a few dozen operations on the whole batch)
+SHARE_MIN_OPS = 48
+#: expression parts whose float results might depend on the length of the arrays
+#: (vectorized transcendental functions): an expression using one is not shared
+_UNSHARED_CALLS = {"log2", "sqrt", "pow2ceil"}
+_OPS = (ast.BinOp, ast.Compare, ast.Call, ast.BoolOp, ast.IfExp, ast.UnaryOp)
+
+
+def _plan_exprs(prog: TileProgram):
+    """The expressions :func:`lower_program` evaluates besides the lets."""
+    yield from _program_exprs(prog)
+    yield from (prog.wgmma, prog.tensor_cores)
+    for r in prog.rules:
+        yield r.when
+
+
+def _share_plan(prog: TileProgram) -> dict:
+    """Per expression (a ``[let]``'s or the plan's, keyed by the :class:`Expr`), the
+    set of columns its value depends on and its number of operations, where
+    :class:`_Sharing` may evaluate it on their distinct rows, else None.
+    Dependencies go through the lets; the dtype's numbers count as the
+    pseudo-column ``_dtype_code``; the GPU's numbers are scalars. Not shared: an
+    expression on a text column (their codes cost a dictionary look-up a row), one
+    using ``**`` or :data:`_UNSHARED_CALLS` itself (its value is still an input
+    the expressions after it can share on), and one of no column."""
+    if prog._shared is not None:
+        return prog._shared
+    kinds = {c.name: c for c in prog.columns}
+    deps: dict = {}
+
+    def columns_of(e):
+        d: set = set()
+        for nm in e.names:
+            if nm in kinds:
+                if kinds[nm].kind == "str":
+                    return None
+                d.add(nm)
+            elif nm in DTYPE_NAMES:
+                d.add("_dtype_code")
+            elif nm in deps:
+                if deps[nm] is None:
+                    return None
+                d |= deps[nm]
+        return frozenset(d)
+
+    entries = []
+    for name, e in prog.lets:
+        deps[name] = columns_of(e)
+        entries.append((e, deps[name]))
+    entries += [(e, columns_of(e)) for e in _plan_exprs(prog)]
+    out: dict = {}
+    for e, d in entries:
+        nodes = list(ast.walk(e.tree))
+        ok = bool(d) and not any(
+            isinstance(x, ast.BinOp) and isinstance(x.op, ast.Pow)
+            or isinstance(x, ast.Call) and getattr(x.func, "id", "") in _UNSHARED_CALLS
+            for x in nodes)
+        out[e] = (d, sum(isinstance(x, _OPS) for x in nodes)) if ok else None
+    prog._shared = out
+    return out
+
+
+def _val(e, env: dict):
+    """``e`` evaluated on ``env``: on the distinct rows of its columns where
+    ``env`` shares it (:class:`_Sharing`), else on every row."""
+    sh = env.get(_SHARE_KEY)
+    v = None if sh is None else sh.value(e)
+    return e(env) if v is None else v
+
+
+class _Sharing:
+    """Evaluates an expression on the distinct rows of the columns it depends on and
+    spreads the values to the batch (a warp grid depends on three tile columns of a
+    few values each, whatever the batch's sizes). The columns grouped on: those of
+    at most :data:`SHARE_LOW_VALUES` values in an evenly spaced sample of the batch
+    that a shareable expression (:func:`_share_plan`) of such columns only needs,
+    less, one at a time, the column the fewest operations depend on while the
+    sample has more than :data:`SHARE_MAX_FRACTION` distinct rows of them; the
+    batch is grouped once on the rest, where the shared expressions hold at least
+    :data:`SHARE_MIN_OPS` operations and the groups are at most that fraction of
+    the rows. Each row gets the value the whole-column evaluation gives it: the
+    same elementwise numpy operations on the same operands (:data:`_UNSHARED_CALLS`
+    excepted)."""
+
+    def __init__(self, prog: TileProgram, env: dict, n: int):
+        from tsbatch.kernels.rowhash import dedup_rows  # noqa: PLC0415
+
+        self.env = env
+        self.n = n
+        self.deps = _share_plan(prog)
+        self.low: frozenset = frozenset()
+        self.inv = self.rep = None
+        cand = [v for v in self.deps.values() if v is not None]
+        used = set().union(*(d for d, _ in cand)) if cand else set()
+        step = max(n // SHARE_SAMPLE, 1)
+        keys = {c: self._key_column(c) for c in sorted(used)}
+        low = {c for c, k in keys.items()
+               if dedup_rows(k[::step].reshape(-1, 1))[1].shape[0] <= SHARE_LOW_VALUES}
+        # the columns grouped on: every low one an expression of low columns needs,
+        # dropping first those the fewest operations depend on while the sample has
+        # too many distinct rows of them
+        while True:
+            cand = [(d, o) for d, o in cand if d <= low]
+            ops = sum(o for _, o in cand)
+            cols = sorted(set().union(*(d for d, _ in cand))) if cand else []
+            if ops < SHARE_MIN_OPS or not cols:
+                return
+            sample = np.column_stack([keys[c][::step] for c in cols])
+            if dedup_rows(sample)[1].shape[0] <= SHARE_MAX_FRACTION * sample.shape[0]:
+                break
+            weight = {c: sum(o for d, o in cand if c in d) for c in cols}
+            low.discard(min(cols, key=lambda c: (weight[c], c)))
+        inv, rep = dedup_rows(np.column_stack([keys[c] for c in cols]))
+        if rep.shape[0] <= SHARE_MAX_FRACTION * n:
+            self.low, self.inv, self.rep = frozenset(cols), inv, rep
+
+    def _key_column(self, name: str) -> np.ndarray:
+        v = self.env[name]
+        if v.dtype.kind == "f":
+            return np.ascontiguousarray(v, dtype=np.float64).view(np.int64)
+        return v.astype(np.int64, copy=False)
+
+    def value(self, e):
+        """``e``'s values on the batch, or None where it is not shared."""
+        d = self.deps.get(e)
+        if d is None or self.rep is None or not d[0] <= self.low:
+            return None
+        rep = self.rep
+        sub = {}
+        for nm in e.names:
+            v = self.env[nm]
+            sub[nm] = v[rep] if isinstance(v, np.ndarray) and v.shape == (self.n,) else v
+        return np.broadcast_to(e(sub), (rep.shape[0],))[self.inv]
 
 
 #: rules checked before a program is lowered (:func:`admit_program`); a row breaking
@@ -395,7 +546,7 @@ def _placeholder_cols(prog: TileProgram, cols: dict, bad: np.ndarray) -> dict:
 
 
 def _arr(e, env, n, dtype=np.float64):
-    return np.ascontiguousarray(np.broadcast_to(e(env), (n,)), dtype=dtype)
+    return np.ascontiguousarray(np.broadcast_to(_val(e, env), (n,)), dtype=dtype)
 
 
 def _rates(hw, n: int) -> np.ndarray:
@@ -456,7 +607,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
             work_iter[:, R_L2] += b  # split by the cache model later
 
     # ---- work of the actions (and each synchronous body action's work per resource)
-    on_tc = np.broadcast_to(np.asarray(prog.tensor_cores(env), dtype=bool), (n,))
+    on_tc = np.broadcast_to(np.asarray(_val(prog.tensor_cores, env), dtype=bool), (n,))
     # a dtype without a tensor-core rate on this GPU (fp8 before Hopper) runs on CUDA cores
     tc_has = np.array([hw.tc_tflops(prog.dtypes[d]["tc"] or "float16") > 0 for d in prog.dtypes])
     on_tc = on_tc & tc_has[env["_dtype_code"]]
@@ -516,7 +667,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
 
     # ---- rules (and tensor memory outside Blackwell)
     rules = list(ADMIT_RULES) + [r.reason for r in prog.rules]
-    blocked = first_rule((np.asarray(r.when(env), dtype=bool) for r in prog.rules), n,
+    blocked = first_rule((np.asarray(_val(r.when, env), dtype=bool) for r in prog.rules), n,
                          start=len(ADMIT_RULES), code=admitted)
     if prog.footprints and any(f.placement == "tmem" for f in prog.footprints):
         cap_t = TMEM_BYTES_PER_SM if hw.mma == "tcgen05" else 0
@@ -592,6 +743,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     for name, e in prog.extra_outputs:
         extra[name] = _arr(e, env, n)
     extra["outputs"] = tuple(name for name, _ in prog.extra_outputs)
+    env.pop(_SHARE_KEY, None)  # (it holds env: no cycle left to the collector)
     return TilePlan(
         g0=g[0], g1=g[1], g2=g[2], order=order,
         group=clamp_group(np.maximum(_arr(prog.group, env, n, i64), 1), g[0]),

@@ -298,6 +298,9 @@ class TileProgram:
     launches: Expr | None = None
     _orders: np.ndarray | None = field(default=None, repr=False)
     _order_texts: list | None = field(default=None, repr=False)
+    #: per expression, the columns its value depends on where the lowering may
+    #: evaluate it on their distinct rows (kernels_catalog.lowering._share_plan; made once)
+    _shared: dict | None = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ DAG
     @property

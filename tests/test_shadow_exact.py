@@ -167,3 +167,60 @@ def test_kind_by_hand():
         with pytest.raises(_NoProof):
             _k(bad, a=a, z=z)
     assert _k("2.0 ** a", a=a) == ("float",)
+
+
+# ----------------------------------------------------------------------------- shared lets
+PROGRAM_SWEEPS = {"gemm_epilogue": "epilogue_llm", "moe_grouped_gemm": "moe_mixtral",
+                  "rowwise": "norms_llm", "attention": "attention_llm",
+                  "flash_decoding": "decode_llm"}
+
+
+def _plan_arrays(plan):
+    out = {}
+    for k, v in vars(plan).items():
+        if isinstance(v, np.ndarray):
+            out[k] = v
+    for k, v in plan.extra.items():
+        if isinstance(v, np.ndarray):
+            out["extra." + k] = v
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAM_SWEEPS))
+def test_shared_expressions_equal_to_the_bit(name, monkeypatch):
+    """The plan of a sweep (its workloads x tiles, sizes shifted in a second copy) with
+    the expressions evaluated on the distinct rows of their columns equals, array by
+    array and bit by bit, the plan with every expression on every row; and for the
+    epilogue and MoE sweeps some expressions are shared."""
+    fam = FAMILIES[name]
+    prog = fam.program
+    frame = next(iter(candidate_chunks(load_sweep(PROGRAM_SWEEPS[name]))))
+    keep = [c.name for c in prog.columns if c.name in frame.columns]
+    size = {"gemm_epilogue": "m", "moe_grouped_gemm": "tokens", "rowwise": "rows",
+            "attention": "seq_len", "flash_decoding": "seq_len_kv"}[name]
+    frame = frame.select(keep)
+    frame = pl.concat([frame, frame.with_columns(pl.col(size) + 3)])
+    cols, _ = validate(frame, fam)
+    made = []
+    orig = lowering._Sharing.__init__
+
+    def spy(self, *a, **k):
+        orig(self, *a, **k)
+        made.append(self.rep is not None)
+    monkeypatch.setattr(lowering._Sharing, "__init__", spy)
+    for gpu in ("h100", "a100"):
+        hw = get_hw(gpu)
+        monkeypatch.setattr(lowering, "SHARE_MIN_ROWS", 1 << 62)
+        plain = _plan_arrays(lowering.lower_program(prog, cols, hw))
+        monkeypatch.setattr(lowering, "SHARE_MIN_ROWS", 16)
+        shared = _plan_arrays(lowering.lower_program(prog, cols, hw))
+        assert plain.keys() == shared.keys()
+        for k, v in plain.items():
+            w = shared[k]
+            assert v.dtype == w.dtype and v.shape == w.shape, k
+            if v.dtype.kind == "f":
+                assert np.array_equal(v.view(np.int64), w.view(np.int64)), k
+            else:
+                assert np.array_equal(v, w), k
+    if name in ("gemm_epilogue", "moe_grouped_gemm"):
+        assert any(made)
