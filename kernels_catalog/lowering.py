@@ -480,18 +480,31 @@ def shadow_exact(prog: TileProgram, cols: dict, env: dict) -> bool:
             kinds[c.name] = (_BOOL,)
         else:
             kinds[c.name] = (_STR,)
+    # the answer depends on the integer columns' ranges only: kept per program (a
+    # prune's rounds and a sweep's chunks meet the same ranges again)
+    memo = prog._proofs
+    key = tuple(kinds[c.name][1:] for c in prog.columns if c.kind == "int")
+    got = memo.get(key)
+    if got is not None:
+        return got
     for name in DTYPE_NAMES + HW_NAMES:
         kinds[name] = (_FLOAT,)
+    got = True
     try:
         for name, e in prog.lets:
             kinds[name] = _kind(e.tree, kinds)
-            if kinds[name][0] == _INT:
-                _checked(kinds[name][1], kinds[name][2])
         for e in _program_exprs(prog):
             _kind(e.tree, kinds)
     except (_NoProof, AttributeError, TypeError):
-        return False
-    return True
+        got = False
+    if len(memo) >= PROOF_MEMO:
+        memo.clear()
+    memo[key] = got
+    return got
+
+
+#: most answers of :func:`shadow_exact` kept per program
+PROOF_MEMO = 256
 
 
 def admit_program(prog: TileProgram, cols: dict, hw, env: dict,

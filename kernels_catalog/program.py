@@ -301,6 +301,8 @@ class TileProgram:
     #: per expression, the columns its value depends on where the lowering may
     #: evaluate it on their distinct rows (kernels_catalog.lowering._share_plan; made once)
     _shared: dict | None = field(default=None, repr=False, compare=False)
+    #: kernels_catalog.lowering.shadow_exact's answers by the columns' ranges
+    _proofs: dict = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ DAG
     @property
