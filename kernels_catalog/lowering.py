@@ -66,7 +66,10 @@ def _hw_names(hw) -> dict:
 def program_env(prog: TileProgram, cols: dict, hw, shadow: bool = False) -> dict:
     """The columns, dtype numbers, GPU numbers and every ``[let]`` of ``prog``
     evaluated on the batch (arrays of the batch's length). ``shadow``: integer
-    columns as float64, so that no integer expression can wrap (:func:`admit_program`)."""
+    columns as float64, so that no integer expression can wrap (:func:`admit_program`).
+    A large batch's lets of few-valued columns are evaluated on their distinct rows
+    (:class:`_Sharing`, kept in the environment for the plan's expressions: the same
+    values, bit for bit)."""
     n = len(np.asarray(cols["dtype"]))
     env: dict = {}
     for c in prog.columns:
