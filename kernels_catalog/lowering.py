@@ -28,13 +28,15 @@ programs. What the plan holds, per row:
 
 from __future__ import annotations
 
+import ast
+
 import numpy as np
 
 from kernels_catalog.base import (
     MAX_CACHE_BLOCKS, MAX_GRID_TILES, SIZE_LIMIT, Family, TilePlan, clamp_group, first_rule,
     map_codes,
 )
-from kernels_catalog.program import TileProgram
+from kernels_catalog.program import DTYPE_NAMES, HW_NAMES, TileProgram
 from tsbatch.kernels.envelope import (
     N_RES, R_ALU, R_CUDA, R_DRAM, R_L15, R_L2, R_NAMES, R_SFU, R_SMEM, R_TC,
 )
@@ -64,7 +66,10 @@ def _hw_names(hw) -> dict:
 def program_env(prog: TileProgram, cols: dict, hw, shadow: bool = False) -> dict:
     """The columns, dtype numbers, GPU numbers and every ``[let]`` of ``prog``
     evaluated on the batch (arrays of the batch's length). ``shadow``: integer
-    columns as float64, so that no integer expression can wrap (:func:`admit_program`)."""
+    columns as float64, so that no integer expression can wrap (:func:`admit_program`).
+    A large batch's lets of few-valued columns are evaluated on their distinct rows
+    (:class:`_Sharing`, kept in the environment for the plan's expressions: the same
+    values, bit for bit)."""
     n = len(np.asarray(cols["dtype"]))
     env: dict = {}
     for c in prog.columns:
@@ -84,9 +89,160 @@ def program_env(prog: TileProgram, cols: dict, hw, shadow: bool = False) -> dict
     env["eb"], env["ob"], env["tc"] = eb[code], ob[code], tc[code]
     env["_dtype_code"] = code
     env.update(_hw_names(hw))
+    shared = None if shadow or n < SHARE_MIN_ROWS else _Sharing(prog, env, n)
     for name, e in prog.lets:
-        env[name] = np.broadcast_to(e(env), (n,))
+        v = None if shared is None else shared.value(e)
+        env[name] = np.broadcast_to(e(env), (n,)) if v is None else v
+    if shared is not None:
+        env[_SHARE_KEY] = shared
     return env
+
+
+#: where ``env`` keeps its :class:`_Sharing` (not a name an expression can use)
+_SHARE_KEY = "<sharing>"
+#: batches of fewer rows evaluate every expression on all of them (:class:`_Sharing`)
+SHARE_MIN_ROWS = 4096
+#: an expression is evaluated on the distinct values of its columns where they are
+#: at most this share of the rows
+SHARE_MAX_FRACTION = 0.125
+#: rows of the sample that screens the columns
+SHARE_SAMPLE = 4096
+#: a column of at most this many values in the sample may be grouped on
+SHARE_LOW_VALUES = 64
+#: fewest operations of the shared expressions for the batch to be grouped (a
+#: grouping costs about as much as a few dozen operations on the whole batch)
+SHARE_MIN_OPS = 48
+#: expression parts whose float results might depend on the length of the arrays
+#: (vectorized transcendental functions): an expression using one is not shared
+_UNSHARED_CALLS = {"log2", "sqrt", "pow2ceil"}
+_OPS = (ast.BinOp, ast.Compare, ast.Call, ast.BoolOp, ast.IfExp, ast.UnaryOp)
+
+
+def _plan_exprs(prog: TileProgram):
+    """The expressions :func:`lower_program` evaluates besides the lets."""
+    yield from _program_exprs(prog)
+    yield from (prog.wgmma, prog.tensor_cores)
+    for r in prog.rules:
+        yield r.when
+
+
+def _share_plan(prog: TileProgram) -> dict:
+    """Per expression (a ``[let]``'s or the plan's, keyed by the :class:`Expr`), the
+    set of columns its value depends on and its number of operations, where
+    :class:`_Sharing` may evaluate it on their distinct rows, else None.
+    Dependencies go through the lets; the dtype's numbers count as the
+    pseudo-column ``_dtype_code``; the GPU's numbers are scalars. Not shared: an
+    expression on a text column (their codes cost a dictionary look-up a row), one
+    using ``**`` or :data:`_UNSHARED_CALLS` itself (its value is still an input
+    the expressions after it can share on), and one of no column."""
+    if prog._shared is not None:
+        return prog._shared
+    kinds = {c.name: c for c in prog.columns}
+    deps: dict = {}
+
+    def columns_of(e):
+        d: set = set()
+        for nm in e.names:
+            if nm in kinds:
+                if kinds[nm].kind == "str":
+                    return None
+                d.add(nm)
+            elif nm in DTYPE_NAMES:
+                d.add("_dtype_code")
+            elif nm in deps:
+                if deps[nm] is None:
+                    return None
+                d |= deps[nm]
+        return frozenset(d)
+
+    entries = []
+    for name, e in prog.lets:
+        deps[name] = columns_of(e)
+        entries.append((e, deps[name]))
+    entries += [(e, columns_of(e)) for e in _plan_exprs(prog)]
+    out: dict = {}
+    for e, d in entries:
+        nodes = list(ast.walk(e.tree))
+        ok = bool(d) and not any(
+            isinstance(x, ast.BinOp) and isinstance(x.op, ast.Pow)
+            or isinstance(x, ast.Call) and getattr(x.func, "id", "") in _UNSHARED_CALLS
+            for x in nodes)
+        out[e] = (d, sum(isinstance(x, _OPS) for x in nodes)) if ok else None
+    prog._shared = out
+    return out
+
+
+def _val(e, env: dict):
+    """``e`` evaluated on ``env``: on the distinct rows of its columns where
+    ``env`` shares it (:class:`_Sharing`), else on every row."""
+    sh = env.get(_SHARE_KEY)
+    v = None if sh is None else sh.value(e)
+    return e(env) if v is None else v
+
+
+class _Sharing:
+    """Evaluates an expression on the distinct rows of the columns it depends on and
+    spreads the values to the batch (a warp grid depends on three tile columns of a
+    few values each, whatever the batch's sizes). The columns grouped on: those of
+    at most :data:`SHARE_LOW_VALUES` values in an evenly spaced sample of the batch
+    that a shareable expression (:func:`_share_plan`) of such columns only needs,
+    less, one at a time, the column the fewest operations depend on while the
+    sample has more than :data:`SHARE_MAX_FRACTION` distinct rows of them; the
+    batch is grouped once on the rest, where the shared expressions hold at least
+    :data:`SHARE_MIN_OPS` operations and the groups are at most that fraction of
+    the rows. Each row gets the value the whole-column evaluation gives it: the
+    same elementwise numpy operations on the same operands (:data:`_UNSHARED_CALLS`
+    excepted)."""
+
+    def __init__(self, prog: TileProgram, env: dict, n: int):
+        from tsbatch.kernels.rowhash import dedup_rows  # noqa: PLC0415
+
+        self.env = env
+        self.n = n
+        self.deps = _share_plan(prog)
+        self.low: frozenset = frozenset()
+        self.inv = self.rep = None
+        cand = [v for v in self.deps.values() if v is not None]
+        used = set().union(*(d for d, _ in cand)) if cand else set()
+        step = max(n // SHARE_SAMPLE, 1)
+        keys = {c: self._key_column(c) for c in sorted(used)}
+        low = {c for c, k in keys.items()
+               if dedup_rows(k[::step].reshape(-1, 1))[1].shape[0] <= SHARE_LOW_VALUES}
+        # the columns grouped on: every low one an expression of low columns needs,
+        # dropping first those the fewest operations depend on while the sample has
+        # too many distinct rows of them
+        while True:
+            cand = [(d, o) for d, o in cand if d <= low]
+            ops = sum(o for _, o in cand)
+            cols = sorted(set().union(*(d for d, _ in cand))) if cand else []
+            if ops < SHARE_MIN_OPS or not cols:
+                return
+            sample = np.column_stack([keys[c][::step] for c in cols])
+            if dedup_rows(sample)[1].shape[0] <= SHARE_MAX_FRACTION * sample.shape[0]:
+                break
+            weight = {c: sum(o for d, o in cand if c in d) for c in cols}
+            low.discard(min(cols, key=lambda c: (weight[c], c)))
+        inv, rep = dedup_rows(np.column_stack([keys[c] for c in cols]))
+        if rep.shape[0] <= SHARE_MAX_FRACTION * n:
+            self.low, self.inv, self.rep = frozenset(cols), inv, rep
+
+    def _key_column(self, name: str) -> np.ndarray:
+        v = self.env[name]
+        if v.dtype.kind == "f":
+            return np.ascontiguousarray(v, dtype=np.float64).view(np.int64)
+        return v.astype(np.int64, copy=False)
+
+    def value(self, e):
+        """``e``'s values on the batch, or None where it is not shared."""
+        d = self.deps.get(e)
+        if d is None or self.rep is None or not d[0] <= self.low:
+            return None
+        rep = self.rep
+        sub = {}
+        for nm in e.names:
+            v = self.env[nm]
+            sub[nm] = v[rep] if isinstance(v, np.ndarray) and v.shape == (self.n,) else v
+        return np.broadcast_to(e(sub), (rep.shape[0],))[self.inv]
 
 
 #: rules checked before a program is lowered (:func:`admit_program`); a row breaking
@@ -133,19 +289,249 @@ def _program_exprs(prog: TileProgram):
         yield e
 
 
-def admit_program(prog: TileProgram, cols: dict, hw, env: dict) -> np.ndarray:
+#: an integer of at most this magnitude is held exactly by a float64
+EXACT_INT = 1 << 53
+
+
+class _NoProof(Exception):
+    """The interval pass cannot bound an expression (:func:`shadow_exact`)."""
+
+
+_INT, _BOOL, _FLOAT, _STR = "int", "bool", "float", "str"
+
+
+def _as_int(k):
+    """An integer interval ``(lo, hi)`` of a value of kind ``k`` (a bool is 0 or 1)."""
+    if k[0] == _INT:
+        return k[1], k[2]
+    if k[0] == _BOOL:
+        return 0, 1
+    raise _NoProof
+
+
+def _num(a, b, lo_hi):
+    """The kind of a numpy arithmetic result of kinds ``a`` and ``b``: float when either
+    is, else an integer interval from ``lo_hi(a_interval, b_interval)``."""
+    if _STR in (a[0], b[0]):
+        raise _NoProof
+    if _FLOAT in (a[0], b[0]):
+        return (_FLOAT,)
+    if a[0] == _BOOL and b[0] == _BOOL:  # numpy's bool arithmetic is logical: not used
+        raise _NoProof
+    lo, hi = lo_hi(_as_int(a), _as_int(b))
+    return _checked(lo, hi)
+
+
+def _checked(lo: int, hi: int):
+    if max(abs(lo), abs(hi)) > EXACT_INT:
+        raise _NoProof
+    return (_INT, lo, hi)
+
+
+def _corners(f, a, b):
+    v = [f(x, y) for x in a for y in b]
+    return min(v), max(v)
+
+
+def _union(a, b):
+    """The kind of ``where(c, a, b)`` (and the interval holding both)."""
+    if a[0] == b[0] == _BOOL:
+        return (_BOOL,)
+    if _STR in (a[0], b[0]):
+        if a[0] == b[0]:
+            return (_STR,)
+        raise _NoProof
+    if _FLOAT in (a[0], b[0]):
+        return (_FLOAT,)
+    (alo, ahi), (blo, bhi) = _as_int(a), _as_int(b)
+    return _checked(min(alo, blo), max(ahi, bhi))
+
+
+def _nonzero_divisor(b):
+    lo, hi = _as_int(b)
+    if lo <= 0 <= hi:
+        raise _NoProof
+    return lo, hi
+
+
+def _kind(node, kinds: dict):
+    """The kind of an expression node (:data:`_INT` with its interval, :data:`_BOOL`,
+    :data:`_FLOAT`, :data:`_STR`) as numpy evaluates it on the int64 columns, given
+    the kinds of the names; raises :class:`_NoProof` where an integer value may pass
+    :data:`EXACT_INT` or an integer division may divide by zero."""
+    if isinstance(node, ast.Constant):
+        v = node.value
+        if isinstance(v, bool):
+            return (_BOOL,)
+        if isinstance(v, int):
+            return _checked(v, v)
+        return (_FLOAT,) if isinstance(v, float) else (_STR,)
+    if isinstance(node, ast.Name):
+        if node.id not in kinds:
+            raise _NoProof
+        return kinds[node.id]
+    if isinstance(node, ast.BinOp):
+        a, b = _kind(node.left, kinds), _kind(node.right, kinds)
+        op = type(node.op)
+        if op in (ast.BitAnd, ast.BitOr):
+            return (_BOOL,)
+        if op is ast.Div:
+            if _STR in (a[0], b[0]):
+                raise _NoProof
+            return (_FLOAT,)
+        if op is ast.Add:
+            return _num(a, b, lambda x, y: (x[0] + y[0], x[1] + y[1]))
+        if op is ast.Sub:
+            return _num(a, b, lambda x, y: (x[0] - y[1], x[1] - y[0]))
+        if op is ast.Mult:
+            return _num(a, b, lambda x, y: _corners(lambda p, q: p * q, x, y))
+        if op is ast.FloorDiv:
+            return _num(a, b, lambda x, y: _corners(lambda p, q: p // q, x,
+                                                    _nonzero_divisor((_INT, *y))))
+        if op is ast.Mod:
+            def mod(x, y):
+                lo, hi = _nonzero_divisor((_INT, *y))
+                m = max(abs(lo), abs(hi)) - 1
+                return (0, m) if lo > 0 else (-m, 0)
+            return _num(a, b, mod)
+        if op is ast.Pow:
+            def pw(x, y):
+                if y[0] < 0:  # numpy refuses negative integer powers
+                    raise _NoProof
+                big = max(abs(x[0]), abs(x[1]))
+                if big > 1 and y[1] > 63:
+                    raise _NoProof
+                top = big ** y[1] if big > 1 else 1
+                return (0 if x[0] >= 0 else -top), top
+            return _num(a, b, pw)
+        raise _NoProof
+    if isinstance(node, ast.UnaryOp):
+        a = _kind(node.operand, kinds)
+        if isinstance(node.op, ast.Not):
+            return (_BOOL,)
+        if a[0] == _INT:
+            return (_INT, -a[2], -a[1])
+        if a[0] == _FLOAT:
+            return a
+        raise _NoProof
+    if isinstance(node, (ast.BoolOp, ast.Compare)):
+        for v in (node.values if isinstance(node, ast.BoolOp) else
+                  [node.left, *node.comparators]):
+            _kind(v, kinds)
+        return (_BOOL,)
+    if isinstance(node, ast.IfExp):
+        _kind(node.test, kinds)
+        return _union(_kind(node.body, kinds), _kind(node.orelse, kinds))
+    if isinstance(node, ast.Call):
+        fn = node.func.id
+        args = [_kind(x, kinds) for x in node.args]
+        if fn == "where" and len(args) == 3:
+            return _union(args[1], args[2])
+        if fn in ("min", "max") and len(args) == 2:
+            a, b = args
+            if a[0] == b[0] == _BOOL:
+                return (_BOOL,)
+            pick = min if fn == "min" else max
+            return _num(a, b, lambda x, y: (pick(x[0], y[0]), pick(x[1], y[1])))
+        if fn == "cdiv" and len(args) == 2:
+            def cdiv(x, y):
+                lo, hi = y
+                if lo < 0 <= hi:
+                    raise _NoProof
+                d = (max(lo, 1), max(hi, 1))  # a zero divisor is taken as 1
+                return _corners(lambda p, q: -((-p) // q), x, d)
+            return _num(args[0], args[1], cdiv)
+        if fn in ("ceil", "floor", "abs") and len(args) == 1:
+            a = args[0]
+            if a[0] == _FLOAT:
+                return a
+            if a[0] != _INT:
+                raise _NoProof
+            if fn != "abs":
+                return a
+            lo, hi = a[1], a[2]
+            return (_INT, 0 if lo <= 0 <= hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi)))
+        if fn in ("log2", "sqrt", "pow2ceil") and len(args) == 1:
+            if args[0][0] == _STR:
+                raise _NoProof
+            return (_FLOAT,)
+        if fn == "is_pow2" and len(args) == 1:
+            return (_BOOL,)
+    raise _NoProof
+
+
+def shadow_exact(prog: TileProgram, cols: dict, env: dict) -> bool:
+    """Whether the float64 shadow evaluation of :func:`admit_program` would agree with
+    the int64 one (``env``) on every row, proved from the batch's column ranges by
+    interval arithmetic over the expressions: every integer-valued node (numpy's
+    types on the int64 columns) within +-2^53, where int64 cannot wrap and float64
+    holds it exactly, and no integer division or remainder by a divisor that may be
+    zero. A float-valued node then gets the same operands in both evaluations and so
+    the same value. False where that cannot be shown (the shadow pass decides)."""
+    kinds: dict = {}
+    for c in prog.columns:
+        if c.kind == "int":
+            if np.asarray(cols[c.name]).dtype.kind != "i":  # the shadow reads the column itself
+                return False
+            v = env[c.name]
+            if v.shape[0] == 0:
+                return True
+            kinds[c.name] = (_INT, int(v.min()), int(v.max()))
+        elif c.kind == "float":
+            kinds[c.name] = (_FLOAT,)
+        elif c.kind == "bool":
+            kinds[c.name] = (_BOOL,)
+        else:
+            kinds[c.name] = (_STR,)
+    # the answer depends on the integer columns' ranges only: kept per program (a
+    # prune's rounds and a sweep's chunks meet the same ranges again)
+    memo = prog._proofs
+    key = tuple(kinds[c.name][1:] for c in prog.columns if c.kind == "int")
+    got = memo.get(key)
+    if got is not None:
+        return got
+    for name in DTYPE_NAMES + HW_NAMES:
+        kinds[name] = (_FLOAT,)
+    got = True
+    try:
+        for name, e in prog.lets:
+            kinds[name] = _kind(e.tree, kinds)
+        for e in _program_exprs(prog):
+            _kind(e.tree, kinds)
+    except (_NoProof, AttributeError, TypeError):
+        got = False
+    if len(memo) >= PROOF_MEMO:
+        memo.clear()
+    memo[key] = got
+    return got
+
+
+#: most answers of :func:`shadow_exact` kept per program
+PROOF_MEMO = 256
+
+
+def admit_program(prog: TileProgram, cols: dict, hw, env: dict,
+                  exact: bool | None = None) -> np.ndarray:
     """Per row, the 1-based code of the first :data:`ADMIT_RULES` entry it breaks
     (0: none): every expression evaluated again with the integer columns as
     float64 (``env`` is the int64 evaluation) must agree with its int64 value,
-    and the grid must stay within the model's limits."""
+    and the grid must stay within the model's limits. Where :func:`shadow_exact`
+    proves the two evaluations equal on every row, the float64 pass is not run
+    (``exact=False`` runs it all the same)."""
     n = env["eb"].shape[0]
     with np.errstate(all="ignore"):
-        fenv = program_env(prog, cols, hw, shadow=True)
-        wrap = np.zeros(n, dtype=bool)
-        for name, _ in prog.lets:
-            wrap |= np.broadcast_to(_differs(env[name], fenv[name]), (n,))
-        for e in _program_exprs(prog):
-            wrap |= np.broadcast_to(_differs(e(env), e(fenv)), (n,))
+        if exact is None:
+            exact = shadow_exact(prog, cols, env)
+        if exact:  # the shadow's values are the int64 ones, as float64
+            fenv = env
+            wrap = np.zeros(n, dtype=bool)
+        else:
+            fenv = program_env(prog, cols, hw, shadow=True)
+            wrap = np.zeros(n, dtype=bool)
+            for name, _ in prog.lets:
+                wrap |= np.broadcast_to(_differs(env[name], fenv[name]), (n,))
+            for e in _program_exprs(prog):
+                wrap |= np.broadcast_to(_differs(e(env), e(fenv)), (n,))
         g = [np.maximum(np.broadcast_to(np.asarray(e(fenv), dtype=np.float64), (n,)), 0.0)
              for e in prog.grid]
         tiles = g[0] * g[1] * g[2]
@@ -176,7 +562,7 @@ def _placeholder_cols(prog: TileProgram, cols: dict, bad: np.ndarray) -> dict:
 
 
 def _arr(e, env, n, dtype=np.float64):
-    return np.ascontiguousarray(np.broadcast_to(e(env), (n,)), dtype=dtype)
+    return np.ascontiguousarray(np.broadcast_to(_val(e, env), (n,)), dtype=dtype)
 
 
 def _rates(hw, n: int) -> np.ndarray:
@@ -237,7 +623,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
             work_iter[:, R_L2] += b  # split by the cache model later
 
     # ---- work of the actions (and each synchronous body action's work per resource)
-    on_tc = np.broadcast_to(np.asarray(prog.tensor_cores(env), dtype=bool), (n,))
+    on_tc = np.broadcast_to(np.asarray(_val(prog.tensor_cores, env), dtype=bool), (n,))
     # a dtype without a tensor-core rate on this GPU (fp8 before Hopper) runs on CUDA cores
     tc_has = np.array([hw.tc_tflops(prog.dtypes[d]["tc"] or "float16") > 0 for d in prog.dtypes])
     on_tc = on_tc & tc_has[env["_dtype_code"]]
@@ -297,7 +683,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
 
     # ---- rules (and tensor memory outside Blackwell)
     rules = list(ADMIT_RULES) + [r.reason for r in prog.rules]
-    blocked = first_rule((np.asarray(r.when(env), dtype=bool) for r in prog.rules), n,
+    blocked = first_rule((np.asarray(_val(r.when, env), dtype=bool) for r in prog.rules), n,
                          start=len(ADMIT_RULES), code=admitted)
     if prog.footprints and any(f.placement == "tmem" for f in prog.footprints):
         cap_t = TMEM_BYTES_PER_SM if hw.mma == "tcgen05" else 0
@@ -373,6 +759,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     for name, e in prog.extra_outputs:
         extra[name] = _arr(e, env, n)
     extra["outputs"] = tuple(name for name, _ in prog.extra_outputs)
+    env.pop(_SHARE_KEY, None)  # (it holds env: no cycle left to the collector)
     return TilePlan(
         g0=g[0], g1=g[1], g2=g[2], order=order,
         group=clamp_group(np.maximum(_arr(prog.group, env, n, i64), 1), g[0]),

@@ -156,6 +156,8 @@ class Expr:
         except SyntaxError as exc:
             raise ProgramError(f"{where}: cannot parse expression {self.text!r}: {exc.msg}") from None
         self.names: set[str] = set()
+        #: the parsed expression (kernels_catalog.lowering proves bounds on it)
+        self.tree = tree.body
         self._fn = self._compile(tree.body)
 
     def _compile(self, node):
@@ -296,6 +298,11 @@ class TileProgram:
     launches: Expr | None = None
     _orders: np.ndarray | None = field(default=None, repr=False)
     _order_texts: list | None = field(default=None, repr=False)
+    #: per expression, the columns its value depends on where the lowering may
+    #: evaluate it on their distinct rows (kernels_catalog.lowering._share_plan; made once)
+    _shared: dict | None = field(default=None, repr=False, compare=False)
+    #: kernels_catalog.lowering.shadow_exact's answers by the columns' ranges
+    _proofs: dict = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ DAG
     @property

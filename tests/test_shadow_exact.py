@@ -1,0 +1,226 @@
+"""The tile programs' admission without its float64 shadow pass where that is exact
+(``kernels_catalog.lowering.shadow_exact``): an interval pass over the expressions
+proves that the shadow evaluation would equal the int64 one on every row of the
+batch; ``admit_program`` then skips it. Its codes must be the shadow pass's, bit for
+bit, on rows from ordinary sizes to sizes that wrap int64."""
+
+from __future__ import annotations
+
+import ast
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels_catalog import lowering
+from kernels_catalog.lowering import _NoProof, _kind, _program_exprs, admit_program, program_env
+from kernels_catalog.lowering import shadow_exact
+from tsbatch.boundary.schema import validate
+from tsbatch.engine.evaluate import FAMILIES
+from tsbatch.engine.sweep import candidate_chunks, load_sweep
+from tsbatch.hw import get_hw
+
+BASE = {
+    "moe_grouped_gemm": dict(tokens=4096, experts=8, top_k=2, hidden=4096, ffn=14336,
+                             proj="gate_up", dtype="bfloat16", routing="balanced", skew=1.0,
+                             hot_fraction=0.5, block_m=128, block_n=128, block_k=64,
+                             num_stages=4, num_warps=8, raster="persistent"),
+    "gemm_epilogue": dict(m=4096, n=4096, k=1024, dtype="bfloat16", epilogue="none",
+                          block_m=128, block_n=128, block_k=64, num_stages=3, num_warps=8),
+    "rowwise": dict(op="rmsnorm", rows=4096, hidden=4096, dtype="bfloat16"),
+}
+SIZES = {"moe_grouped_gemm": ("tokens", "hidden", "ffn", "experts", "block_m", "block_n",
+                              "block_k", "num_stages"),
+         "gemm_epilogue": ("m", "n", "k", "block_m", "block_n", "block_k", "num_stages"),
+         "rowwise": ("rows", "hidden", "threads", "rows_per_block")}
+CHOICES = {"moe_grouped_gemm": {"proj": ["gate_up", "up", "down"],
+                                "routing": ["balanced", "zipf", "hot"],
+                                "raster": ["persistent", "col"]},
+           "gemm_epilogue": {"epilogue": ["none", "bias", "silu", "gelu", "residual", "swiglu"]},
+           "rowwise": {"op": ["rmsnorm", "layernorm", "softmax", "silu_mul"]}}
+
+_size = st.one_of(st.sampled_from([1, 16, 64, 128, 4096, 14336]), st.integers(1, 1 << 20),
+                  st.integers(1, 1 << 62))
+
+
+def _cols(name, rows):
+    fam = FAMILIES[name]
+    cols, _ = validate(pl.DataFrame(rows), fam)
+    return fam.program, cols
+
+
+def _both(name, rows, gpu):
+    prog, cols = _cols(name, rows)
+    hw = get_hw(gpu)
+    with np.errstate(all="ignore"):
+        env = program_env(prog, cols, hw)
+    return (admit_program(prog, cols, hw, env), admit_program(prog, cols, hw, env, exact=False),
+            shadow_exact(prog, cols, env))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(BASE)), st.data())
+def test_admission_equals_the_shadow_pass(name, data):
+    """Batches of random rows (sizes up to 2^62, where int64 wraps): the codes with
+    the proof are the shadow pass's, whether the proof holds or not."""
+    rows = []
+    for _ in range(data.draw(st.integers(1, 6))):
+        row = dict(BASE[name])
+        for c in SIZES[name]:
+            if data.draw(st.booleans()):
+                row[c] = data.draw(_size)
+        for c, ch in CHOICES[name].items():
+            row[c] = data.draw(st.sampled_from(ch))
+        rows.append(row)
+    gpu = data.draw(st.sampled_from(["h100", "a100"]))
+    got, want, _ = _both(name, rows, gpu)
+    assert got.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("name", sorted(BASE))
+def test_proof_holds_on_ordinary_sizes_and_fails_past_2_53(name):
+    rows = [dict(BASE[name], **{c: v}) for c in SIZES[name] for v in (1, 16, 4096)]
+    got, want, exact = _both(name, rows, "h100")
+    assert exact and got.tolist() == want.tolist() and not got.any()
+    big = rows + [dict(BASE[name], **{SIZES[name][0]: (1 << 62) + 1})]
+    got, want, exact = _both(name, big, "h100")
+    assert not exact  # a size past 2^53: the shadow pass runs
+    assert got.tolist() == want.tolist() and got[-1] > 0
+
+
+@pytest.mark.parametrize("name", ["moe_grouped_gemm", "gemm_epilogue", "rowwise", "attention",
+                                  "attention_fa3", "flash_decoding", "mla_decode"])
+def test_intervals_hold_the_values(name):
+    """Soundness: on random rows of ordinary sizes, every integer-valued let and
+    expression lies in the interval the proof gives it, and every value the proof
+    calls an integer is one (numpy's dtype on the int64 columns)."""
+    rng = np.random.default_rng(7)
+    fam = FAMILIES[name]
+    prog = fam.program
+    base = BASE.get(name)
+    if base is None:  # rows of the family's built-in sweep
+        swp = {"attention": "attention_llm", "attention_fa3": "attention_fa3",
+               "flash_decoding": "decode_llm", "mla_decode": "mla_deepseek"}[name]
+        frame = next(iter(candidate_chunks(load_sweep(swp))))
+        keep = [c.name for c in prog.columns if c.name in frame.columns]
+        cols, _ = validate(frame.select(keep).gather_every(max(frame.height // 400, 1)), fam)
+    else:
+        rows = []
+        for _ in range(300):
+            row = dict(base)
+            for c in SIZES[name]:
+                row[c] = int(rng.choice([1, 2, 3, 16, 17, 64, 128, 255, 4096, 14336, 100000]))
+            for c, ch in CHOICES[name].items():
+                row[c] = str(rng.choice(ch))
+            rows.append(row)
+        cols, _ = validate(pl.DataFrame(rows), fam)
+    hw = get_hw("h100")
+    with np.errstate(all="ignore"):
+        env = program_env(prog, cols, hw)
+        assert shadow_exact(prog, cols, env)
+        kinds = {c.name: ((lowering._INT, int(env[c.name].min()), int(env[c.name].max()))
+                          if c.kind == "int" else ({"float": (lowering._FLOAT,),
+                                                    "bool": (lowering._BOOL,)}.get(
+                                                        c.kind, (lowering._STR,))))
+                 for c in prog.columns}
+        for nm in lowering.DTYPE_NAMES + lowering.HW_NAMES:
+            kinds[nm] = (lowering._FLOAT,)
+        checked = 0
+        exprs = [(nm, e) for nm, e in prog.lets] + [(None, e) for e in _program_exprs(prog)]
+        for nm, e in exprs:
+            k = _kind(e.tree, kinds)
+            if nm is not None:
+                kinds[nm] = k
+            v = np.asarray(e(env))
+            if k[0] == lowering._INT:
+                assert v.dtype.kind == "i", (e.text, v.dtype)
+                assert k[1] <= v.min() and v.max() <= k[2], (e.text, k, v.min(), v.max())
+                checked += 1
+            elif k[0] == lowering._BOOL:
+                assert v.dtype == np.bool_, (e.text, v.dtype)
+            elif k[0] == lowering._FLOAT:
+                assert v.dtype.kind == "f", (e.text, v.dtype)
+    assert checked > 0
+
+
+def _k(text, **kinds):
+    return _kind(ast.parse(text, mode="eval").body, kinds)
+
+
+def test_kind_by_hand():
+    a = ("int", 1, 1 << 20)
+    z = ("int", 0, 4)
+    f = ("float",)
+    assert _k("a * a", a=a) == ("int", 1, 1 << 40)
+    assert _k("cdiv(a, z)", a=a, z=z) == ("int", 1, 1 << 20)   # a zero divisor is taken as 1
+    assert _k("a // 4 - 1", a=a) == ("int", -1, (1 << 18) - 1)
+    assert _k("a % 64", a=a) == ("int", 0, 63)
+    assert _k("where(a > 2, a, 0)", a=a) == ("int", 0, 1 << 20)
+    assert _k("min(a, 2.5)", a=a) == ("float",)
+    assert _k("a / a", a=a) == ("float",)
+    assert _k("ceil(a)", a=a) == a and _k("ceil(f)", f=f) == f
+    assert _k("abs(-a)", a=a) == a
+    assert _k("(a > 1) and (f < 2.0)", a=a, f=f) == ("bool",)
+    for bad in ("a // z", "a % z", "a * a * a", "2 ** a", "unknown + 1"):
+        with pytest.raises(_NoProof):
+            _k(bad, a=a, z=z)
+    assert _k("2.0 ** a", a=a) == ("float",)
+
+
+# ----------------------------------------------------------------------------- shared lets
+PROGRAM_SWEEPS = {"gemm_epilogue": "epilogue_llm", "moe_grouped_gemm": "moe_mixtral",
+                  "rowwise": "norms_llm", "attention": "attention_llm",
+                  "flash_decoding": "decode_llm"}
+
+
+def _plan_arrays(plan):
+    out = {}
+    for k, v in vars(plan).items():
+        if isinstance(v, np.ndarray):
+            out[k] = v
+    for k, v in plan.extra.items():
+        if isinstance(v, np.ndarray):
+            out["extra." + k] = v
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAM_SWEEPS))
+def test_shared_expressions_equal_to_the_bit(name, monkeypatch):
+    """The plan of a sweep (its workloads x tiles, sizes shifted in a second copy) with
+    the expressions evaluated on the distinct rows of their columns equals, array by
+    array and bit by bit, the plan with every expression on every row; and for the
+    epilogue and MoE sweeps some expressions are shared."""
+    fam = FAMILIES[name]
+    prog = fam.program
+    frame = next(iter(candidate_chunks(load_sweep(PROGRAM_SWEEPS[name]))))
+    keep = [c.name for c in prog.columns if c.name in frame.columns]
+    size = {"gemm_epilogue": "m", "moe_grouped_gemm": "tokens", "rowwise": "rows",
+            "attention": "seq_len", "flash_decoding": "seq_len_kv"}[name]
+    frame = frame.select(keep)
+    frame = pl.concat([frame, frame.with_columns(pl.col(size) + 3)])
+    cols, _ = validate(frame, fam)
+    made = []
+    orig = lowering._Sharing.__init__
+
+    def spy(self, *a, **k):
+        orig(self, *a, **k)
+        made.append(self.rep is not None)
+    monkeypatch.setattr(lowering._Sharing, "__init__", spy)
+    for gpu in ("h100", "a100"):
+        hw = get_hw(gpu)
+        monkeypatch.setattr(lowering, "SHARE_MIN_ROWS", 1 << 62)
+        plain = _plan_arrays(lowering.lower_program(prog, cols, hw))
+        monkeypatch.setattr(lowering, "SHARE_MIN_ROWS", 16)
+        shared = _plan_arrays(lowering.lower_program(prog, cols, hw))
+        assert plain.keys() == shared.keys()
+        for k, v in plain.items():
+            w = shared[k]
+            assert v.dtype == w.dtype and v.shape == w.shape, k
+            if v.dtype.kind == "f":
+                assert np.array_equal(v.view(np.int64), w.view(np.int64)), k
+            else:
+                assert np.array_equal(v, w), k
+    if name in ("gemm_epilogue", "moe_grouped_gemm"):
+        assert any(made)
