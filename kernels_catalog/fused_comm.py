@@ -200,17 +200,26 @@ def _need(df: pl.DataFrame, cols, family: str) -> pl.DataFrame:
     return df
 
 
+def _repeat(text: str, n: int) -> pl.Series:
+    """A String series of ``n`` copies of ``text``."""
+    return pl.Series("", [text], dtype=pl.String).new_from_index(0, n) if n else pl.Series("", [], dtype=pl.String)
+
+
+def _system_codes(systems: np.ndarray) -> tuple[list, np.ndarray]:
+    """(distinct systems in order of first appearance, each row's index into them)."""
+    n = len(systems)
+    if n and (systems == systems[0]).all():  # the usual case: one system
+        return [systems[0]], np.zeros(n, dtype=np.int64)
+    ser = pl.Series(systems, dtype=pl.String)
+    uniq = ser.unique(maintain_order=True).to_list()
+    return uniq, ser.replace_strict(uniq, list(range(len(uniq))), return_dtype=pl.Int64).to_numpy()
+
+
 def _per_system(systems: np.ndarray, value, dtype) -> np.ndarray:
     """``value(system)`` for each row's system, looked up once per distinct system."""
     from tsbatch.collectives.systems import get_system
 
-    n = len(systems)
-    if n and (systems == systems[0]).all():  # the usual case: one system
-        uniq, codes = [systems[0]], np.zeros(n, dtype=np.int64)
-    else:
-        ser = pl.Series(systems, dtype=pl.String)
-        uniq = ser.unique(maintain_order=True).to_list()
-        codes = ser.replace_strict(uniq, list(range(len(uniq))), return_dtype=pl.Int64).to_numpy()
+    uniq, codes = _system_codes(systems)
     return np.array([value(get_system(s)) for s in uniq], dtype=dtype)[codes]
 
 
@@ -218,22 +227,75 @@ def _gpu_of(systems: np.ndarray) -> np.ndarray:
     return _per_system(systems, lambda s: s.gpu, object)
 
 
-def _eval_compute(frame: pl.DataFrame, gpus: np.ndarray, family: str,
-                  evaluate) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(latency_us, feasible, sm_count) of per-chunk compute rows, one call of the
-    engine's ``evaluate`` per GPU."""
-    from tsbatch.hw import get_hw
+def _dtype_codes(dtype: pl.Series) -> np.ndarray:
+    """Each row's ``dtype`` as its index in :data:`ELEM_BYTES` (the values are checked)."""
+    return dtype.cast(pl.String).replace_strict(list(ELEM_BYTES), list(range(len(ELEM_BYTES))),
+                                                return_dtype=pl.Int64).to_numpy()
 
-    lat = np.full(frame.height, np.nan)
-    ok = np.zeros(frame.height, dtype=bool)
-    sms = np.ones(frame.height)
-    for g in np.unique(gpus):
-        idx = np.nonzero(gpus == g)[0]
-        out = evaluate(frame[idx], g, family=family)
-        lat[idx] = out["latency_us"].to_numpy()
-        ok[idx] = out["feasible"].to_numpy()
-        sms[idx] = float(get_hw(g).sm_count)
-    return lat, ok, sms
+
+def _per_dtype(table: dict, codes: np.ndarray) -> np.ndarray:
+    """``table[dtype]`` (float64) of each row, from its :func:`_dtype_codes`."""
+    return np.array([float(table[d]) for d in ELEM_BYTES], dtype=np.float64)[codes]
+
+
+def _int_key(frame: pl.DataFrame, names, known: dict) -> np.ndarray:
+    """The columns ``names`` of ``frame`` as an int64 matrix, a row per frame row: the
+    identity of a compute row's tile columns (``known``: columns already as int64
+    codes, as ``dtype`` by :func:`_dtype_codes`; a boolean as 0 / 1, null as False: the
+    compute family's default, which its validation fills in)."""
+    cols = []
+    for c in names:
+        if c in known:
+            cols.append(np.asarray(known[c], dtype=np.int64))
+            continue
+        s = frame.get_column(c)
+        if s.dtype == pl.Boolean:
+            s = s.fill_null(False).cast(pl.Int64)
+        cols.append(s.cast(pl.Int64).to_numpy())
+    return np.column_stack(cols) if cols else np.zeros((frame.height, 0), dtype=np.int64)
+
+
+def _eval_compute(tiles: pl.DataFrame, known: dict, src: np.ndarray, sizes: dict,
+                  gcode: np.ndarray, gnames: list, need: np.ndarray, family: str,
+                  evaluate) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(latency_us, feasible, sm_count) of per-chunk compute rows, each distinct row
+    evaluated once, one call of the engine's ``evaluate`` per GPU.
+
+    Compute row ``i`` is row ``src[i]`` of ``tiles`` (the family's tile columns; ``known``
+    holds those already as int64 codes, see :func:`_int_key`) with the size columns
+    ``sizes`` (name -> int64 array, a value per compute row) added, on GPU
+    ``gnames[gcode[i]]``. Rows equal in GPU, tile and sizes are one row to the engine (a
+    row's prediction depends on that row alone); the distinct rows go to it in order of
+    first appearance. A row with ``need`` False (its fused row is infeasible already: its
+    compute is never shown) is not evaluated: latency NaN, not feasible."""
+    from tsbatch.hw import get_hw
+    from tsbatch.kernels.rowhash import dedup_rows
+
+    n = len(src)
+    sm = np.array([float(get_hw(g).sm_count) for g in gnames])
+    lat = np.full(n, np.nan)
+    ok = np.zeros(n, dtype=bool)
+    rows = np.nonzero(need)[0] if not need.all() else np.arange(n)
+    if len(rows) == 0:
+        return lat, ok, sm[gcode]
+    tsrc = src[rows]
+    key = np.column_stack([gcode[rows], _int_key(tiles, tiles.columns, known)[tsrc],
+                           *[np.asarray(v, dtype=np.int64)[rows] for v in sizes.values()]])
+    inv, rep = dedup_rows(key)
+    first = rows[rep]  # each distinct row's first compute row
+    sub = tiles[src[first]].with_columns([pl.Series(k, np.asarray(v, dtype=np.int64)[first])
+                                          for k, v in sizes.items()])
+    grep = gcode[first]
+    lat_u = np.full(len(rep), np.nan)
+    ok_u = np.zeros(len(rep), dtype=bool)
+    for g in np.unique(grep):
+        idx = np.nonzero(grep == g)[0]
+        out = evaluate(sub[idx] if len(idx) < len(rep) else sub, gnames[g], family=family)
+        lat_u[idx] = out["latency_us"].to_numpy()
+        ok_u[idx] = out["feasible"].to_numpy()
+    lat[rows] = lat_u[inv]
+    ok[rows] = ok_u[inv]
+    return lat, ok, sm[gcode]
 
 
 def _envelope(first: np.ndarray, comp: np.ndarray, comm: np.ndarray, c: np.ndarray,
@@ -265,10 +327,15 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
     tp = df["num_gpus"].to_numpy().astype(np.int64)
     c = df["chunks"].to_numpy().astype(np.int64)
     systems = df["system"].cast(pl.String).to_numpy()
-    gpus = _gpu_of(systems)
+    from tsbatch.collectives.systems import get_system
+
+    sys_uniq, sys_code = _system_codes(systems)
+    sys_objs = [get_system(x) for x in sys_uniq]
+    gnames = sorted({x.gpu for x in sys_objs})
+    gcode = np.array([gnames.index(x.gpu) for x in sys_objs], dtype=np.int64)[sys_code]
     reasons = np.full(n_rows, None, dtype=object)
-    dtype = df["dtype"].to_numpy()
-    e_in = np.array([ELEM_BYTES[d] for d in dtype], dtype=np.float64)
+    dcode = _dtype_codes(df["dtype"])
+    e_in = _per_dtype(ELEM_BYTES, dcode)
     coll_base = {"system": df["system"], "num_gpus": df["num_gpus"]}
     for opt in ("gpus_per_node", "algorithm", "protocol"):
         if opt in df.columns:
@@ -293,11 +360,12 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
         cm = -(-lm // c)  # chunk rows
         bad = (lm % c) != 0
         reasons[bad & (reasons == None)] = "the GEMM's rows are not divisible by chunks"  # noqa: E711
-        gemm = df.select("dtype", "block_m", "block_n", "block_k", "num_stages", "num_warps").with_columns(
-            pl.Series("m", cm), pl.Series("n", ln), pl.Series("k", lk))
-        comp, ok, sms = _eval_compute(gemm, gpus, "gemm", engine)
+        tiles = df.select("dtype", "block_m", "block_n", "block_k", "num_stages", "num_warps")
+        comp, ok, sms = _eval_compute(tiles, {"dtype": dcode}, np.arange(n_rows),
+                                      {"m": cm, "n": ln, "k": lk}, gcode, gnames,
+                                      reasons == None, "gemm", engine)  # noqa: E711
         elems = {"m": m, "n": n, "k": k}
-        e_t = e_in if remote["tensor"] == "A" else np.array([_OUT_BYTES[d] for d in dtype], dtype=np.float64)
+        e_t = e_in if remote["tensor"] == "A" else _per_dtype(_OUT_BYTES, dcode)
         total = e_t * elems[remote["elements"][0]] * elems[remote["elements"][1]]
         chunk_bytes = _as_bytes(np.maximum(np.round(total / c), 1), reasons)
         coll_name = remote["collective"]
@@ -313,10 +381,15 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
         rows_e = np.maximum(-(-(t * tp * kk) // (ne * c)), 1)
         reasons[((t % c) != 0) & (reasons == None)] = "tokens not divisible by chunks"  # noqa: E711
         tiles = df.select("dtype", "block_m", "block_n", "block_k", "num_stages", "num_warps")
-        up = tiles.with_columns(pl.Series("m", rows_e), pl.Series("n", ff), pl.Series("k", hd))
-        down = tiles.with_columns(pl.Series("m", rows_e), pl.Series("n", hd), pl.Series("k", ff))
-        both = pl.concat([up, down])
-        lat2, ok2, sms2 = _eval_compute(both, np.concatenate([gpus, gpus]), "gemm", engine)
+        # the up rows (hidden -> ffn) then the down rows (ffn -> hidden)
+        src = np.concatenate([np.arange(n_rows), np.arange(n_rows)])
+        need = reasons == None  # noqa: E711
+        lat2, ok2, sms2 = _eval_compute(tiles, {"dtype": dcode}, src,
+                                        {"m": np.concatenate([rows_e, rows_e]),
+                                         "n": np.concatenate([ff, hd]),
+                                         "k": np.concatenate([hd, ff])},
+                                        np.concatenate([gcode, gcode]), gnames,
+                                        np.concatenate([need, need]), "gemm", engine)
         # a grouped GEMM runs the rank's experts back to back: their times add
         comp = local_e * (lat2[:n_rows] + lat2[n_rows:])
         ok = ok2[:n_rows] & ok2[n_rows:]
@@ -331,19 +404,20 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
         lh = h // np.maximum(tp, 1)
         ch = lh // c
         reasons[((lh % c) != 0) & (reasons == None)] = "local heads not divisible by chunks"  # noqa: E711
-        attn = df.select("dtype", "block_m", "block_n", "num_stages", "num_warps", "causal").with_columns(
-            pl.Series("batch", b), pl.Series("heads", np.maximum(ch, 1)), pl.Series("seq_len", s),
-            pl.Series("head_dim", d))
-        comp, ok, sms = _eval_compute(attn, gpus, "attention", engine)
+        tiles = df.select("dtype", "block_m", "block_n", "num_stages", "num_warps", "causal")
+        comp, ok, sms = _eval_compute(tiles, {"dtype": dcode}, np.arange(n_rows),
+                                      {"batch": b, "heads": np.maximum(ch, 1), "seq_len": s,
+                                       "head_dim": d}, gcode, gnames, reasons == None,  # noqa: E711
+                                      "attention", engine)
         # a rank's all-to-all send buffer for one chunk of heads: its sequence shard x chunk heads x tp
         per = _as_bytes(b * (s // np.maximum(tp, 1)) * np.maximum(ch, 1) * tp * d * e_in, reasons)
         comm_frames = [("all_to_all", per)]
         lead = "comm"
-    coll = pl.DataFrame({**coll_base, "collective": [comm_frames[0][0]] * n_rows,
+    coll = pl.DataFrame({**coll_base, "collective": _repeat(comm_frames[0][0], n_rows),
                          "bytes": np.maximum(comm_frames[0][1], 1)})
     cres = eval_coll(coll)
     comm = cres["latency_us"].to_numpy()
-    chan = _per_system(systems, default_channels, np.float64)
+    chan = np.array([default_channels(x) for x in sys_objs], dtype=np.float64)[sys_code]
     slow = sms / np.maximum(sms - chan, 1.0)
     if family in ("ulysses", "moe_ep"):
         # ulysses: three all-to-alls (Q, K, V) before attention and one (O) after, per
@@ -377,7 +451,7 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
         pl.Series("chunk_comm_us", np.where(feasible, chunk_comm, np.nan)),
         pl.Series("exposed_comm_us", np.where(feasible, exposed, np.nan)),
         pl.Series("overlap_pct", np.where(feasible, overlap, np.nan)),
-        pl.Series("comm_collective", [comm_frames[0][0]] * n_rows, dtype=pl.String),
+        _repeat(comm_frames[0][0], n_rows).alias("comm_collective"),
         pl.Series("chunk_comm_bytes", np.maximum(comm_frames[0][1], 1).astype(np.int64)),
         pl.Series("comm_algorithm", cres["algorithm_used"], dtype=pl.String),
         pl.Series("comm_protocol", cres["protocol_used"], dtype=pl.String),
