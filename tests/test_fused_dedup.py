@@ -119,11 +119,11 @@ def test_plan_index_matches_unique_and_join(seed):
         "protocol": pick([None, "ll", "simple"] if seed != 2 else [None]),
         "channels": pl.Series(pick([None, 2, 4]), dtype=pl.Int64),
     })
-    df = coll_model.validate(frame)
-    inv, rep = coll_model._plan_index(df)
-    want = _plan_index_by_join(df)
-    assert np.array_equal(inv, want)
-    assert np.array_equal(inv[rep], np.arange(len(rep)))
-    one = coll_model.validate(frame.head(1))
-    inv1, rep1 = coll_model._plan_index(one)
-    assert inv1.tolist() == [0] and rep1.tolist() == [0]
+    for part in (frame, frame.filter(pl.col("system") == "dgx_h100").select(
+            "system", "num_gpus", "bytes", "channels", collective=pl.lit("all_to_all"))):
+        df = coll_model.validate(part)
+        inv, keys = coll_model._plan_index(df)
+        assert np.array_equal(inv, _plan_index_by_join(df))
+        assert keys.equals(df.select(coll_model._KEY).unique(maintain_order=True))
+    inv1, keys1 = coll_model._plan_index(coll_model.validate(frame.head(1)))
+    assert inv1.tolist() == [0] and keys1.height == 1
