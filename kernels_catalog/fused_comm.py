@@ -242,7 +242,8 @@ def _system_codes(systems) -> tuple[list, np.ndarray]:
     if n and ser.null_count() == 0 and (ser == ser[0]).all():  # the usual case: one system
         return [ser[0]], np.zeros(n, dtype=np.int64)
     uniq = ser.unique(maintain_order=True).to_list()
-    return uniq, ser.replace_strict(uniq, list(range(len(uniq))), return_dtype=pl.Int64).to_numpy()
+    codes = ser.replace_strict(uniq, list(range(len(uniq))), return_dtype=pl.Int64).to_numpy()
+    return uniq, np.asarray(codes, dtype=np.int64)  # zero rows: an empty int64 array
 
 
 def _dtype_codes(dtype: pl.Series, family: str) -> np.ndarray:

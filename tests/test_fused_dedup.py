@@ -127,3 +127,13 @@ def test_plan_index_matches_unique_and_join(seed):
         assert keys.equals(df.select(coll_model._KEY).unique(maintain_order=True))
     inv1, keys1 = coll_model._plan_index(coll_model.validate(frame.head(1)))
     assert inv1.tolist() == [0] and keys1.height == 1
+
+
+@pytest.mark.parametrize("family", ["ag_gemm", "gemm_rs", "ulysses", "moe_ep"])
+def test_zero_rows_give_zero_rows(family):
+    """An empty table: an empty result with the columns and types of a full one (it raised
+    an IndexError: the system codes of no rows were not an integer array)."""
+    frame = pl.DataFrame(_rows(family)[:1])
+    one = eval_compute(frame, "h100", family=family)
+    none = eval_compute(frame.head(0), "h100", family=family)
+    assert none.height == 0 and none.schema == one.schema
