@@ -388,9 +388,10 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
         bad = (lm % c) != 0
         reasons.set(bad, "the GEMM's rows are not divisible by chunks")
         tiles = df.select("dtype", "block_m", "block_n", "block_k", "num_stages", "num_warps")
-        comp, ok, sms = _eval_compute(tiles, {"dtype": dcode}, np.arange(n_rows),
-                                      {"m": cm, "n": ln, "k": lk}, gcode, gnames,
-                                      reasons.none(), "gemm", engine)
+
+        def compute(need):
+            return _eval_compute(tiles, {"dtype": dcode}, np.arange(n_rows), {"m": cm, "n": ln, "k": lk},
+                                 gcode, gnames, need, "gemm", engine)
         elems = {"m": m, "n": n, "k": k}
         e_t = e_in if remote["tensor"] == "A" else _per_dtype(_OUT_BYTES, dcode)
         total = e_t * elems[remote["elements"][0]] * elems[remote["elements"][1]]
@@ -410,17 +411,16 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
         tiles = df.select("dtype", "block_m", "block_n", "block_k", "num_stages", "num_warps")
         # the up rows (hidden -> ffn) then the down rows (ffn -> hidden)
         src = np.concatenate([np.arange(n_rows), np.arange(n_rows)])
-        need = reasons.none()
-        lat2, ok2, sms2 = _eval_compute(tiles, {"dtype": dcode}, src,
-                                        {"m": np.concatenate([rows_e, rows_e]),
-                                         "n": np.concatenate([ff, hd]),
-                                         "k": np.concatenate([hd, ff])},
-                                        np.concatenate([gcode, gcode]), gnames,
-                                        np.concatenate([need, need]), "gemm", engine)
-        # a grouped GEMM runs the rank's experts back to back: their times add
-        comp = local_e * (lat2[:n_rows] + lat2[n_rows:])
-        ok = ok2[:n_rows] & ok2[n_rows:]
-        sms = sms2[:n_rows]
+
+        def compute(need):
+            lat2, ok2, sms2 = _eval_compute(tiles, {"dtype": dcode}, src,
+                                            {"m": np.concatenate([rows_e, rows_e]),
+                                             "n": np.concatenate([ff, hd]),
+                                             "k": np.concatenate([hd, ff])},
+                                            np.concatenate([gcode, gcode]), gnames,
+                                            np.concatenate([need, need]), "gemm", engine)
+            # a grouped GEMM runs the rank's experts back to back: their times add
+            return local_e * (lat2[:n_rows] + lat2[n_rows:]), ok2[:n_rows] & ok2[n_rows:], sms2[:n_rows]
         per = _as_bytes(t // c * kk * hd * e_in, reasons)  # a rank's dispatch send buffer per chunk
         comm_frames = [(acc[0]["collective"], per)]
         lead = "comm"
@@ -432,10 +432,11 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
         ch = lh // c
         reasons.set((lh % c) != 0, "local heads not divisible by chunks")
         tiles = df.select("dtype", "block_m", "block_n", "num_stages", "num_warps", "causal")
-        comp, ok, sms = _eval_compute(tiles, {"dtype": dcode}, np.arange(n_rows),
-                                      {"batch": b, "heads": np.maximum(ch, 1), "seq_len": s,
-                                       "head_dim": d}, gcode, gnames, reasons.none(),
-                                      "attention", engine)
+
+        def compute(need):
+            return _eval_compute(tiles, {"dtype": dcode}, np.arange(n_rows),
+                                 {"batch": b, "heads": np.maximum(ch, 1), "seq_len": s, "head_dim": d},
+                                 gcode, gnames, need, "attention", engine)
         # a rank's all-to-all send buffer for one chunk of heads: its sequence shard x chunk heads x tp
         per = _as_bytes(b * (s // np.maximum(tp, 1)) * np.maximum(ch, 1) * tp * d * e_in, reasons)
         comm_frames = [("all_to_all", per)]
@@ -444,6 +445,11 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
                          "bytes": np.maximum(comm_frames[0][1], 1)})
     cres = eval_coll(coll)
     comm = cres["latency_us"].to_numpy()
+    cfeas = cres["feasible"].to_numpy()
+    r_coll = cres["infeasible_reason"]
+    # the compute chunks of the rows whose reason is already known (their own, or their
+    # collective's) are never shown: not evaluated
+    comp, ok, sms = compute(reasons.none() & (cfeas | r_coll.is_null().to_numpy()))
     chan = np.array([default_channels(x) for x in sys_objs], dtype=np.float64)[sys_code]
     slow = sms / np.maximum(sms - chan, 1.0)
     if family in ("ulysses", "moe_ep"):
@@ -459,8 +465,6 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
         comm_total = c * comm
         chunk_comm = comm
     comp_total = c * comp
-    cfeas = cres["feasible"].to_numpy()
-    r_coll = cres["infeasible_reason"]
     # the first reason: the row's own, the collective's, the compute chunk's
     fused = reasons.series()
     if not cfeas.all():

@@ -75,8 +75,12 @@ def test_each_distinct_chunk_once_and_rows_as_alone(family):
 
 
 @pytest.mark.parametrize("family", ["gemm_rs", "ulysses", "moe_ep"])
-def test_rows_infeasible_before_compute_are_not_evaluated(family):
-    rows = [r for r in _rows(family) if r["num_gpus"] == 3]  # nothing divides by 3
+@pytest.mark.parametrize("why", ["sizes", "collective"])
+def test_rows_infeasible_before_compute_are_not_evaluated(family, why):
+    if why == "sizes":
+        rows = [r for r in _rows(family) if r["num_gpus"] == 3]  # nothing divides by 3
+    else:  # 8 GPUs on a 4-GPU system without a network: the collective cannot run
+        rows = [r for r in _rows(family) if r["num_gpus"] == 8 and r["system"] == "hgx_h100_4gpu"]
     calls: list[int] = []
 
     def engine(sub, hw, family):
