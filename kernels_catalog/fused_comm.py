@@ -176,64 +176,153 @@ def _empty_shard(column: str) -> str:
 BYTES_TOO_LARGE = "sizes too large: a chunk's communication bytes exceed int64 (2^63)"
 
 
-def _as_bytes(x: np.ndarray, reasons: np.ndarray) -> np.ndarray:
+class _Reasons:
+    """Each row's first infeasibility reason, as a code into a list of texts (0: none):
+    no Python string per row until the result's column, gathered by code."""
+
+    def __init__(self, n: int):
+        self.code = np.zeros(n, dtype=np.int64)
+        self.texts: list = [None]
+
+    def none(self) -> np.ndarray:
+        """Rows with no reason yet."""
+        return self.code == 0
+
+    def set(self, mask: np.ndarray, text: str) -> None:
+        """``text`` for the rows of ``mask`` that have no reason yet."""
+        hit = np.asarray(mask, dtype=bool) & (self.code == 0)
+        if hit.any():
+            if text not in self.texts:
+                self.texts.append(text)
+            self.code[hit] = self.texts.index(text)
+
+    def series(self) -> pl.Series:
+        return pl.Series(self.texts, dtype=pl.String).gather(self.code)
+
+
+def _as_bytes(x: np.ndarray, reasons: _Reasons) -> np.ndarray:
     """Byte counts ``x`` (float64) as int64; a row beyond int64 gets the reason
     :data:`BYTES_TOO_LARGE` (if it has none) and 1 byte, never a wrapped cast."""
     big = ~(np.asarray(x, dtype=np.float64) < 2.0 ** 63)
-    reasons[big & (reasons == None)] = BYTES_TOO_LARGE  # noqa: E711
+    reasons.set(big, BYTES_TOO_LARGE)
     return np.where(big, 1.0, x).astype(np.int64)
 
 
 def _need(df: pl.DataFrame, cols, family: str) -> pl.DataFrame:
+    """``df`` with the optional columns it lacks at their defaults; an error for a
+    missing required column or a non-positive value in a positive one (the columns'
+    minima in one pass). ``dtype`` is checked by :func:`_dtype_codes`."""
+    positive = []
     for c in cols:
         if c.name not in df.columns:
             if c.required:
                 raise InputError(f"{family} candidates: missing column '{c.name}'")
             if c.default is not None:
                 df = df.with_columns(pl.lit(c.default).alias(c.name))
-        elif c.positive and df.schema[c.name].is_numeric() and (df[c.name].drop_nulls() <= 0).any():
-            raise InputError(f"{family} candidates: column '{c.name}' must be positive")
-    if "dtype" in df.columns:
-        bad = set(df["dtype"].unique().to_list()) - set(ELEM_BYTES)
-        if bad:
-            raise InputError(f"{family} candidates: column 'dtype' has unknown value(s) {sorted(bad)}")
+        elif c.positive and df.schema[c.name].is_numeric():
+            positive.append(c.name)
+    if positive and df.height:
+        low = df.select([pl.col(x).min() for x in positive]).row(0)
+        for x, v in zip(positive, low):
+            if v is not None and v <= 0:
+                raise InputError(f"{family} candidates: column '{x}' must be positive")
     return df
 
 
-def _per_system(systems: np.ndarray, value, dtype) -> np.ndarray:
-    """``value(system)`` for each row's system, looked up once per distinct system."""
-    from tsbatch.collectives.systems import get_system
-
-    n = len(systems)
-    if n and (systems == systems[0]).all():  # the usual case: one system
-        uniq, codes = [systems[0]], np.zeros(n, dtype=np.int64)
-    else:
-        ser = pl.Series(systems, dtype=pl.String)
-        uniq = ser.unique(maintain_order=True).to_list()
-        codes = ser.replace_strict(uniq, list(range(len(uniq))), return_dtype=pl.Int64).to_numpy()
-    return np.array([value(get_system(s)) for s in uniq], dtype=dtype)[codes]
+def _repeat(text: str, n: int) -> pl.Series:
+    """A String series of ``n`` copies of ``text``."""
+    return pl.Series("", [text], dtype=pl.String).new_from_index(0, n) if n else pl.Series("", [], dtype=pl.String)
 
 
-def _gpu_of(systems: np.ndarray) -> np.ndarray:
-    return _per_system(systems, lambda s: s.gpu, object)
+def _system_codes(systems) -> tuple[list, np.ndarray]:
+    """(distinct systems in order of first appearance, each row's index into them);
+    ``systems`` a String series or an array of names."""
+    ser = systems if isinstance(systems, pl.Series) else pl.Series(systems, dtype=pl.String)
+    n = len(ser)
+    if n and ser.null_count() == 0 and (ser == ser[0]).all():  # the usual case: one system
+        return [ser[0]], np.zeros(n, dtype=np.int64)
+    uniq = ser.unique(maintain_order=True).to_list()
+    codes = ser.replace_strict(uniq, list(range(len(uniq))), return_dtype=pl.Int64).to_numpy()
+    return uniq, np.asarray(codes, dtype=np.int64)  # zero rows: an empty int64 array
 
 
-def _eval_compute(frame: pl.DataFrame, gpus: np.ndarray, family: str,
+def _dtype_codes(dtype: pl.Series, family: str) -> np.ndarray:
+    """Each row's ``dtype`` as its index in :data:`ELEM_BYTES`; an unknown one is an error."""
+    text = dtype.cast(pl.String)
+    codes = text.replace_strict(list(ELEM_BYTES), list(range(len(ELEM_BYTES))), default=-1,
+                                return_dtype=pl.Int64).to_numpy()
+    if len(codes) and codes.min() < 0:
+        bad = set(text.filter(pl.Series(codes < 0)).unique().to_list())
+        raise InputError(f"{family} candidates: column 'dtype' has unknown value(s) "
+                         f"{sorted(bad, key=str)}")
+    return codes
+
+
+def _per_dtype(table: dict, codes: np.ndarray) -> np.ndarray:
+    """``table[dtype]`` (float64) of each row, from its :func:`_dtype_codes`."""
+    return np.array([float(table[d]) for d in ELEM_BYTES], dtype=np.float64)[codes]
+
+
+def _int_key(frame: pl.DataFrame, names, known: dict) -> list:
+    """The columns ``names`` of ``frame`` as int64 arrays, a value per frame row: the
+    identity of a compute row's tile columns (``known``: columns already as int64
+    codes, as ``dtype`` by :func:`_dtype_codes`; a boolean as 0 / 1, null as False: the
+    compute family's default, which its validation fills in)."""
+    cols = []
+    for c in names:
+        if c in known:
+            cols.append(np.asarray(known[c], dtype=np.int64))
+            continue
+        s = frame.get_column(c)
+        if s.dtype == pl.Boolean:
+            s = s.fill_null(False).cast(pl.Int64)
+        cols.append(s.cast(pl.Int64).to_numpy())
+    return cols
+
+
+def _eval_compute(tiles: pl.DataFrame, known: dict, src: np.ndarray, sizes: dict,
+                  gcode: np.ndarray, gnames: list, need: np.ndarray, family: str,
                   evaluate) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(latency_us, feasible, sm_count) of per-chunk compute rows, one call of the
-    engine's ``evaluate`` per GPU."""
-    from tsbatch.hw import get_hw
+    """(latency_us, feasible, sm_count) of per-chunk compute rows, each distinct row
+    evaluated once, one call of the engine's ``evaluate`` per GPU.
 
-    lat = np.full(frame.height, np.nan)
-    ok = np.zeros(frame.height, dtype=bool)
-    sms = np.ones(frame.height)
-    for g in np.unique(gpus):
-        idx = np.nonzero(gpus == g)[0]
-        out = evaluate(frame[idx], g, family=family)
-        lat[idx] = out["latency_us"].to_numpy()
-        ok[idx] = out["feasible"].to_numpy()
-        sms[idx] = float(get_hw(g).sm_count)
-    return lat, ok, sms
+    Compute row ``i`` is row ``src[i]`` of ``tiles`` (the family's tile columns; ``known``
+    holds those already as int64 codes, see :func:`_int_key`) with the size columns
+    ``sizes`` (name -> int64 array, a value per compute row) added, on GPU
+    ``gnames[gcode[i]]``. Rows equal in GPU, tile and sizes are one row to the engine (a
+    row's prediction depends on that row alone); the distinct rows go to it in order of
+    first appearance. A row with ``need`` False (its fused row is infeasible already: its
+    compute is never shown) is not evaluated: latency NaN, not feasible."""
+    from tsbatch.hw import get_hw
+    from tsbatch.kernels.rowhash import dedup_rows
+
+    n = len(src)
+    sm = np.array([float(get_hw(g).sm_count) for g in gnames])
+    lat = np.full(n, np.nan)
+    ok = np.zeros(n, dtype=bool)
+    rows = np.nonzero(need)[0] if not need.all() else np.arange(n)
+    if len(rows) == 0:
+        return lat, ok, sm[gcode]
+    tsrc = src[rows]
+    parts = [gcode[rows], *[x[tsrc] for x in _int_key(tiles, tiles.columns, known)],
+             *[np.asarray(v, dtype=np.int64)[rows] for v in sizes.values()]]
+    # a column equal in every row tells no rows apart: the key holds the others
+    key = np.column_stack([p for p in parts if len(p) and p.min() != p.max()] or [parts[0]])
+    inv, rep = dedup_rows(key)
+    first = rows[rep]  # each distinct row's first compute row
+    sub = tiles[src[first]].with_columns([pl.Series(k, np.asarray(v, dtype=np.int64)[first])
+                                          for k, v in sizes.items()])
+    grep = gcode[first]
+    lat_u = np.full(len(rep), np.nan)
+    ok_u = np.zeros(len(rep), dtype=bool)
+    for g in np.nonzero(np.bincount(grep, minlength=len(gnames)))[0]:
+        idx = np.nonzero(grep == g)[0]
+        out = evaluate(sub[idx] if len(idx) < len(rep) else sub, gnames[g], family=family)
+        lat_u[idx] = out["latency_us"].to_numpy()
+        ok_u[idx] = out["feasible"].to_numpy()
+    lat[rows] = lat_u[inv]
+    ok[rows] = ok_u[inv]
+    return lat, ok, sm[gcode]
 
 
 def _envelope(first: np.ndarray, comp: np.ndarray, comm: np.ndarray, c: np.ndarray,
@@ -264,11 +353,16 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
     n_rows = df.height
     tp = df["num_gpus"].to_numpy().astype(np.int64)
     c = df["chunks"].to_numpy().astype(np.int64)
-    systems = df["system"].cast(pl.String).to_numpy()
-    gpus = _gpu_of(systems)
-    reasons = np.full(n_rows, None, dtype=object)
-    dtype = df["dtype"].to_numpy()
-    e_in = np.array([ELEM_BYTES[d] for d in dtype], dtype=np.float64)
+    systems = df["system"].cast(pl.String)
+    from tsbatch.collectives.systems import get_system
+
+    sys_uniq, sys_code = _system_codes(systems)
+    sys_objs = [get_system(x) for x in sys_uniq]
+    gnames = sorted({x.gpu for x in sys_objs})
+    gcode = np.array([gnames.index(x.gpu) for x in sys_objs], dtype=np.int64)[sys_code]
+    reasons = _Reasons(n_rows)
+    dcode = _dtype_codes(df["dtype"], family)
+    e_in = _per_dtype(ELEM_BYTES, dcode)
     coll_base = {"system": df["system"], "num_gpus": df["num_gpus"]}
     for opt in ("gpus_per_node", "algorithm", "protocol"):
         if opt in df.columns:
@@ -285,19 +379,21 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
             if local[dim]:
                 # a dimension smaller than the TP degree leaves nothing on a GPU: say
                 # so, rather than hand the GEMM a size of 0 ("must be positive")
-                reasons[(glob < tp) & (reasons == None)] = _empty_shard(name)  # noqa: E711
+                reasons.set(glob < tp, _empty_shard(name))
                 bad = glob % tp != 0
-                reasons[bad & (reasons == None)] = f"{name} not divisible by num_gpus"  # noqa: E711
+                reasons.set(bad, f"{name} not divisible by num_gpus")
         # the rows left empty are infeasible; their GEMM is evaluated at size 1
         lm, ln, lk = (np.maximum(x, 1) for x in (lm, ln, lk))
         cm = -(-lm // c)  # chunk rows
         bad = (lm % c) != 0
-        reasons[bad & (reasons == None)] = "the GEMM's rows are not divisible by chunks"  # noqa: E711
-        gemm = df.select("dtype", "block_m", "block_n", "block_k", "num_stages", "num_warps").with_columns(
-            pl.Series("m", cm), pl.Series("n", ln), pl.Series("k", lk))
-        comp, ok, sms = _eval_compute(gemm, gpus, "gemm", engine)
+        reasons.set(bad, "the GEMM's rows are not divisible by chunks")
+        tiles = df.select("dtype", "block_m", "block_n", "block_k", "num_stages", "num_warps")
+
+        def compute(need):
+            return _eval_compute(tiles, {"dtype": dcode}, np.arange(n_rows), {"m": cm, "n": ln, "k": lk},
+                                 gcode, gnames, need, "gemm", engine)
         elems = {"m": m, "n": n, "k": k}
-        e_t = e_in if remote["tensor"] == "A" else np.array([_OUT_BYTES[d] for d in dtype], dtype=np.float64)
+        e_t = e_in if remote["tensor"] == "A" else _per_dtype(_OUT_BYTES, dcode)
         total = e_t * elems[remote["elements"][0]] * elems[remote["elements"][1]]
         chunk_bytes = _as_bytes(np.maximum(np.round(total / c), 1), reasons)
         coll_name = remote["collective"]
@@ -307,43 +403,54 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
         t, hd, ff, ne, kk = (df[x].to_numpy().astype(np.int64) for x in ("tokens", "hidden", "ffn", "experts", "top_k"))
         acc = infer_moe_accesses("dp", "ep")
         bad = ne % tp != 0
-        reasons[bad] = "experts not divisible by num_gpus"
+        reasons.set(bad, "experts not divisible by num_gpus")
         local_e = ne // np.maximum(tp, 1)
         # uniform routing: each expert receives tokens * tp * top_k / experts rows, per chunk / c
         rows_e = np.maximum(-(-(t * tp * kk) // (ne * c)), 1)
-        reasons[((t % c) != 0) & (reasons == None)] = "tokens not divisible by chunks"  # noqa: E711
+        reasons.set((t % c) != 0, "tokens not divisible by chunks")
         tiles = df.select("dtype", "block_m", "block_n", "block_k", "num_stages", "num_warps")
-        up = tiles.with_columns(pl.Series("m", rows_e), pl.Series("n", ff), pl.Series("k", hd))
-        down = tiles.with_columns(pl.Series("m", rows_e), pl.Series("n", hd), pl.Series("k", ff))
-        both = pl.concat([up, down])
-        lat2, ok2, sms2 = _eval_compute(both, np.concatenate([gpus, gpus]), "gemm", engine)
-        # a grouped GEMM runs the rank's experts back to back: their times add
-        comp = local_e * (lat2[:n_rows] + lat2[n_rows:])
-        ok = ok2[:n_rows] & ok2[n_rows:]
-        sms = sms2[:n_rows]
+        # the up rows (hidden -> ffn) then the down rows (ffn -> hidden)
+        src = np.concatenate([np.arange(n_rows), np.arange(n_rows)])
+
+        def compute(need):
+            lat2, ok2, sms2 = _eval_compute(tiles, {"dtype": dcode}, src,
+                                            {"m": np.concatenate([rows_e, rows_e]),
+                                             "n": np.concatenate([ff, hd]),
+                                             "k": np.concatenate([hd, ff])},
+                                            np.concatenate([gcode, gcode]), gnames,
+                                            np.concatenate([need, need]), "gemm", engine)
+            # a grouped GEMM runs the rank's experts back to back: their times add
+            return local_e * (lat2[:n_rows] + lat2[n_rows:]), ok2[:n_rows] & ok2[n_rows:], sms2[:n_rows]
         per = _as_bytes(t // c * kk * hd * e_in, reasons)  # a rank's dispatch send buffer per chunk
         comm_frames = [(acc[0]["collective"], per)]
         lead = "comm"
     else:  # ulysses
         b, h, s, d = (df[x].to_numpy().astype(np.int64) for x in ("batch", "heads", "seq_len", "head_dim"))
         bad = (h % tp != 0) | (s % tp != 0)
-        reasons[bad] = "heads and seq_len must be divisible by num_gpus"
+        reasons.set(bad, "heads and seq_len must be divisible by num_gpus")
         lh = h // np.maximum(tp, 1)
         ch = lh // c
-        reasons[((lh % c) != 0) & (reasons == None)] = "local heads not divisible by chunks"  # noqa: E711
-        attn = df.select("dtype", "block_m", "block_n", "num_stages", "num_warps", "causal").with_columns(
-            pl.Series("batch", b), pl.Series("heads", np.maximum(ch, 1)), pl.Series("seq_len", s),
-            pl.Series("head_dim", d))
-        comp, ok, sms = _eval_compute(attn, gpus, "attention", engine)
+        reasons.set((lh % c) != 0, "local heads not divisible by chunks")
+        tiles = df.select("dtype", "block_m", "block_n", "num_stages", "num_warps", "causal")
+
+        def compute(need):
+            return _eval_compute(tiles, {"dtype": dcode}, np.arange(n_rows),
+                                 {"batch": b, "heads": np.maximum(ch, 1), "seq_len": s, "head_dim": d},
+                                 gcode, gnames, need, "attention", engine)
         # a rank's all-to-all send buffer for one chunk of heads: its sequence shard x chunk heads x tp
         per = _as_bytes(b * (s // np.maximum(tp, 1)) * np.maximum(ch, 1) * tp * d * e_in, reasons)
         comm_frames = [("all_to_all", per)]
         lead = "comm"
-    coll = pl.DataFrame({**coll_base, "collective": [comm_frames[0][0]] * n_rows,
+    coll = pl.DataFrame({**coll_base, "collective": _repeat(comm_frames[0][0], n_rows),
                          "bytes": np.maximum(comm_frames[0][1], 1)})
     cres = eval_coll(coll)
     comm = cres["latency_us"].to_numpy()
-    chan = _per_system(systems, default_channels, np.float64)
+    cfeas = cres["feasible"].to_numpy()
+    r_coll = cres["infeasible_reason"]
+    # the compute chunks of the rows whose reason is already known (their own, or their
+    # collective's) are never shown: not evaluated
+    comp, ok, sms = compute(reasons.none() & (cfeas | r_coll.is_null().to_numpy()))
+    chan = np.array([default_channels(x) for x in sys_objs], dtype=np.float64)[sys_code]
     slow = sms / np.maximum(sms - chan, 1.0)
     if family in ("ulysses", "moe_ep"):
         # ulysses: three all-to-alls (Q, K, V) before attention and one (O) after, per
@@ -358,11 +465,16 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
         comm_total = c * comm
         chunk_comm = comm
     comp_total = c * comp
-    cfeas = cres["feasible"].to_numpy()
-    r_coll = cres["infeasible_reason"].to_numpy()
-    reasons = np.where((reasons == None) & ~cfeas, r_coll, reasons)  # noqa: E711
-    reasons = np.where((reasons == None) & ~ok, "compute chunk infeasible (see the compute family)", reasons)  # noqa: E711
-    feasible = reasons == None  # noqa: E711
+    # the first reason: the row's own, the collective's, the compute chunk's
+    fused = reasons.series()
+    if not cfeas.all():
+        fused = pl.select(pl.when(pl.Series(reasons.none() & ~cfeas)).then(r_coll)
+                          .otherwise(fused)).to_series()
+    if not ok.all():
+        fused = pl.select(pl.when(fused.is_null() & pl.Series(~ok))
+                          .then(pl.lit("compute chunk infeasible (see the compute family)"))
+                          .otherwise(fused)).to_series()
+    feasible = fused.is_null().to_numpy()
     lat = np.where(feasible, total_t, np.nan)
     exposed = lat - comp_total
     hidden = comp_total + comm_total - lat
@@ -370,14 +482,14 @@ def evaluate_fused(frame: pl.DataFrame, family: str, engine) -> pl.DataFrame:
     return frame.with_columns(
         pl.Series("latency_us", lat),
         pl.Series("feasible", feasible),
-        pl.Series("infeasible_reason", reasons.tolist(), dtype=pl.String),
+        fused.alias("infeasible_reason"),
         pl.Series("compute_us", np.where(feasible, comp_total, np.nan)),
         pl.Series("comm_us", np.where(feasible, comm_total, np.nan)),
         pl.Series("chunk_compute_us", np.where(feasible, comp, np.nan)),
         pl.Series("chunk_comm_us", np.where(feasible, chunk_comm, np.nan)),
         pl.Series("exposed_comm_us", np.where(feasible, exposed, np.nan)),
         pl.Series("overlap_pct", np.where(feasible, overlap, np.nan)),
-        pl.Series("comm_collective", [comm_frames[0][0]] * n_rows, dtype=pl.String),
+        _repeat(comm_frames[0][0], n_rows).alias("comm_collective"),
         pl.Series("chunk_comm_bytes", np.maximum(comm_frames[0][1], 1).astype(np.int64)),
         pl.Series("comm_algorithm", cres["algorithm_used"], dtype=pl.String),
         pl.Series("comm_protocol", cres["protocol_used"], dtype=pl.String),

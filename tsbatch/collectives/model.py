@@ -100,6 +100,35 @@ def validate(frame: pl.DataFrame, where: str = "candidates") -> pl.DataFrame:
 _KEY = ["_system", "collective", "num_gpus", "_gpn", "_algorithm", "_protocol", "_channels"]
 
 
+def _plan_index(df: pl.DataFrame) -> tuple[np.ndarray, pl.DataFrame]:
+    """Group the rows of ``df`` by their :data:`_KEY` columns: ``(inv, keys)``, ``inv[i]``
+    row ``i``'s group in order of first appearance, ``keys`` the :data:`_KEY` columns of
+    each group (a row per group, in that order). A column equal in every row is left out of the key; when only integer columns
+    are left (the fused families: one system and collective, num_gpus varying), the
+    rows are grouped by :func:`tsbatch.kernels.rowhash.dedup_rows` over them (null as
+    -1: every value is positive); otherwise by ``unique(maintain_order=True)`` and a
+    left join (coding text columns first costs more than the join saves)."""
+    from tsbatch.kernels.rowhash import dedup_rows
+
+    n = df.height
+    parts = []
+    for c in _KEY:
+        s = df.get_column(c)
+        nulls = s.null_count()
+        if nulls == n or (nulls == 0 and (s == s[0]).all()):
+            continue  # one value (or null) in every row
+        if not s.dtype.is_integer():
+            keys = df.select(_KEY).unique(maintain_order=True).with_row_index("_plan")
+            inv = df.join(keys, on=_KEY, how="left", nulls_equal=True,
+                          maintain_order="left")["_plan"].to_numpy().astype(np.int64)
+            return inv, keys.select(_KEY)
+        parts.append(s.cast(pl.Int64).fill_null(-1).to_numpy())
+    if not parts:
+        return np.zeros(n, dtype=np.int64), df.head(1).select(_KEY)
+    inv, rep = dedup_rows(np.column_stack(parts))
+    return inv, df[rep].select(_KEY)
+
+
 def plans_to_arrays(plans: list[Plan]) -> dict:
     """Concatenate plans into the kernel's CSR arrays (link ids offset per plan).
 
@@ -169,15 +198,13 @@ def evaluate(frame: pl.DataFrame, hw=None, *, where: str = "candidates") -> pl.D
             pl.lit(None, dtype=pl.Int64).alias("stages"), pl.lit(None, dtype=pl.String).alias("bottleneck_link"),
             pl.lit(None, dtype=pl.Float64).alias("alg_bw_gbps"), pl.lit(None, dtype=pl.Float64).alias("bus_bw_gbps"))
     df = validate(frame, where)
-    keys = df.select(_KEY).unique(maintain_order=True).with_row_index("_plan")
+    plan_idx, keys = _plan_index(df)
     plans = [build_plan(r[0], r[1], int(r[2]), int(r[3]), r[4], r[5], None if r[6] is None else int(r[6]))
-             for r in keys.select(_KEY).iter_rows()]
+             for r in keys.iter_rows()]
     arrays = plans_to_arrays(plans)
     feasible_plan = np.array([p.feasible for p in plans], dtype=bool)
-    joined = df.join(keys, on=_KEY, how="left", nulls_equal=True, maintain_order="left")
-    plan_idx = joined["_plan"].to_numpy().astype(np.int64)
     row_plan = np.where(feasible_plan[plan_idx], plan_idx, -1)
-    nbytes = joined["bytes"].to_numpy().astype(np.float64)
+    nbytes = df["bytes"].to_numpy().astype(np.float64)
     var_index = arrays.pop("var_index")
     lat, var, link, _bw = evaluate_rows(row_plan, np.full(len(row_plan), -1, dtype=np.int64), nbytes, **arrays)
     # per-variant and per-link labels, gathered by index (no per-row Python)
@@ -195,8 +222,8 @@ def evaluate(frame: pl.DataFrame, hw=None, *, where: str = "candidates") -> pl.D
     feasible = row_plan >= 0
     vi = pl.Series(np.where(var >= 0, var, n_var))
     li = pl.Series(np.where(link >= 0, link, n_link))
-    n = joined["num_gpus"].to_numpy().astype(np.float64)
-    coll = joined["collective"].cast(pl.String)
+    n = df["num_gpus"].to_numpy().astype(np.float64)
+    coll = df["collective"].cast(pl.String)
     factor = np.where((coll == "all_reduce").to_numpy(), 2.0 * (n - 1) / n,
                       np.where(coll.is_in(["all_gather", "reduce_scatter", "all_to_all"]).to_numpy(),
                                (n - 1) / n, 1.0))
