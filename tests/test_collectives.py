@@ -747,3 +747,25 @@ def test_full_mesh_node_never_faster_with_slower_links(collective, n):
             assert np.all(cur >= prev * (1 - 1e-12))
             assert cur[-1] > prev[-1]  # the 1 GiB row is bandwidth-bound
         prev = cur
+
+
+def test_engine_accepts_null_and_auto_forcing_columns():
+    """Through the engine (``evaluate(..., family="collective")``), a null or ``auto``
+    in the optional ``algorithm`` / ``protocol`` columns means "chosen as NCCL does",
+    as the collectives model reads them; an empty or unknown text is still an error."""
+    from tsbatch.engine.evaluate import evaluate as engine_evaluate
+
+    base = dict(system=["dgx_h100"] * 4, collective=["all_reduce"] * 4, num_gpus=[8] * 4,
+                bytes=[1 << 20] * 4)
+    t = pl.DataFrame({**base, "algorithm": ["auto", None, "ring", None],
+                      "protocol": [None, "auto", "simple", None]})
+    got = engine_evaluate(t, "h100", family="collective")
+    chosen = engine_evaluate(pl.DataFrame(base), "h100", family="collective")
+    for i in (0, 1, 3):  # chosen rows: the same as with no forcing columns at all
+        assert got["latency_us"][i] == chosen["latency_us"][i]
+        assert got["algorithm_used"][i] == chosen["algorithm_used"][i]
+    assert got["algorithm_used"][2] == "ring" and got["protocol_used"][2] == "simple"
+    for bad in ("", "bogus"):
+        with pytest.raises(InputError, match="column 'algorithm' has unknown value"):
+            engine_evaluate(t.with_columns(algorithm=pl.Series([bad, None, "ring", None])),
+                            "h100", family="collective")

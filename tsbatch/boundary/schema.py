@@ -298,6 +298,12 @@ def validate(df: pl.DataFrame, family: Family, offset: int = 0) -> tuple[dict, n
         if c.choices:
             unknown = sorted(set(uniq if uniq is not None else np.unique(arr.astype(str)).tolist())
                              - set(c.choices))
+            fillv = c.default if c.default is not None else ""
+            if (unknown and has_null and not c.required and fillv in unknown
+                    and not (arr[~nulls] == fillv).any()):
+                # a null of an optional column reads as its default (the family's
+                # own "chosen"), not as a value to check
+                unknown.remove(fillv)
             if unknown:
                 i = _first_bad(arr.astype(str) == unknown[0])
                 raise InputError(f"column '{c.name}' has unknown value {unknown[0]!r} at row "
