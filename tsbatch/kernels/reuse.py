@@ -82,8 +82,8 @@ import math
 
 import numpy as np
 
-from tsbatch.kernels._config import (jit_borrow, jit_borrow_internal, jit_scalar, jit_serial,
-                                     jit_serial_internal)
+from tsbatch.kernels._config import (jit_borrow, jit_borrow_internal, jit_scalar,
+                                     jit_scalar_call, jit_serial, jit_serial_internal)
 from tsbatch.kernels._extern import separately_linked
 from tsbatch.kernels._records import Batch, Book, Memo, Problem, Scratch
 from tsbatch.kernels._threads import num_threads, run_shares
@@ -746,6 +746,14 @@ def _live_tensors(per_step, tbytes, mask, P, g0, g1, g2):
     return out
 
 
+@jit_scalar_call
+def _sdcm_at(d, unit, assoc, blocks):
+    """``hit_prob_gauss(d / unit, assoc, blocks)``, left as a call: the closed
+    form's four call sites share one compiled copy (a cold start compiles it
+    once instead of inlining the SDCM four times)."""
+    return hit_prob_gauss(d / unit, assoc, blocks)
+
+
 @jit_scalar
 def _column_groups(nw, nsm, g15, ngroups):
     """The L1.5 groups holding a program of a wave of ``nw`` programs (wave
@@ -872,8 +880,8 @@ def _cache_column(b, i):
             continue  # a block per program, never touched before: (0, 0, 1)
         a_q = tot - h_q - bt
         d = tot - bt
-        e = hit_prob_gauss(d / unit, assoc15, B15) if use15 else 0.0
-        h_re = hit_prob_gauss(d / unit, assoc2, B2)
+        e = _sdcm_at(d, unit, assoc15, B15) if use15 else 0.0
+        h_re = _sdcm_at(d, unit, assoc2, B2)
         acc = 0.0
         hit15 = 0.0
         req2 = 0.0
@@ -890,7 +898,7 @@ def _cache_column(b, i):
             if key != ckey:
                 ckey = key
                 run = nw * s_priv + s_sh
-                skip = hit_prob_gauss(run / unit, assoc2, B2) >= 1.0 - 1e-12
+                skip = _sdcm_at(run, unit, assoc2, B2) >= 1.0 - 1e-12
                 x = 0.0
                 if w >= 1:
                     base = (a_q + h_q) + (0.0 + conc * once)
@@ -899,8 +907,7 @@ def _cache_column(b, i):
                     h = 0.0
                     for k in range(ks):
                         s = math.floor((k + 0.5) * ksteps / ks)
-                        h += hit_prob_gauss((base + (kf - 1.0 - s) * u1 + s * u2) / unit,
-                                            assoc2, B2)
+                        h += _sdcm_at(base + (kf - 1.0 - s) * u1 + s * u2, unit, assoc2, B2)
                     x = h / ks
             G = _column_groups(nw, nsm, g15, ngroups) if use15 else 1
             s15 = (nw - G) * e
