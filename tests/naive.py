@@ -300,6 +300,88 @@ def cache_hit_rates_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, 
     return h15, h2, dram
 
 
+def cache_column_one(g0, conc, ksteps, mask, per_step, tbytes, cap2, assoc2, nsm, g15,
+                     cap15, assoc15, k_samples=4, max_waves=8, weights=True, drop_zero=True):
+    """Twin of ``reuse._cache_column``: per-tensor ``(h15, h2, dram)`` lists of a
+    one-column grid (``g1 == g2 == 1``, a panel order, integer block sizes) in
+    closed form, wave type by wave type.
+
+    A per-step tensor not reused along the rows has a block per program, never
+    touched twice: ``(0, 0, 1)``. One reused along the rows is one block: per
+    step of a wave of ``nw`` programs its first touch is program 0's (cold in
+    wave 0; else previous touch in the last program of the wave before, at the
+    cross-wave distance ``tail + head + once bytes of that wave + (kf - 1 - s)
+    footprint(wave before) + s footprint(wave)``, averaged over the sampled
+    steps ``s``); its ``nw - 1`` re-touches have one access of every other
+    tensor in between (distance ``B - b``, in the step and in an L1.5
+    group's subsequence alike), ``G`` of its accesses (the groups the wave
+    reaches) are first in their L1.5 group. The sampled waves and their
+    weights are ``reuse._cache_one``'s.
+    """
+    T = len(mask)
+    h15 = [0.0] * T
+    h2 = [0.0] * T
+    dram = [1.0] * T
+    step_t = [t for t in range(T) if per_step[t]]
+    P = g0
+    if not step_t or P == 0:
+        return h15, h2, dram
+    unit = sum(tbytes[t] for t in step_t) / len(step_t)
+    shared = [bool(per_step[t]) and g0 > 1 and bool(mask[t] & 1) for t in range(T)]
+    s_sh = sum(tbytes[t] for t in step_t if shared[t])
+    s_priv = sum(tbytes[t] for t in step_t if not shared[t])
+    tot = s_priv + s_sh
+    once = sum(tbytes[t] for t in range(T) if not per_step[t])
+    use15 = g15 > 0 and cap15 > 0 and assoc15 > 0
+    ngroups = -(-nsm // g15) if use15 else 1
+    W = -(-P // conc)
+    waves = list(range(W)) if W <= max_waves else sorted(
+        {(i * (W - 1)) // (max_waves - 1) for i in range(max_waves)})
+    wt_in = (W - 2.0) / (max_waves - 2.0) if weights and W > max_waves and max_waves > 2 else 1.0
+    ks = min(ksteps, k_samples)
+    svals = [math.floor((i + 0.5) * ksteps / ks) for i in range(ks)]
+    kf = float(ksteps)
+
+    def sdcm2(d):
+        return hit_prob_gauss(d / unit, assoc2, cap2 / unit)
+
+    head = 0.0
+    for t in step_t:
+        b = tbytes[t]
+        h_q, head = head, head + b
+        if not shared[t] or (b == 0 and drop_zero):
+            continue
+        d = tot - b
+        e = hit_prob_gauss(d / unit, assoc15, cap15 / unit) if use15 else 0.0
+        acc = hit15 = req2 = hit2 = 0.0
+        for w in waves:
+            nw = min(conc, P - w * conc)
+            foot = nw * s_priv + s_sh
+            x = 0.0
+            if w >= 1:
+                base = (tot - h_q - b) + h_q + conc * once
+                u1 = conc * s_priv + s_sh
+                x = sum(sdcm2(base + (kf - 1 - s) * u1 + s * foot) for s in svals) / ks
+            G = min(ngroups, -(-min(nw, nsm) // g15)) if use15 else 1
+            h_re = 1.0 if sdcm2(foot) >= 1.0 - 1e-12 else sdcm2(d)
+            s15 = (nw - G) * e
+            c_acc = kf * nw
+            c_15 = kf * s15
+            c_req = kf * (nw - s15)
+            c_hit = kf * (x + (G - 1) * h_re + (nw - G) * (1.0 - e) * h_re)
+            wt = wt_in if 0 < w < W - 1 else 1.0
+            acc += wt * c_acc
+            hit15 += wt * c_15
+            req2 += wt * c_req
+            hit2 += wt * c_hit
+        if acc == 0.0:
+            continue
+        h15[t] = hit15 / acc
+        h2[t] = hit2 / req2 if req2 > 0.0 else 0.0
+        dram[t] = (req2 - hit2) / acc
+    return h15, h2, dram
+
+
 # ----------------------------------------------------------------------
 # resident tiles (tsbatch/kernels/occupancy.py docstring)
 # ----------------------------------------------------------------------

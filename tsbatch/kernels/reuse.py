@@ -82,8 +82,8 @@ import math
 
 import numpy as np
 
-from tsbatch.kernels._config import (jit_borrow, jit_borrow_internal, jit_scalar, jit_serial,
-                                     jit_serial_internal)
+from tsbatch.kernels._config import (jit_borrow, jit_borrow_internal, jit_scalar,
+                                     jit_scalar_call, jit_serial, jit_serial_internal)
 from tsbatch.kernels._extern import separately_linked
 from tsbatch.kernels._records import Batch, Book, Memo, Problem, Scratch
 from tsbatch.kernels._threads import num_threads, run_shares
@@ -746,6 +746,196 @@ def _live_tensors(per_step, tbytes, mask, P, g0, g1, g2):
     return out
 
 
+@jit_scalar_call
+def _sdcm_at(d, unit, assoc, blocks):
+    """``hit_prob_gauss(d / unit, assoc, blocks)``, left as a call: the closed
+    form's four call sites share one compiled copy (a cold start compiles it
+    once instead of inlining the SDCM four times)."""
+    return hit_prob_gauss(d / unit, assoc, blocks)
+
+
+@jit_scalar
+def _column_groups(nw, nsm, g15, ngroups):
+    """The L1.5 groups holding a program of a wave of ``nw`` programs (wave
+    slot ``p`` runs on SM ``p mod nsm``, of group ``(p mod nsm) div g15``)."""
+    m = nw if nw < nsm else nsm
+    g = (m + g15 - 1) // g15
+    return g if g < ngroups else ngroups
+
+
+@separately_linked
+@jit_borrow_internal
+def _cache_column(b, i):
+    """Problem ``i`` of batch ``b``, a grid of one column (``g1 == g2 == 1``,
+    a panel order), in closed form: the hit rates the wave-by-wave analysis
+    of :func:`_cache_one` gives it, without a wave's accesses. Returns
+    ``False``, having written nothing, where the closed form does not apply
+    (block sizes that are not integers, sums past :data:`EXACT_BYTES`, no
+    reduction step, no wave); the caller then simulates.
+
+    On a one-column grid every panel order issues the rows in order (program
+    ``p`` is row ``p``), and a per-step tensor has either a block per
+    program (not reused along the rows: *private*) or one block every
+    program reads (reused along the rows: *shared*). Per step of a wave of
+    ``nw`` programs (positions ``q`` of a program in tensor order, ``B`` the
+    bytes of a program's accesses, ``H_q`` / ``A_q`` those before / after
+    ``q``):
+
+    * a private block is touched once, by its program, never before: a first
+      touch in the step and in its L1.5 group, cross-wave hit 0 (``lastwave
+      = -1``): ``(0, 0, 1)``;
+    * the shared block's first touch is program 0's; every later touch has
+      exactly one access of every other tensor since the previous one, in the
+      step and in its L1.5 group's subsequence alike (the programs of a group
+      are consecutive in it): distance ``d_q = B - b_q``. Of the ``nw``
+      accesses, ``G`` (the groups the wave reaches) are first in their group
+      (``h15 = 0``) and ``nw - G`` hit L1.5 with ``e = SDCM15(d_q)``; the ``nw
+      - 1`` re-touches hit L2 with ``SDCM2(d_q)``, or ``1`` where the step's
+      footprint ``nw S_priv + S_shared`` surely hits (the fast paths' rule);
+    * the first touch of wave ``w >= 1`` has its previous touch in wave ``w
+      - 1`` (every wave reads the block; wave ``w - 1`` is always book-kept
+      and in the window, as the lookback is at least one wave), so
+      :func:`_cross_terms` gives ``u1 = ustep[w - 1] = conc S_priv +
+      S_shared`` (every wave but the last is full), ``u2 = nw S_priv +
+      S_shared``, ``umid = 0`` and ``base = A_q + H_q + conc once_bytes``
+      (the tail bytes in wave ``w - 1``'s last program, the head in program
+      0, the once-per-tile bytes of wave ``w - 1``); wave 0's is cold (0).
+
+    A wave's sums depend on ``nw`` and on being wave 0 only; they are added
+    wave by wave in :func:`_cache_one`'s order and weights (the sampled
+    waves, the interior weight applied to the running sums). The one
+    change of arithmetic: a tensor's L1.5 hit sum of a wave is ``(nw - G)
+    e`` where the simulation adds ``e`` access by access (or a group's
+    pre-summed pattern): relative differences of a few ulps times the wave's
+    programs (tests/test_cache_column.py holds the two to ``1e-12``). All
+    distances are sums of integer block sizes below :data:`EXACT_BYTES`:
+    exact, as in the simulation.
+    """
+    g0 = b.g0[i]
+    conc = b.conc[i]
+    ksteps = b.ksteps[i]
+    mask, per_step, tbytes = b.mask[i], b.per_step[i], b.tbytes[i]
+    T = mask.shape[0]
+    if g0 < 1 or conc < 1 or ksteps < 1 or b.k_samples < 1:
+        return False
+    P = g0
+    # the unit (the mean per-step block bytes, counting every per-step tensor),
+    # the bytes of a program's private and shared per-step blocks, once-per-tile bytes
+    n_step = 0
+    unit = 0.0
+    once = 0.0
+    s_priv = 0.0
+    s_sh = 0.0
+    for t in range(T):
+        x = tbytes[t]
+        if not (x >= 0.0 and x <= 1e12 and x == math.floor(x)):
+            return False
+        if per_step[t] != 0:
+            n_step += 1
+            unit += x
+            if g0 > 1 and (mask[t] & 1) != 0:
+                s_sh += x
+            else:
+                s_priv += x
+        else:
+            once += x
+    if n_step == 0 or not (unit > 0.0):
+        return False
+    if not ((s_priv + s_sh) * P < EXACT_BYTES and once * P < EXACT_BYTES):
+        return False
+    unit /= n_step
+    nsm, g15 = b.nsm[i], b.g15[i]
+    cap15, assoc15 = b.cap15[i], b.assoc15[i]
+    assoc2 = b.assoc2[i]
+    B2 = b.cap2[i] / unit
+    use15 = g15 > 0 and cap15 > 0.0 and assoc15 > 0
+    if use15 and nsm < 1:
+        return False
+    B15 = cap15 / unit
+    ngroups = (nsm + g15 - 1) // g15 if use15 else 1
+    W = (P + conc - 1) // conc
+    mw = b.max_waves
+    nsamp = W if W <= mw else mw
+    wt_in = 1.0
+    if b.weights and W > mw and mw > 2:
+        wt_in = (W - 2.0) / (mw - 2.0)
+    ks = ksteps if ksteps < b.k_samples else b.k_samples
+    kf = float(ksteps)
+    out_h15, out_h2, out_dram = b.h15[i], b.h2[i], b.dram[i]
+    for t in range(T):
+        out_h15[t] = 0.0
+        out_h2[t] = 0.0
+        out_dram[t] = 1.0
+    tot = s_priv + s_sh
+    hq = 0.0  # bytes of a program's per-step accesses before tensor t's
+    for t in range(T):
+        if per_step[t] == 0:
+            continue
+        bt = tbytes[t]
+        h_q = hq
+        hq += bt
+        if bt == 0.0 and b.drop_zero:
+            continue  # moves nothing: (0, 0, 1)
+        if not (g0 > 1 and (mask[t] & 1) != 0):
+            continue  # a block per program, never touched before: (0, 0, 1)
+        a_q = tot - h_q - bt
+        d = tot - bt
+        e = _sdcm_at(d, unit, assoc15, B15) if use15 else 0.0
+        h_re = _sdcm_at(d, unit, assoc2, B2)
+        acc = 0.0
+        hit15 = 0.0
+        req2 = 0.0
+        hit2 = 0.0
+        ckey = np.int64(-1)  # the wave (size, not wave 0) of the cached x and skip
+        x = 0.0
+        skip = False
+        for si in range(nsamp):
+            w = si if W <= mw else (si * (W - 1)) // (mw - 1)
+            nw = P - w * conc
+            if nw > conc:
+                nw = conc
+            key = 2 * nw + (1 if w >= 1 else 0)
+            if key != ckey:
+                ckey = key
+                run = nw * s_priv + s_sh
+                skip = _sdcm_at(run, unit, assoc2, B2) >= 1.0 - 1e-12
+                x = 0.0
+                if w >= 1:
+                    base = (a_q + h_q) + (0.0 + conc * once)
+                    u1 = conc * s_priv + s_sh
+                    u2 = run
+                    h = 0.0
+                    for k in range(ks):
+                        s = math.floor((k + 0.5) * ksteps / ks)
+                        h += _sdcm_at(base + (kf - 1.0 - s) * u1 + s * u2, unit, assoc2, B2)
+                    x = h / ks
+            G = _column_groups(nw, nsm, g15, ngroups) if use15 else 1
+            s15 = (nw - G) * e
+            scale = wt_in != 1.0 and 0 < w < W - 1
+            sa = acc
+            sb = hit15
+            sc_ = req2
+            sd = hit2
+            acc += kf * nw
+            hit15 += kf * s15
+            req2 += kf * (nw - s15)
+            if skip:
+                hit2 += kf * ((nw - 1 - s15) + x)
+            else:
+                hit2 += kf * (x + (G - 1) * h_re + (nw - G) * (1.0 - e) * h_re)
+            if scale:
+                acc = sa + wt_in * (acc - sa)
+                hit15 = sb + wt_in * (hit15 - sb)
+                req2 = sc_ + wt_in * (req2 - sc_)
+                hit2 = sd + wt_in * (hit2 - sd)
+        if acc == 0.0:
+            continue
+        out_h15[t] = hit15 / acc
+        out_h2[t] = hit2 / req2 if req2 > 0.0 else 0.0
+        out_dram[t] = (req2 - hit2) / acc
+    return True
+
+
 @separately_linked
 @jit_serial_internal
 def _cache_one(b, i):
@@ -759,6 +949,8 @@ def _cache_one(b, i):
     out_h15, out_h2, out_dram = b.h15[i], b.h2[i], b.dram[i]
     k_samples, max_waves, max_lookback = b.k_samples, b.max_waves, b.max_lookback
     fast = b.fast
+    if fast and b.column and g1 == 1 and g2 == 1 and order != ORDER_ZORDER and _cache_column(b, i):
+        return
     T = mask.shape[0]
     P = g0 * g1 * g2
     # the unit: the mean block bytes of the per-step tensors, counting every one
@@ -1844,7 +2036,7 @@ def _cache_rows(b, perm, lo, hi):
 def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                     cap2, assoc2, nsm, g15, cap15, assoc15, k_samples=4, max_waves=1 << 30,
                     max_lookback=1 << 30, general=False, interior_weights=True,
-                    drop_zero=True, seq_book=True):
+                    drop_zero=True, seq_book=True, column=True):
     """Per-tensor hit rates for a batch of cache problems.
 
     Parameters are 1-D arrays of length ``n`` (one cache problem each) except
@@ -1904,7 +2096,7 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
                   k_samples=int(k_samples), max_waves=int(max(max_waves, 2)),
                   max_lookback=int(max(max_lookback, 1)), fast=not general,
                   weights=bool(interior_weights), drop_zero=bool(drop_zero),
-                  seq_book=bool(seq_book), h15=h15, h2=h2, dram=dram)
+                  seq_book=bool(seq_book), column=bool(column), h15=h15, h2=h2, dram=dram)
     run_shares(_cache_rows, (batch, perm), bounds)
     return h15, h2, dram
 
