@@ -754,6 +754,13 @@ def _sdcm_at(d, unit, assoc, blocks):
     return hit_prob_gauss(d / unit, assoc, blocks)
 
 
+@separately_linked
+@jit_scalar_call
+def _weigh(s, new, wt):
+    """``s + wt (new - s)``: a sampled interior wave's sums weighted."""
+    return s + wt * (new - s)
+
+
 @jit_scalar
 def _column_groups(nw, nsm, g15, ngroups):
     """The L1.5 groups holding a program of a wave of ``nw`` programs (wave
@@ -924,10 +931,10 @@ def _cache_column(b, i):
             else:
                 hit2 += kf * (x + (G - 1) * h_re + (nw - G) * (1.0 - e) * h_re)
             if scale:
-                acc = sa + wt_in * (acc - sa)
-                hit15 = sb + wt_in * (hit15 - sb)
-                req2 = sc_ + wt_in * (req2 - sc_)
-                hit2 = sd + wt_in * (hit2 - sd)
+                acc = _weigh(sa, acc, wt_in)
+                hit15 = _weigh(sb, hit15, wt_in)
+                req2 = _weigh(sc_, req2, wt_in)
+                hit2 = _weigh(sd, hit2, wt_in)
         if acc == 0.0:
             continue
         out_h15[t] = hit15 / acc
@@ -1131,10 +1138,10 @@ def _cache_planes(b, i):
             else:
                 hit2 += kf * (x + (sg - nseg) * h_re + (nw - sg) * (1.0 - e) * h_re)
             if scale:
-                acc = sa + wt_in * (acc - sa)
-                hit15 = sb + wt_in * (hit15 - sb)
-                req2 = sc_ + wt_in * (req2 - sc_)
-                hit2 = sd + wt_in * (hit2 - sd)
+                acc = _weigh(sa, acc, wt_in)
+                hit15 = _weigh(sb, hit15, wt_in)
+                req2 = _weigh(sc_, req2, wt_in)
+                hit2 = _weigh(sd, hit2, wt_in)
         if acc == 0.0:
             continue
         out_h15[t] = hit15 / acc
