@@ -1234,3 +1234,97 @@ def bottleneck_one(util, lat: float, launch: float, min_util: float, n_res: int)
     if best < min_util:
         return n_res + 1 if launch > 0.5 * lat else n_res
     return idx
+
+
+# ----------------------------------------------------------------------
+# cache problems whose per-step blocks are keyed by the plane (attention's
+# K and V) in closed form (tsbatch/kernels/reuse.py, _cache_planes)
+# ----------------------------------------------------------------------
+def cache_planes_one(g0, g1, g2, conc, ksteps, mask, per_step, tbytes, cap2, assoc2, nsm,
+                     g15, cap15, assoc15, k_samples=4, max_waves=8, weights=True,
+                     drop_zero=True):
+    """Twin of ``reuse._cache_planes``: per-tensor ``(h15, h2, dram)`` lists of
+    a panel-order grid whose per-step tensors (those moving bytes) all have a
+    block per plane (reused along rows and columns) or all one block, integer
+    block sizes. The programs reading a block are a segment of ``R``
+    consecutive programs (``g0 g1`` or the whole grid). Per step of a wave,
+    segment by segment: its first slot is a first touch (cold, or, when the
+    segment began in the wave before, the cross-wave distance ``tail + head +
+    once bytes of that wave + (kf - 1 - s) footprint(wave before) + s
+    footprint(wave)``, footprints ``segments x B``, averaged over the sampled
+    steps ``s``); its other slots re-touch at distance ``B - b``, the first
+    slot of the segment in each L1.5 group (counted here slot by slot) hitting
+    L2 only. The sampled waves and their weights are ``reuse._cache_one``'s.
+    """
+    T = len(mask)
+    h15 = [0.0] * T
+    h2 = [0.0] * T
+    dram = [1.0] * T
+    step_t = [t for t in range(T) if per_step[t]]
+    P = g0 * g1 * g2
+    if not step_t or P == 0:
+        return h15, h2, dram
+    span = (1 if g0 > 1 else 0) | (2 if g1 > 1 else 0) | (4 if g2 > 1 else 0)
+    live = [t for t in step_t if not (tbytes[t] == 0 and drop_zero)]
+    keyed = {span & ~mask[t] for t in live}
+    assert len(keyed) == 1 and keyed <= {0, 4}, "not a plane-keyed problem"
+    R = g0 * g1 if keyed == {4} else P
+    unit = sum(tbytes[t] for t in step_t) / len(step_t)
+    tot = sum(tbytes[t] for t in step_t)
+    once = sum(tbytes[t] for t in range(T) if not per_step[t])
+    use15 = g15 > 0 and cap15 > 0 and assoc15 > 0
+    W = -(-P // conc)
+    waves = list(range(W)) if W <= max_waves else sorted(
+        {(i * (W - 1)) // (max_waves - 1) for i in range(max_waves)})
+    wt_in = (W - 2.0) / (max_waves - 2.0) if weights and W > max_waves and max_waves > 2 else 1.0
+    ks = min(ksteps, k_samples)
+    svals = [math.floor((i + 0.5) * ksteps / ks) for i in range(ks)]
+    kf = float(ksteps)
+
+    def sdcm2(d):
+        return hit_prob_gauss(d / unit, assoc2, cap2 / unit)
+
+    def segments(start, nw):
+        """Slot lists of the segments of the wave's programs ``start ..``."""
+        segs = {}
+        for p in range(nw):
+            segs.setdefault((start + p) // R, []).append(p)
+        return list(segs.values())
+
+    head = 0.0
+    for t in step_t:
+        b = tbytes[t]
+        h_q, head = head, head + b
+        if b == 0 and drop_zero:
+            continue
+        d = tot - b
+        e = hit_prob_gauss(d / unit, assoc15, cap15 / unit) if use15 else 0.0
+        acc = hit15 = req2 = hit2 = 0.0
+        for w in waves:
+            start = w * conc
+            nw = min(conc, P - start)
+            segs = segments(start, nw)
+            foot = len(segs) * tot
+            x = 0.0
+            if w >= 1 and start % R != 0:
+                prev = len(segments(start - conc, conc))
+                base = (tot - h_q - b) + h_q + conc * once
+                x = sum(sdcm2(base + (kf - 1 - s) * prev * tot + s * foot) for s in svals) / ks
+            G = sum(len({(p % nsm) // g15 for p in sl}) if use15 else 1 for sl in segs)
+            h_re = 1.0 if sdcm2(foot) >= 1.0 - 1e-12 else sdcm2(d)
+            s15 = (nw - G) * e
+            c_acc = kf * nw
+            c_15 = kf * s15
+            c_req = kf * (nw - s15)
+            c_hit = kf * (x + (G - len(segs)) * h_re + (nw - G) * (1.0 - e) * h_re)
+            wt = wt_in if 0 < w < W - 1 else 1.0
+            acc += wt * c_acc
+            hit15 += wt * c_15
+            req2 += wt * c_req
+            hit2 += wt * c_hit
+        if acc == 0.0:
+            continue
+        h15[t] = hit15 / acc
+        h2[t] = hit2 / req2 if req2 > 0.0 else 0.0
+        dram[t] = (req2 - hit2) / acc
+    return h15, h2, dram

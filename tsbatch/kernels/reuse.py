@@ -754,6 +754,13 @@ def _sdcm_at(d, unit, assoc, blocks):
     return hit_prob_gauss(d / unit, assoc, blocks)
 
 
+@separately_linked
+@jit_scalar_call
+def _weigh(s, new, wt):
+    """``s + wt (new - s)``: a sampled interior wave's sums weighted."""
+    return s + wt * (new - s)
+
+
 @jit_scalar
 def _column_groups(nw, nsm, g15, ngroups):
     """The L1.5 groups holding a program of a wave of ``nw`` programs (wave
@@ -906,7 +913,7 @@ def _cache_column(b, i):
                     u2 = run
                     h = 0.0
                     for k in range(ks):
-                        s = math.floor((k + 0.5) * ksteps / ks)
+                        s = float(((2 * k + 1) * ksteps) // (2 * ks))  # (no reciprocal under fastmath)
                         h += _sdcm_at(base + (kf - 1.0 - s) * u1 + s * u2, unit, assoc2, B2)
                     x = h / ks
             G = _column_groups(nw, nsm, g15, ngroups) if use15 else 1
@@ -924,10 +931,217 @@ def _cache_column(b, i):
             else:
                 hit2 += kf * (x + (G - 1) * h_re + (nw - G) * (1.0 - e) * h_re)
             if scale:
-                acc = sa + wt_in * (acc - sa)
-                hit15 = sb + wt_in * (hit15 - sb)
-                req2 = sc_ + wt_in * (req2 - sc_)
-                hit2 = sd + wt_in * (hit2 - sd)
+                acc = _weigh(sa, acc, wt_in)
+                hit15 = _weigh(sb, hit15, wt_in)
+                req2 = _weigh(sc_, req2, wt_in)
+                hit2 = _weigh(sd, hit2, wt_in)
+        if acc == 0.0:
+            continue
+        out_h15[t] = hit15 / acc
+        out_h2[t] = hit2 / req2 if req2 > 0.0 else 0.0
+        out_dram[t] = (req2 - hit2) / acc
+    return True
+
+
+@jit_scalar
+def _range_groups(lo, hi, nsm, g15, ngroups):
+    """The L1.5 groups holding a program of wave slots ``lo .. hi`` (slot ``p``
+    runs on SM ``p mod nsm``, of group ``(p mod nsm) div g15``)."""
+    if hi - lo + 1 >= nsm:
+        return ngroups
+    ga = (lo % nsm) // g15
+    gb = (hi % nsm) // g15
+    if lo % nsm <= hi % nsm:
+        return gb - ga + 1
+    if gb >= ga:
+        return ngroups
+    return (ngroups - ga) + (gb + 1)
+
+
+@separately_linked
+@jit_borrow_internal
+def _cache_planes(b, i):
+    """Problem ``i`` of batch ``b`` in closed form where every per-step
+    tensor's block is keyed by the grid's plane alone (reused along rows and
+    columns: attention's K and V, one block per batch x KV head and step) or
+    by nothing: the hit rates the wave-by-wave analysis of :func:`_cache_one`
+    gives it, without a wave's accesses. Returns ``False``, having written
+    nothing, where it does not apply (a z-order launch is the caller's test;
+    here block sizes that are not integers, sums past :data:`EXACT_BYTES`, a
+    per-step tensor keyed by a row or column of more than one tile, tensors
+    keyed differently, no reduction step); the caller then simulates.
+
+    Every panel order issues the planes one after the other, so the programs
+    reading a block are ``R`` consecutive ones (``R = g0 g1``, or the whole
+    grid for blocks keyed by nothing): a *segment*. Per step of a wave
+    (slots ``0 .. nw - 1``), with ``B`` the bytes of a program's per-step
+    accesses and ``H_q`` / ``A_q`` those before / after tensor ``q``'s:
+
+    * a segment's first slot in the wave is the block's first touch in the
+      step and in its L1.5 group; its previous touch is in wave ``w - 1``'s
+      last program where the segment began before the wave (slot 0 of a wave
+      ``w >= 1`` not starting a segment), else never (cold, ``0``). The
+      cross-wave terms (:func:`_cross_terms` with ``wp = w - 1``) are then
+      ``u1 = ustep[w - 1] = n_{w-1} B``, ``u2 = ustep[w] = n_w B`` (``n``:
+      the segments a wave reaches), ``umid = 0``, ``base = A_q + H_q + conc
+      once_bytes`` (wave ``w - 1`` is full, always book-kept and in the
+      window: the lookback is at least one wave);
+    * every other access of the segment has the previous slot's accesses
+      of the other tensors (the same segment's blocks) since its previous
+      touch, in the step and in its L1.5 group's subsequence alike (a
+      segment is a contiguous range of slots, a group's subsequence is in
+      slot order): distance ``B - b_q``. Of them, ``G_s - 1`` are first in
+      their group (``G_s``: the groups the segment's slots reach) and hit
+      L2 only with ``SDCM2(B - b_q)``; the rest hit L1.5 with ``e =
+      SDCM15(B - b_q)``; where the step's footprint ``n_w B`` surely hits
+      (the fast paths' rule) every re-touch hits L2.
+
+    So a wave's sums depend on ``nw``, its phase in the segments and on
+    being wave 0 only; they are added in :func:`_cache_one`'s order and
+    weights, as :func:`_cache_column` does (the same change of arithmetic:
+    a wave's L1.5 hit sum is ``(nw - sum G_s) e``)."""
+    g0, g1, g2 = b.g0[i], b.g1[i], b.g2[i]
+    conc = b.conc[i]
+    ksteps = b.ksteps[i]
+    mask, per_step, tbytes = b.mask[i], b.per_step[i], b.tbytes[i]
+    T = mask.shape[0]
+    if g0 < 1 or g1 < 1 or g2 < 1 or conc < 1 or ksteps < 1 or b.k_samples < 1:
+        return False
+    P = g0 * g1 * g2
+    span = 0
+    if g0 > 1:
+        span |= 1
+    if g1 > 1:
+        span |= 2
+    if g2 > 1:
+        span |= 4
+    n_step = 0
+    unit = 0.0
+    once = 0.0
+    tot = 0.0
+    keyed = -1  # the key dimensions of the per-step tensors: 4 (plane) or 0 (none)
+    for t in range(T):
+        x = tbytes[t]
+        if not (x >= 0.0 and x <= 1e12 and x == math.floor(x)):
+            return False
+        if per_step[t] != 0:
+            n_step += 1
+            unit += x
+            tot += x
+            if x == 0.0 and b.drop_zero:
+                continue  # moves nothing, at no distance: (0, 0, 1)
+            kd = span & ~mask[t]
+            if kd != 0 and kd != 4:
+                return False
+            if keyed >= 0 and kd != keyed:
+                return False
+            keyed = kd
+        else:
+            once += x
+    if n_step == 0 or not (unit > 0.0) or keyed < 0:
+        return False
+    if not (tot * P < EXACT_BYTES and once * P < EXACT_BYTES):
+        return False
+    R = g0 * g1 if keyed == 4 else P
+    unit /= n_step
+    nsm, g15 = b.nsm[i], b.g15[i]
+    cap15, assoc15 = b.cap15[i], b.assoc15[i]
+    assoc2 = b.assoc2[i]
+    B2 = b.cap2[i] / unit
+    use15 = g15 > 0 and cap15 > 0.0 and assoc15 > 0
+    if use15 and nsm < 1:
+        return False
+    B15 = cap15 / unit
+    ngroups = (nsm + g15 - 1) // g15 if use15 else 1
+    W = (P + conc - 1) // conc
+    mw = b.max_waves
+    nsamp = W if W <= mw else mw
+    wt_in = 1.0
+    if b.weights and W > mw and mw > 2:
+        wt_in = (W - 2.0) / (mw - 2.0)
+    ks = ksteps if ksteps < b.k_samples else b.k_samples
+    kf = float(ksteps)
+    out_h15, out_h2, out_dram = b.h15[i], b.h2[i], b.dram[i]
+    for t in range(T):
+        out_h15[t] = 0.0
+        out_h2[t] = 0.0
+        out_dram[t] = 1.0
+    hq = 0.0  # bytes of a program's per-step accesses before tensor t's
+    for t in range(T):
+        if per_step[t] == 0:
+            continue
+        bt = tbytes[t]
+        h_q = hq
+        hq += bt
+        if bt == 0.0 and b.drop_zero:
+            continue
+        a_q = tot - h_q - bt
+        d = tot - bt
+        e = _sdcm_at(d, unit, assoc15, B15) if use15 else 0.0
+        h_re = _sdcm_at(d, unit, assoc2, B2)
+        acc = 0.0
+        hit15 = 0.0
+        req2 = 0.0
+        hit2 = 0.0
+        ckey = np.int64(-1)  # the wave (size, phase, not wave 0) of the cached terms
+        x = 0.0
+        skip = False
+        nseg = 0
+        sg = 0
+        for si in range(nsamp):
+            w = si if W <= mw else (si * (W - 1)) // (mw - 1)
+            start = w * conc
+            nw = P - start
+            if nw > conc:
+                nw = conc
+            ph = start % R
+            key = (2 * nw + (1 if w >= 1 else 0)) * R + ph
+            if key != ckey:
+                ckey = key
+                nseg = (start + nw - 1) // R - start // R + 1
+                sg = 0
+                if use15:
+                    a = 0
+                    while a < nw:
+                        e_ = R - (start + a) % R  # slots left in this segment
+                        bb = a + e_ - 1
+                        if bb > nw - 1:
+                            bb = nw - 1
+                        sg += _range_groups(a, bb, nsm, g15, ngroups)
+                        a = bb + 1
+                else:
+                    sg = nseg
+                run = nseg * tot
+                skip = _sdcm_at(run, unit, assoc2, B2) >= 1.0 - 1e-12
+                x = 0.0
+                if w >= 1 and ph != 0:
+                    nprev = (start - 1) // R - (start - conc) // R + 1
+                    base = (a_q + h_q) + (0.0 + conc * once)
+                    u1 = nprev * tot
+                    u2 = run
+                    h = 0.0
+                    for k in range(ks):
+                        s = float(((2 * k + 1) * ksteps) // (2 * ks))  # (no reciprocal under fastmath)
+                        h += _sdcm_at(base + (kf - 1.0 - s) * u1 + s * u2, unit, assoc2, B2)
+                    x = h / ks
+            s15 = (nw - sg) * e
+            scale = wt_in != 1.0 and 0 < w < W - 1
+            sa = acc
+            sb = hit15
+            sc_ = req2
+            sd = hit2
+            acc += kf * nw
+            hit15 += kf * s15
+            req2 += kf * (nw - s15)
+            if skip:
+                hit2 += kf * ((nw - nseg - s15) + x)
+            else:
+                hit2 += kf * (x + (sg - nseg) * h_re + (nw - sg) * (1.0 - e) * h_re)
+            if scale:
+                acc = _weigh(sa, acc, wt_in)
+                hit15 = _weigh(sb, hit15, wt_in)
+                req2 = _weigh(sc_, req2, wt_in)
+                hit2 = _weigh(sd, hit2, wt_in)
         if acc == 0.0:
             continue
         out_h15[t] = hit15 / acc
@@ -950,6 +1164,8 @@ def _cache_one(b, i):
     k_samples, max_waves, max_lookback = b.k_samples, b.max_waves, b.max_lookback
     fast = b.fast
     if fast and b.column and g1 == 1 and g2 == 1 and order != ORDER_ZORDER and _cache_column(b, i):
+        return
+    if fast and b.column and order != ORDER_ZORDER and _cache_planes(b, i):
         return
     T = mask.shape[0]
     P = g0 * g1 * g2
