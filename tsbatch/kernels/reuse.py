@@ -48,7 +48,10 @@ form on the panel orders (:func:`_window_start`); the waves before it would
 be book-kept for nothing. With block sizes that are not integers (an average
 edge tile), where those sums are exact no more, the waves only book-kept are
 still book-kept per distinct block, their bytes added one by one in the
-per-access order (``seq``). A per-step tensor of zero bytes gets ``(0, 0,
+per-access order (``seq``), unless a tensor has a block per tile (as many
+blocks as accesses): then per distinct block with the integer sizes' sums,
+each as close to the exact sum as the per-access pass's running one. A
+per-step tensor of zero bytes gets ``(0, 0,
 1)`` and, where that is exact, leaves the sequence (:func:`_live_tensors`).
 ``cache_hit_rates(..., general=True)`` runs the original per-access code,
 which tests/test_cache_fast.py holds the fast path equal to (bench/cache_speed.py
@@ -826,11 +829,18 @@ def _cache_one(b, i):
         svals[i] = math.floor((i + 0.5) * ksteps / ks)
     kf = float(ksteps)
     # per-block book-keeping of the waves without hit rates (panel orders,
-    # integer block sizes: sums exact in any order)
-    blockbook = fast and not zorder
+    # integer block sizes: sums exact in any order; non-integer sizes where
+    # the sum-by-sum path below does not apply, see after it)
+    panels = fast and not zorder
+    big = False
+    nonint = False
     for t in range(T):
-        if per_step[t] != 0 and (tbytes[t] != math.floor(tbytes[t]) or tbytes[t] > 1e12):
-            blockbook = False
+        if per_step[t] != 0:
+            if tbytes[t] > 1e12:
+                big = True
+            if tbytes[t] != math.floor(tbytes[t]):
+                nonint = True
+    blockbook = panels and not big and not nonint
     gmb = group if group > 0 else 1
     if order == ORDER_ROW:
         gmb = 1
@@ -862,7 +872,6 @@ def _cache_one(b, i):
     runs = (conc + nsm - 1) // nsm  # runs of an L1.5 group in a wave
     # (a run crossing panels takes one layout entry per panel: room for two each)
     sigw = 12 * runs if gsig else 0
-    bg = L if blockbook and gsig else 0
     # the same per distinct block, sum by sum in the per-access order, for the
     # panel orders with block sizes of any value (the waves only book-kept);
     # where every per-step tensor is reused along the grid's rows or columns (a
@@ -872,6 +881,18 @@ def _cache_one(b, i):
     for t in range(T):
         if per_step[t] != 0 and mask[t] & 3 == 0:
             seqbook = False
+    # non-integer block sizes with a block-per-tile tensor (a MoE tile's other
+    # experts' weights), where that path is off: per distinct block after all,
+    # the waves only book-kept and the analysed ones whose footprint surely
+    # hits, and the window trimmed. Their sums (footprints, heads, tails, new
+    # bytes) are the per-access pass's terms added per tensor as counts times
+    # bytes: another order, each sum within gamma_m = m u / (1 - m u) relative
+    # of the exact one as the per-access pass's running sum is (u = 2^-53, m
+    # <= conc * n_step terms); tests/test_cache_block_per_tile.py. b.seq_book
+    # off keeps the per-access pass (the reference).
+    if panels and nonint and not big and not seqbook and b.seq_book:
+        blockbook = True
+    bg = L if blockbook and gsig else 0
     cand = conc if blockbook or seqbook else 0
     nrsc = runs * ngroups if gsig else 0
     # (no conditional expression among a record's keywords: numba cannot
@@ -1328,8 +1349,10 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
     is the bytes of the candidates at later access positions (each tensor's
     stream decreases in position ``p * n_step + q``, so per tensor a count
     read off a pointer): the per-access tail pass's running sum, summed in
-    another order, like ``ustep`` and ``newb``. The caller runs this only
-    when every block size is an integer (sums exact in any order).
+    another order, like ``ustep`` and ``newb``. The caller runs this when
+    every block size is an integer (sums exact in any order), or, with block
+    sizes of any value, when a tensor has a block per tile (where ``seq`` is
+    off): then each sum is as close to the exact one as the per-access pass's.
 
     ``seq``: any block sizes. The tail pass then adds the candidates' bytes one
     by one in order of position from the end (the tensors' streams merged):
@@ -1875,7 +1898,10 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
     tests/test_cache_zero.py). ``seq_book=False`` book-keeps the waves of
     non-integer block sizes access by access instead of per distinct block
     (the same sums in the same order: tests/test_cache_zero.py holds the two
-    equal to the bit).
+    equal to the bit), and so those of non-integer block sizes with a tensor
+    of a block per tile, which otherwise go per distinct block in another
+    order (counts times bytes: within ~1e-14 relative,
+    tests/test_cache_block_per_tile.py).
 
     Returns
     -------
