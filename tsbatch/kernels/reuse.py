@@ -1353,6 +1353,11 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
     every block size is an integer (sums exact in any order), or, with block
     sizes of any value, when a tensor has a block per tile (where ``seq`` is
     off): then each sum is as close to the exact one as the per-access pass's.
+    A tensor with a block per tile (``P`` ids: every tile of the wave a
+    candidate, its blocks touched in this wave alone) is only counted: the
+    other tensors' tails count its candidates after theirs in closed form,
+    its own blocks are new and keep no ``tail_b`` / ``lastwave`` (no later
+    wave reads them), as in :func:`_hits_blocks` (its cross-wave hits are 0).
 
     ``seq``: any block sizes. The tail pass then adds the candidates' bytes one
     by one in order of position from the end (the tensors' streams merged):
@@ -1399,7 +1404,11 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
                 k0 = kstr[t, 0]
                 k1 = kstr[t, 1]
                 c = clen[t]
-                if k0 != 0 and k1 != 0:
+                if koff[t + 1] - koff[t] == P and not seq:
+                    # a block per tile: every tile a candidate, counted only
+                    # (the tail pass's counts of it are closed-form)
+                    c += ib - ia
+                elif k0 != 0 and k1 != 0:
                     for inner in range(ib - 1, ia - 1, -1):
                         col = inner // size
                         k = kz + (first + inner - col * size) * k0 + col * k1
@@ -1498,12 +1507,24 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
     newb = 0.0
     fresh_all = w - 1 < valid_from
     ta, tb = _two_streams(T, clen)
+    nbpt = 0
+    for t in range(T):
+        if per_step[t] != 0 and koff[t + 1] - koff[t] == P:
+            nbpt += 1
+    if nbpt > 0:
+        tb = -1  # (the general loop below reads the block-per-tile counts)
     for t in range(T):
         nt = clen[t]
         if nt == 0:
             continue
         wt = tbytes[t]
         run += nt * wt
+        if koff[t + 1] - koff[t] == P:
+            # a block per tile: its blocks are touched in this wave alone, so no
+            # later wave reads their tail_b or lastwave (left unset); each is new
+            for _ in range(nt):
+                newb += wt
+            continue
         if tb >= 0:
             # two streams (a GEMM's A and B): one read pointer, no loop over tensors
             t2 = tb if t == ta else ta
@@ -1529,6 +1550,20 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
                 if t2 == t:
                     continue
                 n2 = clen[t2]
+                if n2 > 0 and koff[t2 + 1] - koff[t2] == P:
+                    # a block per tile: its candidates are the wave's tiles p at
+                    # positions p * n_step + q2; those after pos, counted
+                    q2 = 0
+                    for t3 in range(t2):
+                        if per_step[t3] != 0:
+                            q2 += 1
+                    lo = (pos - q2) // n_step + 1
+                    if lo < 0:
+                        lo = 0
+                    if lo > n2:
+                        lo = n2
+                    r += (n2 - lo) * tbytes[t2]
+                    continue
                 a = clen[T + t2]
                 while a < n2 and cp[t2, a] > pos:
                     a += 1
@@ -1624,7 +1659,11 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                 k0 = kstr[t, 0]
                 k1 = kstr[t, 1]
                 c = clen[t]
-                if k0 != 0 and k1 != 0:
+                if koff[t + 1] - koff[t] == P and not seq:
+                    # a block per tile: every tile a candidate, counted only
+                    # (the heads' counts of it are closed-form)
+                    c += ib - ia
+                elif k0 != 0 and k1 != 0:
                     for inner in range(ia, ib):
                         col = inner // size
                         k = kz + (first + inner - col * size) * k0 + col * k1
@@ -1726,12 +1765,24 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
     fresh_all = w - 1 < valid_from
     nft = np.int64(0)
     ta, tb = _two_streams(T, clen)
+    nbpt = 0
+    for t in range(T):
+        if per_step[t] != 0 and koff[t + 1] - koff[t] == P:
+            nbpt += 1
+    if nbpt > 0:
+        tb = -1  # (the general loop below reads the block-per-tile counts)
     for t in range(T):
         nt = clen[t]
         if nt == 0:
             continue
         wt = tbytes[t]
         run += nt * wt
+        if koff[t + 1] - koff[t] == P:
+            # a block per tile: never touched before this wave, so new, and its
+            # cross-wave hits are 0 (_cross_wave_hits' first test): no list entry
+            for _ in range(nt):
+                newb += wt
+            continue
         if tb >= 0:
             # two streams: one read pointer, no loop over tensors
             t2 = tb if t == ta else ta
@@ -1759,6 +1810,20 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                 if t2 == t:
                     continue
                 n2 = clen[t2]
+                if n2 > 0 and koff[t2 + 1] - koff[t2] == P:
+                    # a block per tile: the wave's tiles p at positions
+                    # p * n_step + q2; those before pos, counted
+                    q2 = 0
+                    for t3 in range(t2):
+                        if per_step[t3] != 0:
+                            q2 += 1
+                    hi = (pos - q2 + n_step - 1) // n_step
+                    if hi < 0:
+                        hi = 0
+                    if hi > n2:
+                        hi = n2
+                    r += hi * tbytes[t2]
+                    continue
                 a = clen[T + t2]
                 while a < n2 and cp[t2, a] < pos:
                     a += 1
@@ -1843,9 +1908,10 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
             continue
         nt = clen[t]
         cw = 0.0
-        for _ in range(nt):
-            cw += hx[i]
-            i += 1
+        if koff[t + 1] - koff[t] != P:
+            for _ in range(nt):
+                cw += hx[i]
+                i += 1
         s15 = s15w[q]
         q += 1
         bk.acc[t] += kf * nw
