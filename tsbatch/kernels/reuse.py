@@ -48,7 +48,10 @@ form on the panel orders (:func:`_window_start`); the waves before it would
 be book-kept for nothing. With block sizes that are not integers (an average
 edge tile), where those sums are exact no more, the waves only book-kept are
 still book-kept per distinct block, their bytes added one by one in the
-per-access order (``seq``). A per-step tensor of zero bytes gets ``(0, 0,
+per-access order (``seq``), unless a tensor has a block per tile (as many
+blocks as accesses): then per distinct block with the integer sizes' sums,
+each as close to the exact sum as the per-access pass's running one. A
+per-step tensor of zero bytes gets ``(0, 0,
 1)`` and, where that is exact, leaves the sequence (:func:`_live_tensors`).
 ``cache_hit_rates(..., general=True)`` runs the original per-access code,
 which tests/test_cache_fast.py holds the fast path equal to (bench/cache_speed.py
@@ -1234,11 +1237,18 @@ def _cache_one(b, i):
         svals[i] = math.floor((i + 0.5) * ksteps / ks)
     kf = float(ksteps)
     # per-block book-keeping of the waves without hit rates (panel orders,
-    # integer block sizes: sums exact in any order)
-    blockbook = fast and not zorder
+    # integer block sizes: sums exact in any order; non-integer sizes where
+    # the sum-by-sum path below does not apply, see after it)
+    panels = fast and not zorder
+    big = False
+    nonint = False
     for t in range(T):
-        if per_step[t] != 0 and (tbytes[t] != math.floor(tbytes[t]) or tbytes[t] > 1e12):
-            blockbook = False
+        if per_step[t] != 0:
+            if tbytes[t] > 1e12:
+                big = True
+            if tbytes[t] != math.floor(tbytes[t]):
+                nonint = True
+    blockbook = panels and not big and not nonint
     gmb = group if group > 0 else 1
     if order == ORDER_ROW:
         gmb = 1
@@ -1270,7 +1280,6 @@ def _cache_one(b, i):
     runs = (conc + nsm - 1) // nsm  # runs of an L1.5 group in a wave
     # (a run crossing panels takes one layout entry per panel: room for two each)
     sigw = 12 * runs if gsig else 0
-    bg = L if blockbook and gsig else 0
     # the same per distinct block, sum by sum in the per-access order, for the
     # panel orders with block sizes of any value (the waves only book-kept);
     # where every per-step tensor is reused along the grid's rows or columns (a
@@ -1280,6 +1289,18 @@ def _cache_one(b, i):
     for t in range(T):
         if per_step[t] != 0 and mask[t] & 3 == 0:
             seqbook = False
+    # non-integer block sizes with a block-per-tile tensor (a MoE tile's other
+    # experts' weights), where that path is off: per distinct block after all,
+    # the waves only book-kept and the analysed ones whose footprint surely
+    # hits, and the window trimmed. Their sums (footprints, heads, tails, new
+    # bytes) are the per-access pass's terms added per tensor as counts times
+    # bytes: another order, each sum within gamma_m = m u / (1 - m u) relative
+    # of the exact one as the per-access pass's running sum is (u = 2^-53, m
+    # <= conc * n_step terms); tests/test_cache_block_per_tile.py. b.seq_book
+    # off keeps the per-access pass (the reference).
+    if panels and nonint and not big and not seqbook and b.seq_book:
+        blockbook = True
+    bg = L if blockbook and gsig else 0
     cand = conc if blockbook or seqbook else 0
     nrsc = runs * ngroups if gsig else 0
     # (no conditional expression among a record's keywords: numba cannot
@@ -1736,8 +1757,15 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
     is the bytes of the candidates at later access positions (each tensor's
     stream decreases in position ``p * n_step + q``, so per tensor a count
     read off a pointer): the per-access tail pass's running sum, summed in
-    another order, like ``ustep`` and ``newb``. The caller runs this only
-    when every block size is an integer (sums exact in any order).
+    another order, like ``ustep`` and ``newb``. The caller runs this when
+    every block size is an integer (sums exact in any order), or, with block
+    sizes of any value, when a tensor has a block per tile (where ``seq`` is
+    off): then each sum is as close to the exact one as the per-access pass's.
+    A tensor with a block per tile (``P`` ids: every tile of the wave a
+    candidate, its blocks touched in this wave alone) is only counted: the
+    other tensors' tails count its candidates after theirs in closed form,
+    its own blocks are new and keep no ``tail_b`` / ``lastwave`` (no later
+    wave reads them), as in :func:`_hits_blocks` (its cross-wave hits are 0).
 
     ``seq``: any block sizes. The tail pass then adds the candidates' bytes one
     by one in order of position from the end (the tensors' streams merged):
@@ -1784,7 +1812,11 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
                 k0 = kstr[t, 0]
                 k1 = kstr[t, 1]
                 c = clen[t]
-                if k0 != 0 and k1 != 0:
+                if koff[t + 1] - koff[t] == P and not seq:
+                    # a block per tile: every tile a candidate, counted only
+                    # (the tail pass's counts of it are closed-form)
+                    c += ib - ia
+                elif k0 != 0 and k1 != 0:
                     for inner in range(ib - 1, ia - 1, -1):
                         col = inner // size
                         k = kz + (first + inner - col * size) * k0 + col * k1
@@ -1883,12 +1915,24 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
     newb = 0.0
     fresh_all = w - 1 < valid_from
     ta, tb = _two_streams(T, clen)
+    nbpt = 0
+    for t in range(T):
+        if per_step[t] != 0 and koff[t + 1] - koff[t] == P:
+            nbpt += 1
+    if nbpt > 0:
+        tb = -1  # (the general loop below reads the block-per-tile counts)
     for t in range(T):
         nt = clen[t]
         if nt == 0:
             continue
         wt = tbytes[t]
         run += nt * wt
+        if koff[t + 1] - koff[t] == P:
+            # a block per tile: its blocks are touched in this wave alone, so no
+            # later wave reads their tail_b or lastwave (left unset); each is new
+            for _ in range(nt):
+                newb += wt
+            continue
         if tb >= 0:
             # two streams (a GEMM's A and B): one read pointer, no loop over tensors
             t2 = tb if t == ta else ta
@@ -1914,6 +1958,20 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
                 if t2 == t:
                     continue
                 n2 = clen[t2]
+                if n2 > 0 and koff[t2 + 1] - koff[t2] == P:
+                    # a block per tile: its candidates are the wave's tiles p at
+                    # positions p * n_step + q2; those after pos, counted
+                    q2 = 0
+                    for t3 in range(t2):
+                        if per_step[t3] != 0:
+                            q2 += 1
+                    lo = (pos - q2) // n_step + 1
+                    if lo < 0:
+                        lo = 0
+                    if lo > n2:
+                        lo = n2
+                    r += (n2 - lo) * tbytes[t2]
+                    continue
                 a = clen[T + t2]
                 while a < n2 and cp[t2, a] > pos:
                     a += 1
@@ -2009,7 +2067,11 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                 k0 = kstr[t, 0]
                 k1 = kstr[t, 1]
                 c = clen[t]
-                if k0 != 0 and k1 != 0:
+                if koff[t + 1] - koff[t] == P and not seq:
+                    # a block per tile: every tile a candidate, counted only
+                    # (the heads' counts of it are closed-form)
+                    c += ib - ia
+                elif k0 != 0 and k1 != 0:
                     for inner in range(ia, ib):
                         col = inner // size
                         k = kz + (first + inner - col * size) * k0 + col * k1
@@ -2111,12 +2173,24 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
     fresh_all = w - 1 < valid_from
     nft = np.int64(0)
     ta, tb = _two_streams(T, clen)
+    nbpt = 0
+    for t in range(T):
+        if per_step[t] != 0 and koff[t + 1] - koff[t] == P:
+            nbpt += 1
+    if nbpt > 0:
+        tb = -1  # (the general loop below reads the block-per-tile counts)
     for t in range(T):
         nt = clen[t]
         if nt == 0:
             continue
         wt = tbytes[t]
         run += nt * wt
+        if koff[t + 1] - koff[t] == P:
+            # a block per tile: never touched before this wave, so new, and its
+            # cross-wave hits are 0 (_cross_wave_hits' first test): no list entry
+            for _ in range(nt):
+                newb += wt
+            continue
         if tb >= 0:
             # two streams: one read pointer, no loop over tensors
             t2 = tb if t == ta else ta
@@ -2144,6 +2218,20 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                 if t2 == t:
                     continue
                 n2 = clen[t2]
+                if n2 > 0 and koff[t2 + 1] - koff[t2] == P:
+                    # a block per tile: the wave's tiles p at positions
+                    # p * n_step + q2; those before pos, counted
+                    q2 = 0
+                    for t3 in range(t2):
+                        if per_step[t3] != 0:
+                            q2 += 1
+                    hi = (pos - q2 + n_step - 1) // n_step
+                    if hi < 0:
+                        hi = 0
+                    if hi > n2:
+                        hi = n2
+                    r += hi * tbytes[t2]
+                    continue
                 a = clen[T + t2]
                 while a < n2 and cp[t2, a] < pos:
                     a += 1
@@ -2228,9 +2316,10 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
             continue
         nt = clen[t]
         cw = 0.0
-        for _ in range(nt):
-            cw += hx[i]
-            i += 1
+        if koff[t + 1] - koff[t] != P:
+            for _ in range(nt):
+                cw += hx[i]
+                i += 1
         s15 = s15w[q]
         q += 1
         bk.acc[t] += kf * nw
@@ -2283,7 +2372,10 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
     tests/test_cache_zero.py). ``seq_book=False`` book-keeps the waves of
     non-integer block sizes access by access instead of per distinct block
     (the same sums in the same order: tests/test_cache_zero.py holds the two
-    equal to the bit).
+    equal to the bit), and so those of non-integer block sizes with a tensor
+    of a block per tile, which otherwise go per distinct block in another
+    order (counts times bytes: within ~1e-14 relative,
+    tests/test_cache_block_per_tile.py).
 
     Returns
     -------
