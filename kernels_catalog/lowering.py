@@ -697,22 +697,30 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     # without tensor cores runs on the CUDA cores (its use moves there)
     use_ptr = np.zeros(len(body) + 1, dtype=np.int64)
     use_res_l: list[int] = []
-    udur_l: list[np.ndarray] = []
+    # the durations are written into the chain's dedup key directly (its last column
+    # the tensor-core unit, as int64 bits); every rate but the tensor cores' is one
+    # number of the GPU (:func:`_rates`): a quotient by that scalar is the quotient
+    # by its broadcast column, bit for bit
+    n_use = sum(len(uses) for uses in sync_work)
+    rate_gpu = _rates(hw, 1)[0]
+    buf = np.empty((n, n_use + 1), dtype=np.float64)
     for k, uses in enumerate(sync_work):
         for col, w in uses:
+            dst = buf[:, len(use_res_l)]
             if col == R_TC:
                 # a dtype without tensor cores has a zero rate there: its rows take
                 # the CUDA-core quotient (the other one is not used)
                 tc_rate = rate[:, R_TC]
-                t = np.where(on_tc, w / np.where(tc_rate > 0, tc_rate, 1.0), w / rate[:, R_CUDA])
+                dst[:] = np.where(on_tc, w / np.where(tc_rate > 0, tc_rate, 1.0),
+                                  w / rate_gpu[R_CUDA])
+            elif rate_gpu[col] > 0:
+                np.divide(w, rate_gpu[col], out=dst)
             else:
-                t = w / rate[:, col] if (rate[:, col] > 0).all() else np.where(
-                    rate[:, col] > 0, w / np.where(rate[:, col] > 0, rate[:, col], 1.0), 0.0)
+                dst[:] = 0.0
             use_res_l.append(col)
-            udur_l.append(t)
         use_ptr[k + 1] = len(use_res_l)
     use_res = np.array(use_res_l, dtype=np.int64)
-    udur = np.column_stack(udur_l) if udur_l else np.zeros((n, 0))
+    udur = buf[:, :n_use]
     if prog.has_chain() and n:
         # tensor-core work of a dtype without tensor cores runs on CUDA cores
         use_res_fma = np.where(use_res == R_TC, R_CUDA, use_res)
@@ -721,8 +729,8 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         orders = prog.orders()
         # the search runs once per distinct (durations, unit) row: a batch of tile
         # configurations over few shapes repeats them many times
-        key = np.column_stack([np.ascontiguousarray(udur).view(np.int64),
-                               on_tc.astype(np.int64)])
+        key = buf.view(np.int64)
+        key[:, n_use] = on_tc
         inv, rep = dedup_rows(key)
         chain_u = np.zeros(rep.shape[0])
         best_u = np.zeros(rep.shape[0], dtype=np.int64)
