@@ -71,7 +71,7 @@ def program_env(prog: TileProgram, cols: dict, hw, shadow: bool = False) -> dict
     (:class:`_Sharing`, kept in the environment for the plan's expressions: the same
     values, bit for bit)."""
     n = len(np.asarray(cols["dtype"]))
-    env: dict = {}
+    env = _Env()
     for c in prog.columns:
         v = np.asarray(cols[c.name])
         if c.kind == "int":
@@ -91,11 +91,40 @@ def program_env(prog: TileProgram, cols: dict, hw, shadow: bool = False) -> dict
     env.update(_hw_names(hw))
     shared = None if shadow or n < SHARE_MIN_ROWS else _Sharing(prog, env, n)
     for name, e in prog.lets:
-        v = None if shared is None else shared.value(e)
-        env[name] = np.broadcast_to(e(env), (n,)) if v is None else v
+        v = None if shared is None else shared.small_value(e)
+        if v is None:
+            env[name] = np.broadcast_to(e(env), (n,))
+            if shared is not None:
+                shared.small.pop(name, None)
+                env.lazy.pop(name, None)
+        else:  # spread to the batch only where an unshared expression reads it
+            env.pop(name, None)
+            shared.small[name] = v
+            env.lazy[name] = (v, shared.inv)
     if shared is not None:
         env[_SHARE_KEY] = shared
     return env
+
+
+class _Env(dict):
+    """:func:`program_env`'s environment: a ``[let]`` that :class:`_Sharing`
+    evaluated on the distinct rows is spread to the batch (``values[inv]``) when an
+    expression first reads it, not before (most are read only by other shared
+    expressions, which take the distinct rows' values as they are)."""
+
+    __slots__ = ("lazy",)
+
+    def __init__(self):
+        super().__init__()
+        self.lazy: dict = {}
+
+    def __missing__(self, key):
+        got = self.lazy.pop(key, None)
+        if got is None:
+            raise KeyError(key)
+        v = got[0][got[1]]
+        self[key] = v
+        return v
 
 
 #: where ``env`` keeps its :class:`_Sharing` (not a name an expression can use)
@@ -202,6 +231,8 @@ class _Sharing:
         self.deps = _share_plan(prog)
         self.low: frozenset = frozenset()
         self.inv = self.rep = None
+        #: the shared lets' values on the distinct rows (``rep``)
+        self.small: dict = {}
         cand = [v for v in self.deps.values() if v is not None]
         used = set().union(*(d for d, _ in cand)) if cand else set()
         step = max(n // SHARE_SAMPLE, 1)
@@ -234,15 +265,26 @@ class _Sharing:
 
     def value(self, e):
         """``e``'s values on the batch, or None where it is not shared."""
+        v = self.small_value(e)
+        return None if v is None else v[self.inv]
+
+    def small_value(self, e):
+        """``e``'s values on the distinct rows ``rep``, or None where it is not
+        shared. A shared let's distinct-row values are ``small``'s (the batch's
+        values at ``rep``: ``inv[rep]`` is ``0, 1, ...``)."""
         d = self.deps.get(e)
         if d is None or self.rep is None or not d[0] <= self.low:
             return None
         rep = self.rep
         sub = {}
         for nm in e.names:
-            v = self.env[nm]
-            sub[nm] = v[rep] if isinstance(v, np.ndarray) and v.shape == (self.n,) else v
-        return np.broadcast_to(e(sub), (rep.shape[0],))[self.inv]
+            v = self.small.get(nm)
+            if v is None:
+                v = self.env[nm]
+                if isinstance(v, np.ndarray) and v.shape == (self.n,):
+                    v = v[rep]
+            sub[nm] = v
+        return np.broadcast_to(e(sub), (rep.shape[0],))
 
 
 #: rules checked before a program is lowered (:func:`admit_program`); a row breaking
@@ -697,22 +739,30 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     # without tensor cores runs on the CUDA cores (its use moves there)
     use_ptr = np.zeros(len(body) + 1, dtype=np.int64)
     use_res_l: list[int] = []
-    udur_l: list[np.ndarray] = []
+    # the durations are written into the chain's dedup key directly (its last column
+    # the tensor-core unit, as int64 bits); every rate but the tensor cores' is one
+    # number of the GPU (:func:`_rates`): a quotient by that scalar is the quotient
+    # by its broadcast column, bit for bit
+    n_use = sum(len(uses) for uses in sync_work)
+    rate_gpu = _rates(hw, 1)[0]
+    buf = np.empty((n, n_use + 1), dtype=np.float64)
     for k, uses in enumerate(sync_work):
         for col, w in uses:
+            dst = buf[:, len(use_res_l)]
             if col == R_TC:
                 # a dtype without tensor cores has a zero rate there: its rows take
                 # the CUDA-core quotient (the other one is not used)
                 tc_rate = rate[:, R_TC]
-                t = np.where(on_tc, w / np.where(tc_rate > 0, tc_rate, 1.0), w / rate[:, R_CUDA])
+                dst[:] = np.where(on_tc, w / np.where(tc_rate > 0, tc_rate, 1.0),
+                                  w / rate_gpu[R_CUDA])
+            elif rate_gpu[col] > 0:
+                np.divide(w, rate_gpu[col], out=dst)
             else:
-                t = w / rate[:, col] if (rate[:, col] > 0).all() else np.where(
-                    rate[:, col] > 0, w / np.where(rate[:, col] > 0, rate[:, col], 1.0), 0.0)
+                dst[:] = 0.0
             use_res_l.append(col)
-            udur_l.append(t)
         use_ptr[k + 1] = len(use_res_l)
     use_res = np.array(use_res_l, dtype=np.int64)
-    udur = np.column_stack(udur_l) if udur_l else np.zeros((n, 0))
+    udur = buf[:, :n_use]
     if prog.has_chain() and n:
         # tensor-core work of a dtype without tensor cores runs on CUDA cores
         use_res_fma = np.where(use_res == R_TC, R_CUDA, use_res)
@@ -721,8 +771,8 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         orders = prog.orders()
         # the search runs once per distinct (durations, unit) row: a batch of tile
         # configurations over few shapes repeats them many times
-        key = np.column_stack([np.ascontiguousarray(udur).view(np.int64),
-                               on_tc.astype(np.int64)])
+        key = buf.view(np.int64)
+        key[:, n_use] = on_tc
         inv, rep = dedup_rows(key)
         chain_u = np.zeros(rep.shape[0])
         best_u = np.zeros(rep.shape[0], dtype=np.int64)

@@ -224,3 +224,46 @@ def test_shared_expressions_equal_to_the_bit(name, monkeypatch):
                 assert np.array_equal(v, w), k
     if name in ("gemm_epilogue", "moe_grouped_gemm"):
         assert any(made)
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAM_SWEEPS))
+def test_lazy_shared_lets_equal_to_the_bit(name, monkeypatch):
+    """Every ``[let]`` of ``program_env`` read from the environment whose shared lets
+    are spread to the batch on first read (``_Env``) equals, bit for bit, the let
+    evaluated on every row; for the epilogue and MoE sweeps some lets are held back
+    (spread only when read)."""
+    fam = FAMILIES[name]
+    prog = fam.program
+    frame = next(iter(candidate_chunks(load_sweep(PROGRAM_SWEEPS[name]))))
+    frame = frame.select([c.name for c in prog.columns if c.name in frame.columns])
+    cols, _ = validate(frame, fam)
+    hw = get_hw("h100")
+    with np.errstate(all="ignore"):
+        monkeypatch.setattr(lowering, "SHARE_MIN_ROWS", 1 << 62)
+        plain = program_env(prog, cols, hw)
+        monkeypatch.setattr(lowering, "SHARE_MIN_ROWS", 16)
+        lazy = program_env(prog, cols, hw)
+    held = set(lazy.lazy)
+    assert held <= {nm for nm, _ in prog.lets}
+    for nm, _ in prog.lets:
+        v, w = np.asarray(plain[nm]), np.asarray(lazy[nm])
+        assert v.dtype == w.dtype and v.shape == w.shape, nm
+        if v.dtype.kind == "f":
+            assert np.array_equal(v.view(np.int64), w.view(np.int64)), nm
+        else:
+            assert np.array_equal(v, w), nm
+    assert not lazy.lazy  # every held let was spread when read
+    if name in ("gemm_epilogue", "moe_grouped_gemm"):
+        assert held
+    with pytest.raises(KeyError):
+        lazy["no such name"]
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h100", "h200"])
+def test_rates_are_the_gpus_scalars(gpu):
+    """``lower_program`` divides the chain's work by ``_rates(hw, 1)[0]``: exact only
+    while every row's rate (the tensor cores' set apart) is that one number."""
+    hw = get_hw(gpu)
+    rate = lowering._rates(hw, 7)
+    row = lowering._rates(hw, 1)[0]
+    assert np.array_equal(rate.view(np.int64), np.broadcast_to(row, rate.shape).view(np.int64))
