@@ -300,6 +300,18 @@ def cache_hit_rates_one(g0, g1, g2, order, group, conc, ksteps, mask, per_step, 
     return h15, h2, dram
 
 
+def _closed_wave(sums, kf, nw, G, nseg, e, x, h_re, wt):
+    """The closed forms' twins: a wave's accesses and hits of a re-read tensor
+    (``nw`` accesses a step, ``G`` first in an L1.5 group, ``nseg`` first in the
+    step, ``e`` its L1.5 hit, ``x`` the first touch's L2 hit, ``h_re`` a
+    re-touch's) added to the running sums with weight ``wt``."""
+    acc, hit15, req2, hit2 = sums
+    s15 = (nw - G) * e
+    c_hit = kf * (x + (G - nseg) * h_re + (nw - G) * (1.0 - e) * h_re)
+    return (acc + wt * (kf * nw), hit15 + wt * (kf * s15), req2 + wt * (kf * (nw - s15)),
+            hit2 + wt * c_hit)
+
+
 def cache_column_one(g0, conc, ksteps, mask, per_step, tbytes, cap2, assoc2, nsm, g15,
                      cap15, assoc15, k_samples=4, max_waves=8, weights=True, drop_zero=True):
     """Twin of ``reuse._cache_column``: per-tensor ``(h15, h2, dram)`` lists of a
@@ -353,7 +365,7 @@ def cache_column_one(g0, conc, ksteps, mask, per_step, tbytes, cap2, assoc2, nsm
             continue
         d = tot - b
         e = hit_prob_gauss(d / unit, assoc15, cap15 / unit) if use15 else 0.0
-        acc = hit15 = req2 = hit2 = 0.0
+        sums = (0.0, 0.0, 0.0, 0.0)  # accesses, L1.5 hits, L2 requests, L2 hits
         for w in waves:
             nw = min(conc, P - w * conc)
             foot = nw * s_priv + s_sh
@@ -364,16 +376,8 @@ def cache_column_one(g0, conc, ksteps, mask, per_step, tbytes, cap2, assoc2, nsm
                 x = sum(sdcm2(base + (kf - 1 - s) * u1 + s * foot) for s in svals) / ks
             G = min(ngroups, -(-min(nw, nsm) // g15)) if use15 else 1
             h_re = 1.0 if sdcm2(foot) >= 1.0 - 1e-12 else sdcm2(d)
-            s15 = (nw - G) * e
-            c_acc = kf * nw
-            c_15 = kf * s15
-            c_req = kf * (nw - s15)
-            c_hit = kf * (x + (G - 1) * h_re + (nw - G) * (1.0 - e) * h_re)
-            wt = wt_in if 0 < w < W - 1 else 1.0
-            acc += wt * c_acc
-            hit15 += wt * c_15
-            req2 += wt * c_req
-            hit2 += wt * c_hit
+            sums = _closed_wave(sums, kf, nw, G, 1, e, x, h_re, wt_in if 0 < w < W - 1 else 1.0)
+        acc, hit15, req2, hit2 = sums
         if acc == 0.0:
             continue
         h15[t] = hit15 / acc
@@ -1299,7 +1303,7 @@ def cache_planes_one(g0, g1, g2, conc, ksteps, mask, per_step, tbytes, cap2, ass
             continue
         d = tot - b
         e = hit_prob_gauss(d / unit, assoc15, cap15 / unit) if use15 else 0.0
-        acc = hit15 = req2 = hit2 = 0.0
+        sums = (0.0, 0.0, 0.0, 0.0)  # accesses, L1.5 hits, L2 requests, L2 hits
         for w in waves:
             start = w * conc
             nw = min(conc, P - start)
@@ -1312,16 +1316,9 @@ def cache_planes_one(g0, g1, g2, conc, ksteps, mask, per_step, tbytes, cap2, ass
                 x = sum(sdcm2(base + (kf - 1 - s) * prev * tot + s * foot) for s in svals) / ks
             G = sum(len({(p % nsm) // g15 for p in sl}) if use15 else 1 for sl in segs)
             h_re = 1.0 if sdcm2(foot) >= 1.0 - 1e-12 else sdcm2(d)
-            s15 = (nw - G) * e
-            c_acc = kf * nw
-            c_15 = kf * s15
-            c_req = kf * (nw - s15)
-            c_hit = kf * (x + (G - len(segs)) * h_re + (nw - G) * (1.0 - e) * h_re)
-            wt = wt_in if 0 < w < W - 1 else 1.0
-            acc += wt * c_acc
-            hit15 += wt * c_15
-            req2 += wt * c_req
-            hit2 += wt * c_hit
+            sums = _closed_wave(sums, kf, nw, G, len(segs), e, x, h_re,
+                                wt_in if 0 < w < W - 1 else 1.0)
+        acc, hit15, req2, hit2 = sums
         if acc == 0.0:
             continue
         h15[t] = hit15 / acc

@@ -19,29 +19,20 @@ segment's L1.5 groups slot by slot.
 from __future__ import annotations
 
 import naive
+from closed_forms import FAST_ATOL, FAST_RTOL, PANEL_ORDERS, SAMPLINGS, problem_args
+from closed_forms import close as _close
+from closed_forms import rates as _rates
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from numpy.testing import assert_allclose, assert_array_equal
+from numpy.testing import assert_array_equal
 
 from tsbatch.kernels import reuse
 from tsbatch.kernels.order import ORDER_NAMES
 
 RTOL = 1e-12
 ATOL = 1e-12
-#: vs the general path (test_cache_fast.py's tolerances)
-FAST_RTOL = 1e-9
-FAST_ATOL = 1e-12
-
-SAMPLINGS = (
-    dict(k_samples=4, max_waves=8, max_lookback=4),  # evaluate's defaults
-    dict(k_samples=3, max_waves=16, max_lookback=1),
-    dict(k_samples=64, max_waves=1 << 30),  # unsampled
-    dict(k_samples=4, max_waves=2, max_lookback=1 << 30),
-    dict(k_samples=2, max_waves=3, max_lookback=2),
-)
-PANEL_ORDERS = [v for k, v in sorted(ORDER_NAMES.items()) if k != "zorder"]
 
 
 def _applies(g0, g1, g2, mask, per_step, tb, drop_zero):
@@ -70,22 +61,7 @@ def plane_problem(draw) -> tuple:
     g0 = draw(st.integers(1, 40))
     g1 = draw(st.sampled_from([1, 1, 2, 3, 8]))
     g2 = draw(st.integers(1, 12))
-    cap2 = draw(st.one_of(st.floats(2.0, 300.0).map(lambda b: b * unit), st.just(5.24288e7)))
-    return ([g0], [g1], [g2], [draw(st.sampled_from(PANEL_ORDERS))],
-            [draw(st.sampled_from([1, 2, 8]))], [conc], [draw(st.integers(1, 40))],
-            [mask], [per_step], [tb], [cap2], [float(draw(st.sampled_from([1, 4, 16])))],
-            [nsm], [draw(st.sampled_from([0, 1, 2, 4, 8]))],
-            [draw(st.sampled_from([2.0 * unit, 30.0 * unit, 184320.0]))],
-            [float(draw(st.sampled_from([2, 8])))])
-
-
-def _rates(args, **kw):
-    return reuse.cache_hit_rates(*args, **kw)
-
-
-def _close(a, b, rtol, atol):
-    for x, y in zip(a, b):
-        assert_allclose(x, y, rtol=rtol, atol=atol)
+    return problem_args(draw, g0, g1, g2, conc, mask, per_step, tb, unit, nsm)
 
 
 @settings(max_examples=300, deadline=None)

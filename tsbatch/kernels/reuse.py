@@ -765,6 +765,63 @@ def _weigh(s, new, wt):
 
 
 @jit_scalar
+def _closed_setup(b, i, unit, P, conc, ksteps):
+    """The closed forms' (:func:`_cache_column`, :func:`_cache_planes`) set-up of
+    problem ``i``, as :func:`_cache_one` makes it: ``(ok, nsm, g15, assoc15,
+    assoc2, B2, B15, use15, ngroups, W, max_waves, sampled waves, interior
+    weight, k samples, ksteps as a float)``; ``ok`` False where L1.5 groups
+    have no SM."""
+    nsm, g15 = b.nsm[i], b.g15[i]
+    cap15, assoc15 = b.cap15[i], b.assoc15[i]
+    assoc2 = b.assoc2[i]
+    B2 = b.cap2[i] / unit
+    use15 = g15 > 0 and cap15 > 0.0 and assoc15 > 0
+    ok = not (use15 and nsm < 1)
+    B15 = cap15 / unit
+    ngroups = (nsm + g15 - 1) // g15 if use15 else 1
+    W = (P + conc - 1) // conc
+    mw = b.max_waves
+    nsamp = W if W <= mw else mw
+    wt_in = 1.0
+    if b.weights and W > mw and mw > 2:
+        wt_in = (W - 2.0) / (mw - 2.0)
+    ks = ksteps if ksteps < b.k_samples else b.k_samples
+    kf = float(ksteps)
+    return ok, nsm, g15, assoc15, assoc2, B2, B15, use15, ngroups, W, mw, nsamp, wt_in, ks, kf
+
+
+@jit_scalar
+def _closed_init(out_h15, out_h2, out_dram):
+    """Every tensor's rates before the closed forms fill them: ``(0, 0, 1)``."""
+    for t in range(out_h15.shape[0]):
+        out_h15[t] = 0.0
+        out_h2[t] = 0.0
+        out_dram[t] = 1.0
+
+
+@jit_scalar
+def _cross_sample(base, u1, u2, ks, ksteps, kf, unit, assoc2, B2):
+    """The L2 hit of a block's first touch in a wave, its previous touch in the
+    wave before: :func:`_cross_terms`'s distance at ``ks`` step samples (the
+    step sampled by integer division: no reciprocal under fastmath), averaged."""
+    h = 0.0
+    for k in range(ks):
+        s = float(((2 * k + 1) * ksteps) // (2 * ks))
+        h += _sdcm_at(base + (kf - 1.0 - s) * u1 + s * u2, unit, assoc2, B2)
+    return h / ks
+
+
+@jit_scalar
+def _closed_out(out_h15, out_h2, out_dram, t, acc, hit15, req2, hit2):
+    """Tensor ``t``'s rates from its sums (left ``(0, 0, 1)`` where it has no access)."""
+    if acc == 0.0:
+        return
+    out_h15[t] = hit15 / acc
+    out_h2[t] = hit2 / req2 if req2 > 0.0 else 0.0
+    out_dram[t] = (req2 - hit2) / acc
+
+
+@jit_scalar
 def _column_groups(nw, nsm, g15, ngroups):
     """The L1.5 groups holding a program of a wave of ``nw`` programs (wave
     slot ``p`` runs on SM ``p mod nsm``, of group ``(p mod nsm) div g15``)."""
@@ -854,28 +911,12 @@ def _cache_column(b, i):
     if not ((s_priv + s_sh) * P < EXACT_BYTES and once * P < EXACT_BYTES):
         return False
     unit /= n_step
-    nsm, g15 = b.nsm[i], b.g15[i]
-    cap15, assoc15 = b.cap15[i], b.assoc15[i]
-    assoc2 = b.assoc2[i]
-    B2 = b.cap2[i] / unit
-    use15 = g15 > 0 and cap15 > 0.0 and assoc15 > 0
-    if use15 and nsm < 1:
+    (ok, nsm, g15, assoc15, assoc2, B2, B15, use15, ngroups, W, mw, nsamp, wt_in, ks,
+     kf) = _closed_setup(b, i, unit, P, conc, ksteps)
+    if not ok:
         return False
-    B15 = cap15 / unit
-    ngroups = (nsm + g15 - 1) // g15 if use15 else 1
-    W = (P + conc - 1) // conc
-    mw = b.max_waves
-    nsamp = W if W <= mw else mw
-    wt_in = 1.0
-    if b.weights and W > mw and mw > 2:
-        wt_in = (W - 2.0) / (mw - 2.0)
-    ks = ksteps if ksteps < b.k_samples else b.k_samples
-    kf = float(ksteps)
     out_h15, out_h2, out_dram = b.h15[i], b.h2[i], b.dram[i]
-    for t in range(T):
-        out_h15[t] = 0.0
-        out_h2[t] = 0.0
-        out_dram[t] = 1.0
+    _closed_init(out_h15, out_h2, out_dram)
     tot = s_priv + s_sh
     hq = 0.0  # bytes of a program's per-step accesses before tensor t's
     for t in range(T):
@@ -911,14 +952,8 @@ def _cache_column(b, i):
                 skip = _sdcm_at(run, unit, assoc2, B2) >= 1.0 - 1e-12
                 x = 0.0
                 if w >= 1:
-                    base = (a_q + h_q) + (0.0 + conc * once)
-                    u1 = conc * s_priv + s_sh
-                    u2 = run
-                    h = 0.0
-                    for k in range(ks):
-                        s = float(((2 * k + 1) * ksteps) // (2 * ks))  # (no reciprocal under fastmath)
-                        h += _sdcm_at(base + (kf - 1.0 - s) * u1 + s * u2, unit, assoc2, B2)
-                    x = h / ks
+                    x = _cross_sample((a_q + h_q) + (0.0 + conc * once), conc * s_priv + s_sh, run,
+                                      ks, ksteps, kf, unit, assoc2, B2)
             G = _column_groups(nw, nsm, g15, ngroups) if use15 else 1
             s15 = (nw - G) * e
             scale = wt_in != 1.0 and 0 < w < W - 1
@@ -938,11 +973,7 @@ def _cache_column(b, i):
                 hit15 = _weigh(sb, hit15, wt_in)
                 req2 = _weigh(sc_, req2, wt_in)
                 hit2 = _weigh(sd, hit2, wt_in)
-        if acc == 0.0:
-            continue
-        out_h15[t] = hit15 / acc
-        out_h2[t] = hit2 / req2 if req2 > 0.0 else 0.0
-        out_dram[t] = (req2 - hit2) / acc
+        _closed_out(out_h15, out_h2, out_dram, t, acc, hit15, req2, hit2)
     return True
 
 
@@ -1047,28 +1078,12 @@ def _cache_planes(b, i):
         return False
     R = g0 * g1 if keyed == 4 else P
     unit /= n_step
-    nsm, g15 = b.nsm[i], b.g15[i]
-    cap15, assoc15 = b.cap15[i], b.assoc15[i]
-    assoc2 = b.assoc2[i]
-    B2 = b.cap2[i] / unit
-    use15 = g15 > 0 and cap15 > 0.0 and assoc15 > 0
-    if use15 and nsm < 1:
+    (ok, nsm, g15, assoc15, assoc2, B2, B15, use15, ngroups, W, mw, nsamp, wt_in, ks,
+     kf) = _closed_setup(b, i, unit, P, conc, ksteps)
+    if not ok:
         return False
-    B15 = cap15 / unit
-    ngroups = (nsm + g15 - 1) // g15 if use15 else 1
-    W = (P + conc - 1) // conc
-    mw = b.max_waves
-    nsamp = W if W <= mw else mw
-    wt_in = 1.0
-    if b.weights and W > mw and mw > 2:
-        wt_in = (W - 2.0) / (mw - 2.0)
-    ks = ksteps if ksteps < b.k_samples else b.k_samples
-    kf = float(ksteps)
     out_h15, out_h2, out_dram = b.h15[i], b.h2[i], b.dram[i]
-    for t in range(T):
-        out_h15[t] = 0.0
-        out_h2[t] = 0.0
-        out_dram[t] = 1.0
+    _closed_init(out_h15, out_h2, out_dram)
     hq = 0.0  # bytes of a program's per-step accesses before tensor t's
     for t in range(T):
         if per_step[t] == 0:
@@ -1119,14 +1134,8 @@ def _cache_planes(b, i):
                 x = 0.0
                 if w >= 1 and ph != 0:
                     nprev = (start - 1) // R - (start - conc) // R + 1
-                    base = (a_q + h_q) + (0.0 + conc * once)
-                    u1 = nprev * tot
-                    u2 = run
-                    h = 0.0
-                    for k in range(ks):
-                        s = float(((2 * k + 1) * ksteps) // (2 * ks))  # (no reciprocal under fastmath)
-                        h += _sdcm_at(base + (kf - 1.0 - s) * u1 + s * u2, unit, assoc2, B2)
-                    x = h / ks
+                    x = _cross_sample((a_q + h_q) + (0.0 + conc * once), nprev * tot, run,
+                                      ks, ksteps, kf, unit, assoc2, B2)
             s15 = (nw - sg) * e
             scale = wt_in != 1.0 and 0 < w < W - 1
             sa = acc
@@ -1145,11 +1154,7 @@ def _cache_planes(b, i):
                 hit15 = _weigh(sb, hit15, wt_in)
                 req2 = _weigh(sc_, req2, wt_in)
                 hit2 = _weigh(sd, hit2, wt_in)
-        if acc == 0.0:
-            continue
-        out_h15[t] = hit15 / acc
-        out_h2[t] = hit2 / req2 if req2 > 0.0 else 0.0
-        out_dram[t] = (req2 - hit2) / acc
+        _closed_out(out_h15, out_h2, out_dram, t, acc, hit15, req2, hit2)
     return True
 
 
