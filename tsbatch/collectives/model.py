@@ -103,8 +103,9 @@ _KEY = ["_system", "collective", "num_gpus", "_gpn", "_algorithm", "_protocol", 
 def _plan_index(df: pl.DataFrame) -> tuple[np.ndarray, pl.DataFrame]:
     """Group the rows of ``df`` by their :data:`_KEY` columns: ``(inv, keys)``, ``inv[i]``
     row ``i``'s group in order of first appearance, ``keys`` the :data:`_KEY` columns of
-    each group (a row per group, in that order). A column equal in every row is left out of the key; when only integer columns
-    are left (the fused families: one system and collective, num_gpus varying), the
+    each group (a row per group, in that order). A column equal in every row is left
+    out of the key; when only integer columns are left (the fused families: one
+    system and collective, num_gpus varying), the
     rows are grouped by :func:`tsbatch.kernels.rowhash.dedup_rows` over them (null as
     -1: every value is positive); otherwise by ``unique(maintain_order=True)`` and a
     left join (coding text columns first costs more than the join saves)."""

@@ -191,8 +191,9 @@ class Batch(NamedTuple):
     #: the waves only book-kept, with block sizes of any value, per distinct block in
     #: the per-access order (``reuse._hits_blocks`` / ``_book_blocks`` with ``seq``)
     seq_book: bool
-    #: a one-column grid (``g1 == g2 == 1``) solved in closed form
-    #: (``reuse._cache_column``), else simulated wave by wave as any other
+    #: the problems with a closed form solved by it: one-column grids
+    #: (``reuse._cache_column``) and plane-keyed grids (``reuse._cache_planes``);
+    #: off, simulated wave by wave as any other
     column: bool
     # ---- outputs (n, T) float64, written
     h15: np.ndarray

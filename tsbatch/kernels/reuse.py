@@ -2380,7 +2380,10 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
     equal to the bit), and so those of non-integer block sizes with a tensor
     of a block per tile, which otherwise go per distinct block in another
     order (counts times bytes: within ~1e-14 relative,
-    tests/test_cache_block_per_tile.py).
+    tests/test_cache_block_per_tile.py). ``column=False`` simulates wave by
+    wave the problems the closed forms solve (one-column grids,
+    :func:`_cache_column`; plane-keyed grids, :func:`_cache_planes`; within
+    1e-12: tests/test_cache_column.py, tests/test_cache_planes.py).
 
     Returns
     -------
