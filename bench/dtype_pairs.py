@@ -12,7 +12,9 @@ of ``../shared/data`` and the H200 files of ``bench/measured``):
    backend, configuration) in bfloat16 over the same in float16 (medians of
    repeats), by backend and by the float16 time's bucket (the guard's bucket
    edges, per row rather than per problem), and for Triton rows by the MMA
-   path (``BM < 64``: ``mma.sync``; else warpgroup MMA on Hopper);
+   path on Hopper (warpgroup MMA where ``block_m`` is a multiple of 64 and
+   ``num_warps`` of 4, the model's condition in ``kernels_catalog/gemm.py``;
+   else ``mma.sync``);
 3. unless ``--no-model``: the model's prediction of every float16/bfloat16
    row of the file on its GPU, once as given and once with the two dtypes
    swapped, compared by their bits (the model has no term that tells the two
@@ -35,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tsbatch.measured.accuracy import load_measured  # noqa: E402
+from tsbatch.measured.regress_metrics import BUCKETS  # noqa: E402
 
 KEYS = ["m", "n", "k", "a_row_major", "b_row_major", "backend", "block_m", "block_n", "block_k",
         "num_stages", "num_warps", "group_m"]
@@ -50,9 +53,13 @@ def default_files() -> list[Path]:
 
 
 def bucket(col: str) -> pl.Expr:
+    """The guard's time bucket (``BUCKETS``) of the time in ``col`` (µs)."""
     t = pl.col(col)
-    return (pl.when(t < 20).then(pl.lit("<20us")).when(t < 100).then(pl.lit("20-100us"))
-            .when(t < 1000).then(pl.lit("0.1-1ms")).otherwise(pl.lit(">1ms")))
+    (label, _lo, hi), *rest = BUCKETS
+    expr = pl.when(t < hi).then(pl.lit(label))
+    for label, _lo, hi in rest:
+        expr = expr.when(t < hi).then(pl.lit(label))
+    return expr.otherwise(pl.lit(None))
 
 
 def pairs(frame: pl.DataFrame) -> pl.DataFrame:
@@ -86,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         if p.height:
             p = p.with_columns((pl.col("bf16_us") / pl.col("fp16_us")).alias("r"), bucket("fp16_us").alias("bucket"),
                                pl.when(pl.col("backend") != "triton").then(pl.lit("library"))
-                               .when(pl.col("block_m") < 64).then(pl.lit("triton mma.sync"))
-                               .otherwise(pl.lit("triton wgmma")).alias("path"))
+                               .when((pl.col("block_m") % 64 == 0) & (pl.col("num_warps") % 4 == 0))
+                               .then(pl.lit("triton wgmma")).otherwise(pl.lit("triton mma.sync"))
+                               .alias("path"))
             print("bf16 / fp16 measured time of the same (problem, layout, backend, configuration):")
             print(p.group_by("path", "bucket").agg(
                 pl.len().alias("pairs"), pl.col("r").median().alias("median"),
