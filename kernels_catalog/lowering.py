@@ -160,10 +160,11 @@ def _share_plan(prog: TileProgram) -> dict:
     set of columns its value depends on and its number of operations, where
     :class:`_Sharing` may evaluate it on their distinct rows, else None.
     Dependencies go through the lets; the dtype's numbers count as the
-    pseudo-column ``_dtype_code``; the GPU's numbers are scalars. Not shared: an
-    expression on a text column (their codes cost a dictionary look-up a row), one
-    using ``**`` or :data:`_UNSHARED_CALLS` itself (its value is still an input
-    the expressions after it can share on), and one of no column."""
+    pseudo-column ``_dtype_code``; the GPU's numbers are scalars; a text column
+    is grouped on by the identity of its strings (:meth:`_Sharing._key_column`).
+    Not shared: an expression using ``**`` or :data:`_UNSHARED_CALLS` itself
+    (its value is still an input the expressions after it can share on), and
+    one of no column."""
     if prog._shared is not None:
         return prog._shared
     kinds = {c.name: c for c in prog.columns}
@@ -173,8 +174,6 @@ def _share_plan(prog: TileProgram) -> dict:
         d: set = set()
         for nm in e.names:
             if nm in kinds:
-                if kinds[nm].kind == "str":
-                    return None
                 d.add(nm)
             elif nm in DTYPE_NAMES:
                 d.add("_dtype_code")
@@ -258,9 +257,19 @@ class _Sharing:
             self.low, self.inv, self.rep = frozenset(cols), inv, rep
 
     def _key_column(self, name: str) -> np.ndarray:
+        """The int64 key of a column: its values (a float's bits), or for a text
+        column the addresses of its string objects (:func:`same_object`'s reading,
+        ~0.5 ns a row, where mapping strings to codes costs a dictionary look-up a
+        row): rows of one group then hold the very same object, so every
+        expression gives them what it gives the group's first row. A validated
+        column holds one object per distinct string (equal strings that are
+        distinct objects only make more groups)."""
         v = self.env[name]
         if v.dtype.kind == "f":
             return np.ascontiguousarray(v, dtype=np.float64).view(np.int64)
+        if v.dtype.kind == "O":
+            return np.frombuffer(v.tobytes(), dtype=np.intp).astype(
+                np.int64, copy=False)
         return v.astype(np.int64, copy=False)
 
     def value(self, e):

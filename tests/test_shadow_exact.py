@@ -259,6 +259,45 @@ def test_lazy_shared_lets_equal_to_the_bit(name, monkeypatch):
         lazy["no such name"]
 
 
+@pytest.mark.parametrize("copies", [False, True])
+def test_text_columns_grouped_by_identity(copies, monkeypatch):
+    """A text column is grouped on by the identity of its strings: on the epilogue
+    sweep the ``epilogue``-dependent lets are shared, and the plan equals the unshared
+    one array by array and bit by bit, also where every row's string is an object of
+    its own (equal strings that are distinct objects: more groups, never a wrong one)."""
+    fam = FAMILIES["gemm_epilogue"]
+    prog = fam.program
+    frame = next(iter(candidate_chunks(load_sweep("epilogue_llm"))))
+    frame = frame.select([c.name for c in prog.columns if c.name in frame.columns])
+    frame = pl.concat([frame, frame.with_columns(pl.col("m") + 3)])
+    cols, _ = validate(frame, fam)
+    assert len(set(cols["epilogue"].tolist())) > 1
+    if copies:
+        cols = dict(cols)
+        cols["epilogue"] = np.array(["".join(list(x)) for x in cols["epilogue"]] + [None],
+                                    dtype=object)[:-1]
+        assert len({id(x) for x in cols["epilogue"]}) == frame.height
+    hw = get_hw("h100")
+    with np.errstate(all="ignore"):
+        monkeypatch.setattr(lowering, "SHARE_MIN_ROWS", 16)
+        env = program_env(prog, cols, hw)
+        shared = _plan_arrays(lowering.lower_program(prog, cols, hw))
+        monkeypatch.setattr(lowering, "SHARE_MIN_ROWS", 1 << 62)
+        plain = _plan_arrays(lowering.lower_program(prog, cols, hw))
+    sh = env[lowering._SHARE_KEY]
+    assert ("epilogue" in sh.low) == (not copies)
+    if not copies:
+        assert {"swiglu", "epi_ops", "epi_sfu"} <= set(env.lazy) | set(sh.small)
+    assert plain.keys() == shared.keys()
+    for k, v in plain.items():
+        w = shared[k]
+        assert v.dtype == w.dtype and v.shape == w.shape, k
+        if v.dtype.kind == "f":
+            assert np.array_equal(v.view(np.int64), w.view(np.int64)), k
+        else:
+            assert np.array_equal(v, w), k
+
+
 @pytest.mark.parametrize("gpu", ["a100", "h100", "h200"])
 def test_rates_are_the_gpus_scalars(gpu):
     """``lower_program`` divides the chain's work by ``_rates(hw, 1)[0]``: exact only
