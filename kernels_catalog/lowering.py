@@ -617,6 +617,10 @@ def _arr(e, env, n, dtype=np.float64):
 
 
 def _rates(hw, n: int) -> np.ndarray:
+    if n != 1:  # every row the GPU's one row of scalars (a row-major copy, not 9 column fills)
+        rate = np.empty((n, N_RES), dtype=np.float64)
+        rate[:] = _rates(hw, 1)[0]
+        return rate
     sms = hw.sm_count
     rate = np.zeros((n, N_RES), dtype=np.float64)
     rate[:, R_CUDA] = hw.rate("fp32_tflops") * 1e6 / sms
@@ -652,8 +656,12 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     # ---- tensors
     T = len(prog.tensors)
     t_bytes = np.zeros((n, max(T, 1)), dtype=np.float64)
+    # the reuse masks and cadences are the program's: one row, copied to every row
     t_mask = np.zeros((n, max(T, 1)), dtype=np.int64)
     t_per_step = np.zeros((n, max(T, 1)), dtype=np.int64)
+    t_mask[:, :T] = np.array([t.mask for t in prog.tensors], dtype=np.int64)
+    t_per_step[:, :T] = np.array([1 if t.cadence == "step" else 0 for t in prog.tensors],
+                                 dtype=np.int64)
     # the cache model's block bytes: every block at its full tile size where the
     # program says so (``foot``), as GEMM's (None: the traffic bytes)
     has_foot = any(t.foot is not None for t in prog.tensors)
@@ -663,8 +671,6 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     for j, t in enumerate(prog.tensors):
         b = _arr(t.bytes, env, n)
         t_bytes[:, j] = b
-        t_mask[:, j] = t.mask
-        t_per_step[:, j] = 1 if t.cadence == "step" else 0
         if t_foot is not None:
             t_foot[:, j] = b if t.foot is None else _arr(t.foot, env, n)
         if t.cadence == "tile":
@@ -796,7 +802,14 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         best = best_u[inv]
     else:
         # no dependency between synchronous actions: the longest action's use
-        chain = udur.max(axis=1) if udur.shape[1] else np.zeros(n)
+        # (np.maximum over the columns in turn: the same maximum as ``udur.max(axis=1)``,
+        # whose reduction along a row of a few strided elements costs ~10x more)
+        if udur.shape[1]:
+            chain = udur[:, 0].copy()
+            for j in range(1, udur.shape[1]):
+                np.maximum(chain, udur[:, j], out=chain)
+        else:
+            chain = np.zeros(n)
         best = np.zeros(n, dtype=np.int64)
 
     if prog.streams is not None:
