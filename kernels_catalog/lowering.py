@@ -218,9 +218,11 @@ class _Sharing:
     sample has more than :data:`SHARE_MAX_FRACTION` distinct rows of them; the
     batch is grouped once on the rest, where the shared expressions hold at least
     :data:`SHARE_MIN_OPS` operations and the groups are at most that fraction of
-    the rows. Each row gets the value the whole-column evaluation gives it: the
-    same elementwise numpy operations on the same operands (:data:`_UNSHARED_CALLS`
-    excepted)."""
+    the rows. Text columns (keyed by their strings' identity) are such columns too,
+    but the choice is made with and without them and the one sharing more
+    operations kept. Each row gets the value the whole-column evaluation gives it:
+    the same elementwise numpy operations on the same operands
+    (:data:`_UNSHARED_CALLS` excepted)."""
 
     def __init__(self, prog: TileProgram, env: dict, n: int):
         from tsbatch.kernels.rowhash import dedup_rows  # noqa: PLC0415
@@ -238,20 +240,35 @@ class _Sharing:
         keys = {c: self._key_column(c) for c in sorted(used)}
         low = {c for c, k in keys.items()
                if dedup_rows(k[::step].reshape(-1, 1))[1].shape[0] <= SHARE_LOW_VALUES}
-        # the columns grouped on: every low one an expression of low columns needs,
-        # dropping first those the fewest operations depend on while the sample has
-        # too many distinct rows of them
-        while True:
-            cand = [(d, o) for d, o in cand if d <= low]
-            ops = sum(o for _, o in cand)
-            cols = sorted(set().union(*(d for d, _ in cand))) if cand else []
-            if ops < SHARE_MIN_OPS or not cols:
-                return
-            sample = np.column_stack([keys[c][::step] for c in cols])
-            if dedup_rows(sample)[1].shape[0] <= SHARE_MAX_FRACTION * sample.shape[0]:
-                break
-            weight = {c: sum(o for d, o in cand if c in d) for c in cols}
-            low.discard(min(cols, key=lambda c: (weight[c], c)))
+
+        def choose(low: set):
+            # the columns grouped on: every low one an expression of low columns
+            # needs, dropping first those the fewest operations depend on while the
+            # sample has too many distinct rows of them; (operations shared, columns)
+            c = cand
+            while True:
+                c = [(d, o) for d, o in c if d <= low]
+                ops = sum(o for _, o in c)
+                cols = sorted(set().union(*(d for d, _ in c))) if c else []
+                if ops < SHARE_MIN_OPS or not cols:
+                    return 0, []
+                sample = np.column_stack([keys[k][::step] for k in cols])
+                if dedup_rows(sample)[1].shape[0] <= SHARE_MAX_FRACTION * sample.shape[0]:
+                    return ops, cols
+                weight = {k: sum(o for d, o in c if k in d) for k in cols}
+                low.discard(min(cols, key=lambda k: (weight[k], k)))
+
+        # text columns are tried as a second choice: the drops above are greedy, and a
+        # text column of few values (MoE's routing) can displace numeric ones that
+        # more operations depend on; the grouping sharing more operations is kept
+        text = {c for c in low if env[c].dtype.kind == "O"}
+        ops, cols = choose(low - text)
+        if text:
+            ops_t, cols_t = choose(set(low))
+            if ops_t > ops:
+                ops, cols = ops_t, cols_t
+        if not cols:
+            return
         inv, rep = dedup_rows(np.column_stack([keys[c] for c in cols]))
         if rep.shape[0] <= SHARE_MAX_FRACTION * n:
             self.low, self.inv, self.rep = frozenset(cols), inv, rep
