@@ -682,13 +682,28 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     # the cache model's block bytes: every block at its full tile size where the
     # program says so (``foot``), as GEMM's (None: the traffic bytes)
     has_foot = any(t.foot is not None for t in prog.tensors)
-    t_foot = np.zeros((n, max(T, 1)), dtype=np.float64) if has_foot else None
+    t_foot = None
+    foot_done = False
+    if has_foot:
+        # every block's bytes shared (whole tiles: tile columns only): the matrix made
+        # on the distinct rows and gathered by rows, once (the same converted values)
+        sh = env.get(_SHARE_KEY)
+        small = ([] if sh is None else
+                 [sh.small_value(t.bytes if t.foot is None else t.foot) for t in prog.tensors])
+        if small and all(v is not None for v in small):
+            fs = np.zeros((sh.rep.shape[0], max(T, 1)), dtype=np.float64)
+            for j, v in enumerate(small):
+                fs[:, j] = v
+            t_foot = fs[sh.inv]
+            foot_done = True
+        else:
+            t_foot = np.zeros((n, max(T, 1)), dtype=np.float64)
     work_iter = np.zeros((n, N_RES), dtype=np.float64)
     work_epi = np.zeros((n, N_RES), dtype=np.float64)
     for j, t in enumerate(prog.tensors):
         b = _arr(t.bytes, env, n)
         t_bytes[:, j] = b
-        if t_foot is not None:
+        if t_foot is not None and not foot_done:
             t_foot[:, j] = b if t.foot is None else _arr(t.foot, env, n)
         if t.cadence == "tile":
             work_epi[:, R_L2] += b
@@ -701,6 +716,9 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     # a dtype without a tensor-core rate on this GPU (fp8 before Hopper) runs on CUDA cores
     tc_has = np.array([hw.tc_tflops(prog.dtypes[d]["tc"] or "float16") > 0 for d in prog.dtypes])
     on_tc = on_tc & tc_has[env["_dtype_code"]]
+    # every row on tensor cores (a batch of one dtype that has them): the selections
+    # below take their first operand on every row, so it is taken as it is
+    all_tc = bool(on_tc.all())
     body = prog.body
     bi = {a.name: k for k, a in enumerate(body)}
     sync_work: list[list[tuple[int, np.ndarray]]] = [[] for _ in body]
@@ -715,8 +733,11 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
                 col, w = R_CUDA, 2.0 * w
             target = work_iter if a.phase == "body" else work_epi
             if col == R_TC:
-                target[:, R_TC] += np.where(on_tc, w, 0.0)
-                target[:, R_CUDA] += np.where(on_tc, 0.0, w)
+                if all_tc:  # (adding 0.0 to a work sum, +0.0 or more, changes no bit)
+                    target[:, R_TC] += w
+                else:
+                    target[:, R_TC] += np.where(on_tc, w, 0.0)
+                    target[:, R_CUDA] += np.where(on_tc, 0.0, w)
             else:
                 target[:, col] += w
             if a.phase == "body" and not a.is_async:
@@ -778,15 +799,19 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     n_use = sum(len(uses) for uses in sync_work)
     rate_gpu = _rates(hw, 1)[0]
     buf = np.empty((n, n_use + 1), dtype=np.float64)
+    tc_safe = None  # the tensor-core rate, 1.0 where zero (made once, on first use)
     for k, uses in enumerate(sync_work):
         for col, w in uses:
             dst = buf[:, len(use_res_l)]
             if col == R_TC:
                 # a dtype without tensor cores has a zero rate there: its rows take
                 # the CUDA-core quotient (the other one is not used)
-                tc_rate = rate[:, R_TC]
-                dst[:] = np.where(on_tc, w / np.where(tc_rate > 0, tc_rate, 1.0),
-                                  w / rate_gpu[R_CUDA])
+                if tc_safe is None:
+                    tc_safe = np.where(rate[:, R_TC] > 0, rate[:, R_TC], 1.0)
+                if all_tc:
+                    np.divide(w, tc_safe, out=dst)
+                else:
+                    dst[:] = np.where(on_tc, w / tc_safe, w / rate_gpu[R_CUDA])
             elif rate_gpu[col] > 0:
                 np.divide(w, rate_gpu[col], out=dst)
             else:
