@@ -241,10 +241,11 @@ class _Sharing:
         low = {c for c, k in keys.items()
                if dedup_rows(k[::step].reshape(-1, 1))[1].shape[0] <= SHARE_LOW_VALUES}
 
-        def choose(low: set):
+        def choose(low: set, greedy: bool = True):
             # the columns grouped on: every low one an expression of low columns
             # needs, dropping first those the fewest operations depend on while the
-            # sample has too many distinct rows of them; (operations shared, columns)
+            # sample has too many distinct rows of them (not greedy: none dropped);
+            # (operations shared, columns)
             c = cand
             while True:
                 c = [(d, o) for d, o in c if d <= low]
@@ -255,16 +256,20 @@ class _Sharing:
                 sample = np.column_stack([keys[k][::step] for k in cols])
                 if dedup_rows(sample)[1].shape[0] <= SHARE_MAX_FRACTION * sample.shape[0]:
                     return ops, cols
+                if not greedy:
+                    return 0, []
                 weight = {k: sum(o for d, o in c if k in d) for k in cols}
                 low.discard(min(cols, key=lambda k: (weight[k], k)))
 
-        # text columns are tried as a second choice: the drops above are greedy, and a
-        # text column of few values (MoE's routing) can displace numeric ones that
-        # more operations depend on; the grouping sharing more operations is kept
+        # text columns come second: the drops above are greedy, and a text column of
+        # few values (MoE's routing) can displace numeric ones that more operations
+        # depend on. The grouping without them is made first; then the same columns
+        # with the text ones added (one sample's check) or, where that grouping is
+        # none, the choice among all; the one sharing more operations is kept
         text = {c for c in low if env[c].dtype.kind == "O"}
         ops, cols = choose(low - text)
         if text:
-            ops_t, cols_t = choose(set(low))
+            ops_t, cols_t = choose(set(cols) | text, greedy=False) if cols else choose(set(low))
             if ops_t > ops:
                 ops, cols = ops_t, cols_t
         if not cols:
@@ -293,6 +298,11 @@ class _Sharing:
         """``e``'s values on the batch, or None where it is not shared."""
         v = self.small_value(e)
         return None if v is None else v[self.inv]
+
+    def shares(self, e) -> bool:
+        """Whether ``e`` is evaluated on the distinct rows (:meth:`small_value`)."""
+        d = self.deps.get(e)
+        return d is not None and self.rep is not None and d[0] <= self.low
 
     def small_value(self, e):
         """``e``'s values on the distinct rows ``rep``, or None where it is not
@@ -688,12 +698,11 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         # every block's bytes shared (whole tiles: tile columns only): the matrix made
         # on the distinct rows and gathered by rows, once (the same converted values)
         sh = env.get(_SHARE_KEY)
-        small = ([] if sh is None else
-                 [sh.small_value(t.bytes if t.foot is None else t.foot) for t in prog.tensors])
-        if small and all(v is not None for v in small):
+        feet = [t.bytes if t.foot is None else t.foot for t in prog.tensors]
+        if sh is not None and feet and all(sh.shares(e) for e in feet):
             fs = np.zeros((sh.rep.shape[0], max(T, 1)), dtype=np.float64)
-            for j, v in enumerate(small):
-                fs[:, j] = v
+            for j, e in enumerate(feet):
+                fs[:, j] = sh.small_value(e)
             t_foot = fs[sh.inv]
             foot_done = True
         else:
