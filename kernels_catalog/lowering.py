@@ -160,10 +160,11 @@ def _share_plan(prog: TileProgram) -> dict:
     set of columns its value depends on and its number of operations, where
     :class:`_Sharing` may evaluate it on their distinct rows, else None.
     Dependencies go through the lets; the dtype's numbers count as the
-    pseudo-column ``_dtype_code``; the GPU's numbers are scalars. Not shared: an
-    expression on a text column (their codes cost a dictionary look-up a row), one
-    using ``**`` or :data:`_UNSHARED_CALLS` itself (its value is still an input
-    the expressions after it can share on), and one of no column."""
+    pseudo-column ``_dtype_code``; the GPU's numbers are scalars; a text column
+    is grouped on by the identity of its strings (:meth:`_Sharing._key_column`).
+    Not shared: an expression using ``**`` or :data:`_UNSHARED_CALLS` itself
+    (its value is still an input the expressions after it can share on), and
+    one of no column."""
     if prog._shared is not None:
         return prog._shared
     kinds = {c.name: c for c in prog.columns}
@@ -173,8 +174,6 @@ def _share_plan(prog: TileProgram) -> dict:
         d: set = set()
         for nm in e.names:
             if nm in kinds:
-                if kinds[nm].kind == "str":
-                    return None
                 d.add(nm)
             elif nm in DTYPE_NAMES:
                 d.add("_dtype_code")
@@ -219,9 +218,11 @@ class _Sharing:
     sample has more than :data:`SHARE_MAX_FRACTION` distinct rows of them; the
     batch is grouped once on the rest, where the shared expressions hold at least
     :data:`SHARE_MIN_OPS` operations and the groups are at most that fraction of
-    the rows. Each row gets the value the whole-column evaluation gives it: the
-    same elementwise numpy operations on the same operands (:data:`_UNSHARED_CALLS`
-    excepted)."""
+    the rows. Text columns (keyed by their strings' identity) are such columns too,
+    but the choice is made with and without them and the one sharing more
+    operations kept. Each row gets the value the whole-column evaluation gives it:
+    the same elementwise numpy operations on the same operands
+    (:data:`_UNSHARED_CALLS` excepted)."""
 
     def __init__(self, prog: TileProgram, env: dict, n: int):
         from tsbatch.kernels.rowhash import dedup_rows  # noqa: PLC0415
@@ -239,34 +240,69 @@ class _Sharing:
         keys = {c: self._key_column(c) for c in sorted(used)}
         low = {c for c, k in keys.items()
                if dedup_rows(k[::step].reshape(-1, 1))[1].shape[0] <= SHARE_LOW_VALUES}
-        # the columns grouped on: every low one an expression of low columns needs,
-        # dropping first those the fewest operations depend on while the sample has
-        # too many distinct rows of them
-        while True:
-            cand = [(d, o) for d, o in cand if d <= low]
-            ops = sum(o for _, o in cand)
-            cols = sorted(set().union(*(d for d, _ in cand))) if cand else []
-            if ops < SHARE_MIN_OPS or not cols:
-                return
-            sample = np.column_stack([keys[c][::step] for c in cols])
-            if dedup_rows(sample)[1].shape[0] <= SHARE_MAX_FRACTION * sample.shape[0]:
-                break
-            weight = {c: sum(o for d, o in cand if c in d) for c in cols}
-            low.discard(min(cols, key=lambda c: (weight[c], c)))
+
+        def choose(low: set, greedy: bool = True):
+            # the columns grouped on: every low one an expression of low columns
+            # needs, dropping first those the fewest operations depend on while the
+            # sample has too many distinct rows of them (not greedy: none dropped);
+            # (operations shared, columns)
+            c = cand
+            while True:
+                c = [(d, o) for d, o in c if d <= low]
+                ops = sum(o for _, o in c)
+                cols = sorted(set().union(*(d for d, _ in c))) if c else []
+                if ops < SHARE_MIN_OPS or not cols:
+                    return 0, []
+                sample = np.column_stack([keys[k][::step] for k in cols])
+                if dedup_rows(sample)[1].shape[0] <= SHARE_MAX_FRACTION * sample.shape[0]:
+                    return ops, cols
+                if not greedy:
+                    return 0, []
+                weight = {k: sum(o for d, o in c if k in d) for k in cols}
+                low.discard(min(cols, key=lambda k: (weight[k], k)))
+
+        # text columns come second: the drops above are greedy, and a text column of
+        # few values (MoE's routing) can displace numeric ones that more operations
+        # depend on. The grouping without them is made first; then the same columns
+        # with the text ones added (one sample's check) or, where that grouping is
+        # none, the choice among all; the one sharing more operations is kept
+        text = {c for c in low if env[c].dtype.kind == "O"}
+        ops, cols = choose(low - text)
+        if text:
+            ops_t, cols_t = choose(set(cols) | text, greedy=False) if cols else choose(set(low))
+            if ops_t > ops:
+                ops, cols = ops_t, cols_t
+        if not cols:
+            return
         inv, rep = dedup_rows(np.column_stack([keys[c] for c in cols]))
         if rep.shape[0] <= SHARE_MAX_FRACTION * n:
             self.low, self.inv, self.rep = frozenset(cols), inv, rep
 
     def _key_column(self, name: str) -> np.ndarray:
+        """The int64 key of a column: its values (a float's bits), or for a text
+        column the addresses of its string objects (:func:`same_object`'s reading,
+        ~0.5 ns a row, where mapping strings to codes costs a dictionary look-up a
+        row): rows of one group then hold the very same object, so every
+        expression gives them what it gives the group's first row. A validated
+        column holds one object per distinct string (equal strings that are
+        distinct objects only make more groups)."""
         v = self.env[name]
         if v.dtype.kind == "f":
             return np.ascontiguousarray(v, dtype=np.float64).view(np.int64)
+        if v.dtype.kind == "O":
+            return np.frombuffer(v.tobytes(), dtype=np.intp).astype(
+                np.int64, copy=False)
         return v.astype(np.int64, copy=False)
 
     def value(self, e):
         """``e``'s values on the batch, or None where it is not shared."""
         v = self.small_value(e)
         return None if v is None else v[self.inv]
+
+    def shares(self, e) -> bool:
+        """Whether ``e`` is evaluated on the distinct rows (:meth:`small_value`)."""
+        d = self.deps.get(e)
+        return d is not None and self.rep is not None and d[0] <= self.low
 
     def small_value(self, e):
         """``e``'s values on the distinct rows ``rep``, or None where it is not
@@ -608,6 +644,10 @@ def _arr(e, env, n, dtype=np.float64):
 
 
 def _rates(hw, n: int) -> np.ndarray:
+    if n != 1:  # every row the GPU's one row of scalars (a row-major copy, not 9 column fills)
+        rate = np.empty((n, N_RES), dtype=np.float64)
+        rate[:] = _rates(hw, 1)[0]
+        return rate
     sms = hw.sm_count
     rate = np.zeros((n, N_RES), dtype=np.float64)
     rate[:, R_CUDA] = hw.rate("fp32_tflops") * 1e6 / sms
@@ -643,20 +683,36 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     # ---- tensors
     T = len(prog.tensors)
     t_bytes = np.zeros((n, max(T, 1)), dtype=np.float64)
+    # the reuse masks and cadences are the program's: one row, copied to every row
     t_mask = np.zeros((n, max(T, 1)), dtype=np.int64)
     t_per_step = np.zeros((n, max(T, 1)), dtype=np.int64)
+    t_mask[:, :T] = np.array([t.mask for t in prog.tensors], dtype=np.int64)
+    t_per_step[:, :T] = np.array([1 if t.cadence == "step" else 0 for t in prog.tensors],
+                                 dtype=np.int64)
     # the cache model's block bytes: every block at its full tile size where the
     # program says so (``foot``), as GEMM's (None: the traffic bytes)
     has_foot = any(t.foot is not None for t in prog.tensors)
-    t_foot = np.zeros((n, max(T, 1)), dtype=np.float64) if has_foot else None
+    t_foot = None
+    foot_done = False
+    if has_foot:
+        # every block's bytes shared (whole tiles: tile columns only): the matrix made
+        # on the distinct rows and gathered by rows, once (the same converted values)
+        sh = env.get(_SHARE_KEY)
+        feet = [t.bytes if t.foot is None else t.foot for t in prog.tensors]
+        if sh is not None and feet and all(sh.shares(e) for e in feet):
+            fs = np.zeros((sh.rep.shape[0], max(T, 1)), dtype=np.float64)
+            for j, e in enumerate(feet):
+                fs[:, j] = sh.small_value(e)
+            t_foot = fs[sh.inv]
+            foot_done = True
+        else:
+            t_foot = np.zeros((n, max(T, 1)), dtype=np.float64)
     work_iter = np.zeros((n, N_RES), dtype=np.float64)
     work_epi = np.zeros((n, N_RES), dtype=np.float64)
     for j, t in enumerate(prog.tensors):
         b = _arr(t.bytes, env, n)
         t_bytes[:, j] = b
-        t_mask[:, j] = t.mask
-        t_per_step[:, j] = 1 if t.cadence == "step" else 0
-        if t_foot is not None:
+        if t_foot is not None and not foot_done:
             t_foot[:, j] = b if t.foot is None else _arr(t.foot, env, n)
         if t.cadence == "tile":
             work_epi[:, R_L2] += b
@@ -669,6 +725,9 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     # a dtype without a tensor-core rate on this GPU (fp8 before Hopper) runs on CUDA cores
     tc_has = np.array([hw.tc_tflops(prog.dtypes[d]["tc"] or "float16") > 0 for d in prog.dtypes])
     on_tc = on_tc & tc_has[env["_dtype_code"]]
+    # every row on tensor cores (a batch of one dtype that has them): the selections
+    # below take their first operand on every row, so it is taken as it is
+    all_tc = bool(on_tc.all())
     body = prog.body
     bi = {a.name: k for k, a in enumerate(body)}
     sync_work: list[list[tuple[int, np.ndarray]]] = [[] for _ in body]
@@ -683,8 +742,11 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
                 col, w = R_CUDA, 2.0 * w
             target = work_iter if a.phase == "body" else work_epi
             if col == R_TC:
-                target[:, R_TC] += np.where(on_tc, w, 0.0)
-                target[:, R_CUDA] += np.where(on_tc, 0.0, w)
+                if all_tc:  # (adding 0.0 to a work sum, +0.0 or more, changes no bit)
+                    target[:, R_TC] += w
+                else:
+                    target[:, R_TC] += np.where(on_tc, w, 0.0)
+                    target[:, R_CUDA] += np.where(on_tc, 0.0, w)
             else:
                 target[:, col] += w
             if a.phase == "body" and not a.is_async:
@@ -746,15 +808,19 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     n_use = sum(len(uses) for uses in sync_work)
     rate_gpu = _rates(hw, 1)[0]
     buf = np.empty((n, n_use + 1), dtype=np.float64)
+    tc_safe = None  # the tensor-core rate, 1.0 where zero (made once, on first use)
     for k, uses in enumerate(sync_work):
         for col, w in uses:
             dst = buf[:, len(use_res_l)]
             if col == R_TC:
                 # a dtype without tensor cores has a zero rate there: its rows take
                 # the CUDA-core quotient (the other one is not used)
-                tc_rate = rate[:, R_TC]
-                dst[:] = np.where(on_tc, w / np.where(tc_rate > 0, tc_rate, 1.0),
-                                  w / rate_gpu[R_CUDA])
+                if tc_safe is None:
+                    tc_safe = np.where(rate[:, R_TC] > 0, rate[:, R_TC], 1.0)
+                if all_tc:
+                    np.divide(w, tc_safe, out=dst)
+                else:
+                    dst[:] = np.where(on_tc, w / tc_safe, w / rate_gpu[R_CUDA])
             elif rate_gpu[col] > 0:
                 np.divide(w, rate_gpu[col], out=dst)
             else:
@@ -787,7 +853,14 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         best = best_u[inv]
     else:
         # no dependency between synchronous actions: the longest action's use
-        chain = udur.max(axis=1) if udur.shape[1] else np.zeros(n)
+        # (np.maximum over the columns in turn: the same maximum as ``udur.max(axis=1)``,
+        # whose reduction along a row of a few strided elements costs ~10x more)
+        if udur.shape[1]:
+            chain = udur[:, 0].copy()
+            for j in range(1, udur.shape[1]):
+                np.maximum(chain, udur[:, j], out=chain)
+        else:
+            chain = np.zeros(n)
         best = np.zeros(n, dtype=np.int64)
 
     if prog.streams is not None:

@@ -259,6 +259,78 @@ def test_lazy_shared_lets_equal_to_the_bit(name, monkeypatch):
         lazy["no such name"]
 
 
+@pytest.mark.parametrize("copies", [False, True])
+def test_text_columns_grouped_by_identity(copies, monkeypatch):
+    """A text column is grouped on by the identity of its strings: on the epilogue
+    sweep the ``epilogue``-dependent lets are shared, and the plan equals the unshared
+    one array by array and bit by bit, also where every row's string is an object of
+    its own (equal strings that are distinct objects: more groups, never a wrong one)."""
+    fam = FAMILIES["gemm_epilogue"]
+    prog = fam.program
+    frame = next(iter(candidate_chunks(load_sweep("epilogue_llm"))))
+    frame = frame.select([c.name for c in prog.columns if c.name in frame.columns])
+    frame = pl.concat([frame, frame.with_columns(pl.col("m") + 3)])
+    cols, _ = validate(frame, fam)
+    assert len(set(cols["epilogue"].tolist())) > 1
+    if copies:
+        cols = dict(cols)
+        cols["epilogue"] = np.array(["".join(list(x)) for x in cols["epilogue"]] + [None],
+                                    dtype=object)[:-1]
+        assert len({id(x) for x in cols["epilogue"]}) == frame.height
+    hw = get_hw("h100")
+    with np.errstate(all="ignore"):
+        monkeypatch.setattr(lowering, "SHARE_MIN_ROWS", 16)
+        env = program_env(prog, cols, hw)
+        shared = _plan_arrays(lowering.lower_program(prog, cols, hw))
+        monkeypatch.setattr(lowering, "SHARE_MIN_ROWS", 1 << 62)
+        plain = _plan_arrays(lowering.lower_program(prog, cols, hw))
+    sh = env[lowering._SHARE_KEY]
+    assert ("epilogue" in sh.low) == (not copies)
+    if not copies:
+        assert {"swiglu", "epi_ops", "epi_sfu"} <= set(env.lazy) | set(sh.small)
+    assert plain.keys() == shared.keys()
+    for k, v in plain.items():
+        w = shared[k]
+        assert v.dtype == w.dtype and v.shape == w.shape, k
+        if v.dtype.kind == "f":
+            assert np.array_equal(v.view(np.int64), w.view(np.int64)), k
+        else:
+            assert np.array_equal(v, w), k
+
+
+def _shared_ops(prog, cols, hw, monkeypatch):
+    monkeypatch.setattr(lowering, "SHARE_MIN_ROWS", 16)
+    with np.errstate(all="ignore"):
+        sh = program_env(prog, cols, hw)[lowering._SHARE_KEY]
+    plan = lowering._share_plan(prog)
+    return sum(d[1] for d in plan.values()
+               if d is not None and sh.rep is not None and d[0] <= sh.low)
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAM_SWEEPS))
+def test_text_columns_never_share_fewer_operations(name, monkeypatch):
+    """Text columns in the grouping never leave fewer operations shared than the
+    grouping without them (every row's string its own object: no text column is of
+    few values) on the program sweeps, sizes shifted in a second copy (there the
+    greedy drops with MoE's routing and hot_fraction let them displace block_k,
+    num_stages and the dtype)."""
+    fam = FAMILIES[name]
+    prog = fam.program
+    frame = next(iter(candidate_chunks(load_sweep(PROGRAM_SWEEPS[name]))))
+    size = {"gemm_epilogue": "m", "moe_grouped_gemm": "tokens", "rowwise": "rows",
+            "attention": "seq_len", "flash_decoding": "seq_len_kv"}[name]
+    frame = frame.select([c.name for c in prog.columns if c.name in frame.columns])
+    frame = pl.concat([frame, frame.with_columns(pl.col(size) + 3)])
+    cols, _ = validate(frame, fam)
+    alone = dict(cols)
+    for c in prog.columns:
+        if c.kind == "str":
+            alone[c.name] = np.array(["".join(list(x)) for x in cols[c.name]] + [None],
+                                     dtype=object)[:-1]
+    hw = get_hw("h100")
+    assert _shared_ops(prog, cols, hw, monkeypatch) >= _shared_ops(prog, alone, hw, monkeypatch)
+
+
 @pytest.mark.parametrize("gpu", ["a100", "h100", "h200"])
 def test_rates_are_the_gpus_scalars(gpu):
     """``lower_program`` divides the chain's work by ``_rates(hw, 1)[0]``: exact only
