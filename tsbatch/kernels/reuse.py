@@ -1158,6 +1158,32 @@ def _cache_planes(b, i):
     return True
 
 
+@jit_scalar
+def _pos_key_tensor(per_step, mask, koff, P, conc):
+    """The per-step tensor whose blocks :func:`_cache_one` keys by their tile's
+    position in the wave, else -1: one with a block per tile (``P`` ids: each
+    block touched by one tile, so in one wave alone), reused along neither the
+    grid's rows nor its columns (so the sum-by-sum book-keeping, which walks
+    its blocks, is off: :func:`_cache_one`'s ``seqbook``), holding the last
+    id range (the arrays keyed by id then end ``P - conc`` entries earlier),
+    in a launch of more than one wave. The fast paths key such a tensor's
+    blocks nowhere but in :func:`_wave` and the L1.5 groups of
+    :func:`_hits_blocks`, both within the wave; in :func:`_wave` an id's
+    ``lastwave`` is reset before the wave reads it, so it reads as the tile's
+    block does (never touched), and the other id-keyed entries are compared
+    with this wave's stamps only, which an earlier wave's never equal. Each
+    id is unique in its wave, so every first touch, label and distance is the
+    one with the tile's id."""
+    T = per_step.shape[0]
+    if conc >= P:
+        return -1
+    for t in range(T):
+        if (per_step[t] != 0 and koff[t + 1] - koff[t] == P and mask[t] & 3 == 0
+                and koff[t + 1] == koff[T]):
+            return t
+    return -1
+
+
 @separately_linked
 @jit_serial_internal
 def _cache_one(b, i):
@@ -1225,6 +1251,12 @@ def _cache_one(b, i):
                 kstr[t, d] = stride
                 stride *= gdim[d]
 
+    # a per-step tensor with a block per tile, the last id range (MoE's W_other):
+    # keyed by its tile's position in the wave (_wave), so the id-keyed arrays
+    # hold conc entries for it, not P
+    pkey = _pos_key_tensor(per_step, mask, koff, P, conc) if fast and b.pos_keys else -1
+    nid = koff[T] if pkey < 0 else koff[pkey] + conc
+
     use15 = g15 > 0 and cap15 > 0.0 and assoc15 > 0
     ngroups = (nsm + g15 - 1) // g15 if use15 else 1
 
@@ -1266,9 +1298,9 @@ def _cache_one(b, i):
                  n_step=n_step, pool_step=pool_step, once_bytes=once_bytes, unit=unit,
                  B2=cap2 / unit,
                  assoc2=assoc2, use15=use15, B15=cap15 / unit, assoc15=assoc15, nsm=nsm,
-                 g15=g15, ngroups=ngroups, kf=kf, ks=ks, svals=svals, fast=fast, gsig=gsig)
+                 g15=g15, ngroups=ngroups, kf=kf, ks=ks, svals=svals, fast=fast, gsig=gsig,
+                 pkey=pkey)
 
-    nid = koff[T]
     bk = Book(lastwave=np.full(nid, -1, dtype=np.int64),
               fstamp=np.full(nid, -1, dtype=np.int64),
               bstamp=np.full(nid, -1, dtype=np.int64),
@@ -1498,7 +1530,10 @@ def _wave(pb, bk, sc, mm, w, do_hits, valid_from):
         for t in range(T):
             if per_step[t] == 0:
                 continue
-            ids[j] = pb.koff[t] + cr * kstr[t, 0] + cc * kstr[t, 1] + cz * kstr[t, 2]
+            if t == pb.pkey:
+                ids[j] = pb.koff[t] + p
+            else:
+                ids[j] = pb.koff[t] + cr * kstr[t, 0] + cc * kstr[t, 1] + cz * kstr[t, 2]
             wts[j] = pb.tbytes[t]
             sc.ten[j] = t
             if not fast:
@@ -1507,6 +1542,12 @@ def _wave(pb, bk, sc, mm, w, do_hits, valid_from):
         if not pb.zorder:
             cr, cc, cz, first, size = _advance(pb.g0, pb.g1, gm, cr, cc, cz, first, size, 1)
     n = j
+    if pb.pkey >= 0:
+        # the position-keyed tensor's blocks are touched in this wave alone: their
+        # ids (an earlier wave's tiles at these positions) read as never touched
+        k0 = pb.koff[pb.pkey]
+        for p in range(nw):
+            lastwave[k0 + p] = -1
     # ---- first touches in the step: bytes before them, new bytes vs previous wave
     run = 0.0
     newb = 0.0
@@ -2293,7 +2334,11 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                         for t in range(T):
                             if per_step[t] == 0:
                                 continue
-                            gids[j] = koff[t] + cr * kstr[t, 0] + cc * kstr[t, 1] + cz * kstr[t, 2]
+                            if t == pb.pkey:
+                                gids[j] = koff[t] + p
+                            else:
+                                gids[j] = (koff[t] + cr * kstr[t, 0] + cc * kstr[t, 1]
+                                           + cz * kstr[t, 2])
                             gwts[j] = tbytes[t]
                             j += 1
                         cr, cc, cz, first, size = _advance(g0, g1, gm, cr, cc, cz,
@@ -2346,7 +2391,7 @@ def _cache_rows(b, perm, lo, hi):
 def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                     cap2, assoc2, nsm, g15, cap15, assoc15, k_samples=4, max_waves=1 << 30,
                     max_lookback=1 << 30, general=False, interior_weights=True,
-                    drop_zero=True, seq_book=True, column=True):
+                    drop_zero=True, seq_book=True, column=True, pos_keys=True):
     """Per-tensor hit rates for a batch of cache problems.
 
     Parameters are 1-D arrays of length ``n`` (one cache problem each) except
@@ -2384,6 +2429,10 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
     wave the problems the closed forms solve (one-column grids,
     :func:`_cache_column`; plane-keyed grids, :func:`_cache_planes`; within
     1e-12: tests/test_cache_column.py, tests/test_cache_planes.py).
+    ``pos_keys=False`` keys a tensor with a block per tile by its tile, not by
+    its tile's position in the wave (:func:`_pos_key_tensor`; the same
+    results to the bit, with id-keyed arrays of ``P`` entries for it instead
+    of ``conc``: tests/test_cache_pos_keys.py).
 
     Returns
     -------
@@ -2412,7 +2461,8 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
                   k_samples=int(k_samples), max_waves=int(max(max_waves, 2)),
                   max_lookback=int(max(max_lookback, 1)), fast=not general,
                   weights=bool(interior_weights), drop_zero=bool(drop_zero),
-                  seq_book=bool(seq_book), column=bool(column), h15=h15, h2=h2, dram=dram)
+                  seq_book=bool(seq_book), column=bool(column), pos_keys=bool(pos_keys),
+                  h15=h15, h2=h2, dram=dram)
     run_shares(_cache_rows, (batch, perm), bounds)
     return h15, h2, dram
 
