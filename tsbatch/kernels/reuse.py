@@ -1763,6 +1763,19 @@ def _window_start(w, ws, P, conc, T, per_step, kstr, g0, g1, gm):
 
 
 @jit_scalar
+def _pos_shift(n_step):
+    """The bits of an access's position in its tile (``q < n_step``): the block
+    paths write a candidate at tile ``p``, position ``q`` as ``(p << sh) + q``,
+    in the order of the per-access position ``p * n_step + q`` (they only
+    compare positions, and count a block-per-tile tensor's tiles before one
+    with a shift instead of a division)."""
+    sh = 0
+    while (1 << sh) < n_step:
+        sh += 1
+    return sh
+
+
+@jit_scalar
 def _two_streams(T, clen):
     """The two tensors with candidates (``clen[t] > 0``) when exactly two have
     any, else ``(-1, -1)``: their merge needs one read pointer. The sums are
@@ -1824,6 +1837,7 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
     koff, tbytes = pb.koff, pb.tbytes
     lastwave, bstamp, tail_b = bk.lastwave, bk.bstamp, bk.tail_b
     cp, ck, clen = sc.cp, sc.ck, sc.clen
+    psh = _pos_shift(n_step)
     start = w * conc
     end = start + conc
     if end > P:
@@ -1868,7 +1882,7 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
                         k = kz + (first + inner - col * size) * k0 + col * k1
                         if bstamp[k] != w:
                             bstamp[k] = w
-                            cp[t, c] = (p0 + inner) * n_step + q
+                            cp[t, c] = ((p0 + inner) << psh) + q
                             ck[t, c] = k
                             c += 1
                 elif k0 != 0:
@@ -1879,7 +1893,7 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
                         k = kz + (first + inner % size) * k0
                         if bstamp[k] != w:
                             bstamp[k] = w
-                            cp[t, c] = (p0 + inner) * n_step + q
+                            cp[t, c] = ((p0 + inner) << psh) + q
                             ck[t, c] = k
                             c += 1
                 elif k1 != 0:
@@ -1907,7 +1921,7 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
                             k = kz + col * k1
                             if bstamp[k] != w:
                                 bstamp[k] = w
-                                cp[t, c] = (p0 + inner) * n_step + q
+                                cp[t, c] = ((p0 + inner) << psh) + q
                                 ck[t, c] = k
                                 c += 1
                     if lo <= hi:
@@ -1923,7 +1937,7 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
                 else:
                     if bstamp[kz] != w:
                         bstamp[kz] = w
-                        cp[t, c] = (p0 + ib - 1) * n_step + q
+                        cp[t, c] = ((p0 + ib - 1) << psh) + q
                         ck[t, c] = kz
                         c += 1
                 clen[t] = c
@@ -1995,8 +2009,12 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
                     newb += wt
                 lastwave[k] = w
             continue
+        q2 = 0
         for t2 in range(T):
             clen[T + t2] = 0  # read pointers: candidates of t2 after the current one
+            clen[2 * T + t2] = q2  # (free after the candidates) t2's position in a tile
+            if per_step[t2] != 0:
+                q2 += 1
         for i in range(nt):
             pos = cp[t, i]
             r = i * wt
@@ -2006,12 +2024,8 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
                 n2 = clen[t2]
                 if n2 > 0 and koff[t2 + 1] - koff[t2] == P:
                     # a block per tile: its candidates are the wave's tiles p at
-                    # positions p * n_step + q2; those after pos, counted
-                    q2 = 0
-                    for t3 in range(t2):
-                        if per_step[t3] != 0:
-                            q2 += 1
-                    lo = (pos - q2) // n_step + 1
+                    # positions (p, q2); those after pos = (p_t, q_t), counted
+                    lo = (pos >> psh) + ((pos & ((1 << psh) - 1)) > clen[2 * T + t2])
                     if lo < 0:
                         lo = 0
                     if lo > n2:
@@ -2078,6 +2092,7 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
     koff, tbytes = pb.koff, pb.tbytes
     lastwave, fstamp = bk.lastwave, bk.fstamp
     cp, ck, clen = sc.cp, sc.ck, sc.clen
+    psh = _pos_shift(n_step)
     ids, head, fts, hx = sc.ids, sc.head, sc.grp, sc.dist
     start = w * conc
     end = start + conc
@@ -2123,7 +2138,7 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                         k = kz + (first + inner - col * size) * k0 + col * k1
                         if fstamp[k] != stamp:
                             fstamp[k] = stamp
-                            cp[t, c] = (p0 + inner) * n_step + q
+                            cp[t, c] = ((p0 + inner) << psh) + q
                             ck[t, c] = k
                             c += 1
                 elif k0 != 0:
@@ -2134,7 +2149,7 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                         k = kz + (first + inner % size) * k0
                         if fstamp[k] != stamp:
                             fstamp[k] = stamp
-                            cp[t, c] = (p0 + inner) * n_step + q
+                            cp[t, c] = ((p0 + inner) << psh) + q
                             ck[t, c] = k
                             c += 1
                 elif k1 != 0:
@@ -2161,7 +2176,7 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                             k = kz + col * k1
                             if fstamp[k] != stamp:
                                 fstamp[k] = stamp
-                                cp[t, c] = (p0 + inner) * n_step + q
+                                cp[t, c] = ((p0 + inner) << psh) + q
                                 ck[t, c] = k
                                 c += 1
                     if lo <= hi:
@@ -2180,7 +2195,7 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                 else:
                     if fstamp[kz] != stamp:
                         fstamp[kz] = stamp
-                        cp[t, c] = (p0 + ia) * n_step + q
+                        cp[t, c] = ((p0 + ia) << psh) + q
                         ck[t, c] = kz
                         c += 1
                 clen[t] = c
@@ -2255,8 +2270,12 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                 if fresh_all or lastwave[k] != w - 1:
                     newb += wt
             continue
+        q2 = 0
         for t2 in range(T):
             clen[T + t2] = 0  # read pointers: candidates of t2 before the current one
+            clen[2 * T + t2] = q2  # (free after the candidates) t2's position in a tile
+            if per_step[t2] != 0:
+                q2 += 1
         for i in range(nt):
             pos = cp[t, i]
             r = i * wt
@@ -2266,12 +2285,8 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                 n2 = clen[t2]
                 if n2 > 0 and koff[t2 + 1] - koff[t2] == P:
                     # a block per tile: the wave's tiles p at positions
-                    # p * n_step + q2; those before pos, counted
-                    q2 = 0
-                    for t3 in range(t2):
-                        if per_step[t3] != 0:
-                            q2 += 1
-                    hi = (pos - q2 + n_step - 1) // n_step
+                    # (p, q2); those before pos = (p_t, q_t), counted
+                    hi = (pos >> psh) + ((pos & ((1 << psh) - 1)) > clen[2 * T + t2])
                     if hi < 0:
                         hi = 0
                     if hi > n2:
@@ -2319,16 +2334,16 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
             if not (sslot >= 0 and sig_tab[sslot, 0] == ns):
                 # the group's access keys, as the per-access pass writes them
                 base = 0
+                e = gi  # rsc entry of the run: its first program (_run_starts)
                 while base + lo < nw:
                     pe = base + hi
                     if pe > nw:
                         pe = nw
-                    cr, cc, cz = tile_coords(pb.order, g0, g1, pb.g2, pb.group,
-                                             start + base + lo)
-                    first = (cr // gm) * gm
-                    size = g0 - first
-                    if size > gm:
-                        size = gm
+                    cr = sc.rsc[0, e]
+                    cc = sc.rsc[1, e]
+                    cz = sc.rsc[2, e]
+                    first = sc.rsc[3, e]
+                    size = sc.rsc[4, e]
                     for p in range(base + lo, pe):
                         j = p * n_step
                         for t in range(T):
@@ -2344,6 +2359,7 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                         cr, cc, cz, first, size = _advance(g0, g1, gm, cr, cc, cz,
                                                            first, size, 1)
                     base += nsm
+                    e += pb.ngroups
                 _group_l15(pb, sc, mm, gids, gwts, lo, hi, nw, ns, sh, sslot)
                 if not (sslot >= 0 and sig_tab[sslot, 0] == ns):
                     # not stored: sum this group's own probabilities
