@@ -390,8 +390,15 @@ def _group_sig(pb, sc, mm, gi, lo, hi, nw):
             sigbuf[ns + 3] = c0 - ac
             sigbuf[ns + 4] = z0 - az
             sigbuf[ns + 5] = seg
-            for e in range(ns, ns + 6):
-                sh = (sh ^ sigbuf[e]) * np.int64(1099511628211)
+            # (the hash only picks the slot: equal layouts are found by comparing
+            # every entry, and the first free slot of the full probe holds a new
+            # one, so which layouts are stored does not depend on it; one product
+            # a piece in the chain instead of six)
+            sh = (sh ^ ((f0 - ar) + (r0 - f0) * np.int64(-7046029254386353131)
+                        + sz * np.int64(-4658895280553007687)
+                        + (c0 - ac) * np.int64(7640891576956012809)
+                        + (z0 - az) * np.int64(-4417276706812531889)
+                        + seg * np.int64(5573672497405405661))) * np.int64(1099511628211)
             ns += 6
             ln -= seg
             if ln > 0:  # on at the next panel's first program (or the next plane's)
