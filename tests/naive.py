@@ -1325,3 +1325,17 @@ def cache_planes_one(g0, g1, g2, conc, ksteps, mask, per_step, tbytes, cap2, ass
         h2[t] = hit2 / req2 if req2 > 0.0 else 0.0
         dram[t] = (req2 - hit2) / acc
     return h15, h2, dram
+
+
+def pos_key_tensor_one(per_step, mask, koff, P: int, conc: int) -> int:
+    """Twin of ``reuse._pos_key_tensor``: the per-step tensor with a block per
+    tile (an id span of ``P``), reused along neither rows nor columns, whose id
+    range is the last one, in a launch of more than one wave; else -1."""
+    T = len(per_step)
+    if conc >= P:
+        return -1
+    for t in range(T):
+        if (per_step[t] and koff[t + 1] - koff[t] == P and mask[t] & 3 == 0
+                and koff[t + 1] == koff[T]):
+            return t
+    return -1

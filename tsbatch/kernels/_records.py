@@ -73,6 +73,9 @@ class Problem(NamedTuple):
     # ---- paths
     fast: bool  #: the fast path (else the general, per-access one)
     gsig: bool  #: L1.5 groups keyed by the panel layout of their runs (fast, panel orders)
+    #: the per-step tensor with a block per tile whose blocks are keyed by their
+    #: tile's position in the wave (ids ``koff[t] + p``, ``p < conc``), -1: none
+    pkey: int
 
 
 class Book(NamedTuple):
@@ -195,6 +198,9 @@ class Batch(NamedTuple):
     #: (``reuse._cache_column``) and plane-keyed grids (``reuse._cache_planes``);
     #: off, simulated wave by wave as any other
     column: bool
+    #: a per-step tensor with a block per tile (the last id range) keyed by its
+    #: tile's position in the wave, not its tile (``reuse._wave``); off, by its tile
+    pos_keys: bool
     # ---- outputs (n, T) float64, written
     h15: np.ndarray
     h2: np.ndarray

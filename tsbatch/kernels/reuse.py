@@ -390,8 +390,15 @@ def _group_sig(pb, sc, mm, gi, lo, hi, nw):
             sigbuf[ns + 3] = c0 - ac
             sigbuf[ns + 4] = z0 - az
             sigbuf[ns + 5] = seg
-            for e in range(ns, ns + 6):
-                sh = (sh ^ sigbuf[e]) * np.int64(1099511628211)
+            # (the hash only picks the slot: equal layouts are found by comparing
+            # every entry, and the first free slot of the full probe holds a new
+            # one, so which layouts are stored does not depend on it; one product
+            # a piece in the chain instead of six)
+            sh = (sh ^ ((f0 - ar) + (r0 - f0) * np.int64(-7046029254386353131)
+                        + sz * np.int64(-4658895280553007687)
+                        + (c0 - ac) * np.int64(7640891576956012809)
+                        + (z0 - az) * np.int64(-4417276706812531889)
+                        + seg * np.int64(5573672497405405661))) * np.int64(1099511628211)
             ns += 6
             ln -= seg
             if ln > 0:  # on at the next panel's first program (or the next plane's)
@@ -1158,6 +1165,32 @@ def _cache_planes(b, i):
     return True
 
 
+@jit_scalar
+def _pos_key_tensor(per_step, mask, koff, P, conc):
+    """The per-step tensor whose blocks :func:`_cache_one` keys by their tile's
+    position in the wave, else -1: one with a block per tile (``P`` ids: each
+    block touched by one tile, so in one wave alone), reused along neither the
+    grid's rows nor its columns (so the sum-by-sum book-keeping, which walks
+    its blocks, is off: :func:`_cache_one`'s ``seqbook``), holding the last
+    id range (the arrays keyed by id then end ``P - conc`` entries earlier),
+    in a launch of more than one wave. The fast paths key such a tensor's
+    blocks nowhere but in :func:`_wave` and the L1.5 groups of
+    :func:`_hits_blocks`, both within the wave; in :func:`_wave` an id's
+    ``lastwave`` is reset before the wave reads it, so it reads as the tile's
+    block does (never touched), and the other id-keyed entries are compared
+    with this wave's stamps only, which an earlier wave's never equal. Each
+    id is unique in its wave, so every first touch, label and distance is the
+    one with the tile's id."""
+    T = per_step.shape[0]
+    if conc >= P:
+        return -1
+    for t in range(T):
+        if (per_step[t] != 0 and koff[t + 1] - koff[t] == P and mask[t] & 3 == 0
+                and koff[t + 1] == koff[T]):
+            return t
+    return -1
+
+
 @separately_linked
 @jit_serial_internal
 def _cache_one(b, i):
@@ -1225,6 +1258,12 @@ def _cache_one(b, i):
                 kstr[t, d] = stride
                 stride *= gdim[d]
 
+    # a per-step tensor with a block per tile, the last id range (MoE's W_other):
+    # keyed by its tile's position in the wave (_wave), so the id-keyed arrays
+    # hold conc entries for it, not P
+    pkey = _pos_key_tensor(per_step, mask, koff, P, conc) if fast and b.pos_keys else -1
+    nid = koff[T] if pkey < 0 else koff[pkey] + conc
+
     use15 = g15 > 0 and cap15 > 0.0 and assoc15 > 0
     ngroups = (nsm + g15 - 1) // g15 if use15 else 1
 
@@ -1266,9 +1305,9 @@ def _cache_one(b, i):
                  n_step=n_step, pool_step=pool_step, once_bytes=once_bytes, unit=unit,
                  B2=cap2 / unit,
                  assoc2=assoc2, use15=use15, B15=cap15 / unit, assoc15=assoc15, nsm=nsm,
-                 g15=g15, ngroups=ngroups, kf=kf, ks=ks, svals=svals, fast=fast, gsig=gsig)
+                 g15=g15, ngroups=ngroups, kf=kf, ks=ks, svals=svals, fast=fast, gsig=gsig,
+                 pkey=pkey)
 
-    nid = koff[T]
     bk = Book(lastwave=np.full(nid, -1, dtype=np.int64),
               fstamp=np.full(nid, -1, dtype=np.int64),
               bstamp=np.full(nid, -1, dtype=np.int64),
@@ -1498,7 +1537,10 @@ def _wave(pb, bk, sc, mm, w, do_hits, valid_from):
         for t in range(T):
             if per_step[t] == 0:
                 continue
-            ids[j] = pb.koff[t] + cr * kstr[t, 0] + cc * kstr[t, 1] + cz * kstr[t, 2]
+            if t == pb.pkey:
+                ids[j] = pb.koff[t] + p
+            else:
+                ids[j] = pb.koff[t] + cr * kstr[t, 0] + cc * kstr[t, 1] + cz * kstr[t, 2]
             wts[j] = pb.tbytes[t]
             sc.ten[j] = t
             if not fast:
@@ -1507,6 +1549,12 @@ def _wave(pb, bk, sc, mm, w, do_hits, valid_from):
         if not pb.zorder:
             cr, cc, cz, first, size = _advance(pb.g0, pb.g1, gm, cr, cc, cz, first, size, 1)
     n = j
+    if pb.pkey >= 0:
+        # the position-keyed tensor's blocks are touched in this wave alone: their
+        # ids (an earlier wave's tiles at these positions) read as never touched
+        k0 = pb.koff[pb.pkey]
+        for p in range(nw):
+            lastwave[k0 + p] = -1
     # ---- first touches in the step: bytes before them, new bytes vs previous wave
     run = 0.0
     newb = 0.0
@@ -1722,6 +1770,19 @@ def _window_start(w, ws, P, conc, T, per_step, kstr, g0, g1, gm):
 
 
 @jit_scalar
+def _pos_shift(n_step):
+    """The bits of an access's position in its tile (``q < n_step``): the block
+    paths write a candidate at tile ``p``, position ``q`` as ``(p << sh) + q``,
+    in the order of the per-access position ``p * n_step + q`` (they only
+    compare positions, and count a block-per-tile tensor's tiles before one
+    with a shift instead of a division)."""
+    sh = 0
+    while (1 << sh) < n_step:
+        sh += 1
+    return sh
+
+
+@jit_scalar
 def _two_streams(T, clen):
     """The two tensors with candidates (``clen[t] > 0``) when exactly two have
     any, else ``(-1, -1)``: their merge needs one read pointer. The sums are
@@ -1783,6 +1844,7 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
     koff, tbytes = pb.koff, pb.tbytes
     lastwave, bstamp, tail_b = bk.lastwave, bk.bstamp, bk.tail_b
     cp, ck, clen = sc.cp, sc.ck, sc.clen
+    psh = _pos_shift(n_step)
     start = w * conc
     end = start + conc
     if end > P:
@@ -1827,7 +1889,7 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
                         k = kz + (first + inner - col * size) * k0 + col * k1
                         if bstamp[k] != w:
                             bstamp[k] = w
-                            cp[t, c] = (p0 + inner) * n_step + q
+                            cp[t, c] = ((p0 + inner) << psh) + q
                             ck[t, c] = k
                             c += 1
                 elif k0 != 0:
@@ -1838,7 +1900,7 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
                         k = kz + (first + inner % size) * k0
                         if bstamp[k] != w:
                             bstamp[k] = w
-                            cp[t, c] = (p0 + inner) * n_step + q
+                            cp[t, c] = ((p0 + inner) << psh) + q
                             ck[t, c] = k
                             c += 1
                 elif k1 != 0:
@@ -1866,7 +1928,7 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
                             k = kz + col * k1
                             if bstamp[k] != w:
                                 bstamp[k] = w
-                                cp[t, c] = (p0 + inner) * n_step + q
+                                cp[t, c] = ((p0 + inner) << psh) + q
                                 ck[t, c] = k
                                 c += 1
                     if lo <= hi:
@@ -1882,7 +1944,7 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
                 else:
                     if bstamp[kz] != w:
                         bstamp[kz] = w
-                        cp[t, c] = (p0 + ib - 1) * n_step + q
+                        cp[t, c] = ((p0 + ib - 1) << psh) + q
                         ck[t, c] = kz
                         c += 1
                 clen[t] = c
@@ -1954,8 +2016,12 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
                     newb += wt
                 lastwave[k] = w
             continue
+        q2 = 0
         for t2 in range(T):
             clen[T + t2] = 0  # read pointers: candidates of t2 after the current one
+            clen[2 * T + t2] = q2  # (free after the candidates) t2's position in a tile
+            if per_step[t2] != 0:
+                q2 += 1
         for i in range(nt):
             pos = cp[t, i]
             r = i * wt
@@ -1965,12 +2031,8 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
                 n2 = clen[t2]
                 if n2 > 0 and koff[t2 + 1] - koff[t2] == P:
                     # a block per tile: its candidates are the wave's tiles p at
-                    # positions p * n_step + q2; those after pos, counted
-                    q2 = 0
-                    for t3 in range(t2):
-                        if per_step[t3] != 0:
-                            q2 += 1
-                    lo = (pos - q2) // n_step + 1
+                    # positions (p, q2); those after pos = (p_t, q_t), counted
+                    lo = (pos >> psh) + ((pos & ((1 << psh) - 1)) > clen[2 * T + t2])
                     if lo < 0:
                         lo = 0
                     if lo > n2:
@@ -2037,6 +2099,7 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
     koff, tbytes = pb.koff, pb.tbytes
     lastwave, fstamp = bk.lastwave, bk.fstamp
     cp, ck, clen = sc.cp, sc.ck, sc.clen
+    psh = _pos_shift(n_step)
     ids, head, fts, hx = sc.ids, sc.head, sc.grp, sc.dist
     start = w * conc
     end = start + conc
@@ -2082,7 +2145,7 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                         k = kz + (first + inner - col * size) * k0 + col * k1
                         if fstamp[k] != stamp:
                             fstamp[k] = stamp
-                            cp[t, c] = (p0 + inner) * n_step + q
+                            cp[t, c] = ((p0 + inner) << psh) + q
                             ck[t, c] = k
                             c += 1
                 elif k0 != 0:
@@ -2093,7 +2156,7 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                         k = kz + (first + inner % size) * k0
                         if fstamp[k] != stamp:
                             fstamp[k] = stamp
-                            cp[t, c] = (p0 + inner) * n_step + q
+                            cp[t, c] = ((p0 + inner) << psh) + q
                             ck[t, c] = k
                             c += 1
                 elif k1 != 0:
@@ -2120,7 +2183,7 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                             k = kz + col * k1
                             if fstamp[k] != stamp:
                                 fstamp[k] = stamp
-                                cp[t, c] = (p0 + inner) * n_step + q
+                                cp[t, c] = ((p0 + inner) << psh) + q
                                 ck[t, c] = k
                                 c += 1
                     if lo <= hi:
@@ -2139,7 +2202,7 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                 else:
                     if fstamp[kz] != stamp:
                         fstamp[kz] = stamp
-                        cp[t, c] = (p0 + ia) * n_step + q
+                        cp[t, c] = ((p0 + ia) << psh) + q
                         ck[t, c] = kz
                         c += 1
                 clen[t] = c
@@ -2214,8 +2277,12 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                 if fresh_all or lastwave[k] != w - 1:
                     newb += wt
             continue
+        q2 = 0
         for t2 in range(T):
             clen[T + t2] = 0  # read pointers: candidates of t2 before the current one
+            clen[2 * T + t2] = q2  # (free after the candidates) t2's position in a tile
+            if per_step[t2] != 0:
+                q2 += 1
         for i in range(nt):
             pos = cp[t, i]
             r = i * wt
@@ -2225,12 +2292,8 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
                 n2 = clen[t2]
                 if n2 > 0 and koff[t2 + 1] - koff[t2] == P:
                     # a block per tile: the wave's tiles p at positions
-                    # p * n_step + q2; those before pos, counted
-                    q2 = 0
-                    for t3 in range(t2):
-                        if per_step[t3] != 0:
-                            q2 += 1
-                    hi = (pos - q2 + n_step - 1) // n_step
+                    # (p, q2); those before pos = (p_t, q_t), counted
+                    hi = (pos >> psh) + ((pos & ((1 << psh) - 1)) > clen[2 * T + t2])
                     if hi < 0:
                         hi = 0
                     if hi > n2:
@@ -2278,27 +2341,32 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
             if not (sslot >= 0 and sig_tab[sslot, 0] == ns):
                 # the group's access keys, as the per-access pass writes them
                 base = 0
+                e = gi  # rsc entry of the run: its first program (_run_starts)
                 while base + lo < nw:
                     pe = base + hi
                     if pe > nw:
                         pe = nw
-                    cr, cc, cz = tile_coords(pb.order, g0, g1, pb.g2, pb.group,
-                                             start + base + lo)
-                    first = (cr // gm) * gm
-                    size = g0 - first
-                    if size > gm:
-                        size = gm
+                    cr = sc.rsc[0, e]
+                    cc = sc.rsc[1, e]
+                    cz = sc.rsc[2, e]
+                    first = sc.rsc[3, e]
+                    size = sc.rsc[4, e]
                     for p in range(base + lo, pe):
                         j = p * n_step
                         for t in range(T):
                             if per_step[t] == 0:
                                 continue
-                            gids[j] = koff[t] + cr * kstr[t, 0] + cc * kstr[t, 1] + cz * kstr[t, 2]
+                            if t == pb.pkey:
+                                gids[j] = koff[t] + p
+                            else:
+                                gids[j] = (koff[t] + cr * kstr[t, 0] + cc * kstr[t, 1]
+                                           + cz * kstr[t, 2])
                             gwts[j] = tbytes[t]
                             j += 1
                         cr, cc, cz, first, size = _advance(g0, g1, gm, cr, cc, cz,
                                                            first, size, 1)
                     base += nsm
+                    e += pb.ngroups
                 _group_l15(pb, sc, mm, gids, gwts, lo, hi, nw, ns, sh, sslot)
                 if not (sslot >= 0 and sig_tab[sslot, 0] == ns):
                     # not stored: sum this group's own probabilities
@@ -2346,7 +2414,7 @@ def _cache_rows(b, perm, lo, hi):
 def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                     cap2, assoc2, nsm, g15, cap15, assoc15, k_samples=4, max_waves=1 << 30,
                     max_lookback=1 << 30, general=False, interior_weights=True,
-                    drop_zero=True, seq_book=True, column=True):
+                    drop_zero=True, seq_book=True, column=True, pos_keys=True):
     """Per-tensor hit rates for a batch of cache problems.
 
     Parameters are 1-D arrays of length ``n`` (one cache problem each) except
@@ -2384,6 +2452,10 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
     wave the problems the closed forms solve (one-column grids,
     :func:`_cache_column`; plane-keyed grids, :func:`_cache_planes`; within
     1e-12: tests/test_cache_column.py, tests/test_cache_planes.py).
+    ``pos_keys=False`` keys a tensor with a block per tile by its tile, not by
+    its tile's position in the wave (:func:`_pos_key_tensor`; the same
+    results to the bit, with id-keyed arrays of ``P`` entries for it instead
+    of ``conc``: tests/test_cache_pos_keys.py).
 
     Returns
     -------
@@ -2412,7 +2484,8 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
                   k_samples=int(k_samples), max_waves=int(max(max_waves, 2)),
                   max_lookback=int(max(max_lookback, 1)), fast=not general,
                   weights=bool(interior_weights), drop_zero=bool(drop_zero),
-                  seq_book=bool(seq_book), column=bool(column), h15=h15, h2=h2, dram=dram)
+                  seq_book=bool(seq_book), column=bool(column), pos_keys=bool(pos_keys),
+                  h15=h15, h2=h2, dram=dram)
     run_shares(_cache_rows, (batch, perm), bounds)
     return h15, h2, dram
 
