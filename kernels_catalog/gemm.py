@@ -42,7 +42,8 @@ from tsbatch.kernels.envelope import (
 )
 from tsbatch.kernels.order import ORDER_GROUPED, ORDER_NAMES, ORDER_PERSISTENT
 
-__all__ = ["FAMILY", "COLUMNS", "DTYPES", "LIBRARY_TILES", "LIBRARY_TILES_FP8", "SCALE_MODES",
+__all__ = ["FAMILY", "COLUMNS", "DTYPES", "LIBRARY_TILES", "LIBRARY_TILES_FP8",
+           "LIBRARY_GEMV_TILES", "SCALE_MODES",
            "TRITON_VERSION_DEFAULT", "TRITON_PIPELINED_MN32", "triton_release", "mn32_wavefronts",
            "wgmma_smem_reads", "WGMMA_M", "WGMMA_N_MAX",
            "FP8_PROMOTE_K", "FP8_SCALE_BLOCK", "ADMIT_RULES", "admit", "lower", "expand_library"]
@@ -169,6 +170,31 @@ LIBRARY_TILES = {
 }
 LIBRARY_TILES["blackwell"] = LIBRARY_TILES["hopper"]
 LIBRARY_TILES["cdna2"] = LIBRARY_TILES["ampere"]
+
+#: The library's GEMV kernels (cuBLAS ``gemv2N``/``gemv2T``/``gemvx::kernel`` in
+#: profiler traces; CUTLASS ``cutlass/gemm/kernel/gemv.h``), as catalog tiles one
+#: output element wide: an extra candidate of the IEEE FP32 library rows with
+#: ``n = 1`` (key ``"n1"``: ``block_n = 1``) or ``m = 1`` (``"m1"``: ``block_m =
+#: 1``), same tuple layout as :data:`LIBRARY_TILES`, every architecture. A GEMV
+#: streams the matrix once on the CUDA cores, one FMA per element, where the
+#: catalog's smallest SIMT tile (32 x 32) pads the unit dimension to 32 and does 32
+#: times the FMA work (A100 9984 x 1 x 4480 fp32: 32x32 tile 188 us, cuda_core-bound,
+#: measured 132-138). The shape is CUTLASS's GEMV for a K-contiguous matrix at
+#: its defaults: 128 threads (4 warps) a block, 16-byte accesses (4 fp32), and
+#: ``kThreadsPerRow = min(128 / (4 x 4 B), 16) = 8`` threads along K a row, so 16
+#: rows a block and 8 x 4 = 32 elements (128 bytes) of K a row per iteration:
+#: ``block_k`` 64 in the catalog's 2-byte units (:data:`LIBRARY_TILE_BYTES`); the
+#: 4 stages of the small catalog tiles stand for its loads in flight (the GEMV
+#: keeps no shared memory: the tile model's ring is its registers' loads in
+#: flight; docs/gemm_accuracy.md, "The library's GEMV-like kernels, session 9").
+#: Not offered to tensor-core rows (16-bit, TF32, FP8): their tiles stream a
+#: 1-wide operand at the DRAM rate already (the padded MMA work is under the
+#: stream), and the tile model would price a 1-wide tile of those dtypes on the
+#: tensor cores, which a GEMV does not use.
+LIBRARY_GEMV_TILES = {
+    "n1": (16, 1, 64, 4, 4, 1, "grouped"),
+    "m1": (1, 16, 64, 4, 4, 1, "grouped"),
+}
 
 #: Element size (bytes) the ``block_k`` of :data:`LIBRARY_TILES` is written for.
 #: The library's tiles keep the bytes of a K slice, not its elements: CUTLASS's
@@ -1448,6 +1474,17 @@ def expand_library(cols: dict, is_lib: np.ndarray, arch: str):
         is8 = np.asarray(cols["dtype"], dtype=object)[lib_idx] == "float8"
         if is8.any():
             groups = [(lib_idx[~is8], cat), (lib_idx[is8], cat8)]
+    if lib_idx.size and "dtype" in cols and "tf32" in cols:
+        # IEEE FP32 rows one element wide in n or m: the GEMV tile besides the catalog
+        dt = np.asarray(cols["dtype"], dtype=object)[lib_idx]
+        ieee = (dt == "float32") & ~np.asarray(cols["tf32"], dtype=np.bool_)[lib_idx]
+        n1 = ieee & (np.asarray(cols["n"])[lib_idx] == 1)
+        m1 = ieee & ~n1 & (np.asarray(cols["m"])[lib_idx] == 1)
+        if n1.any() or m1.any():
+            gemv = n1 | m1
+            groups = [(idx[~np.isin(idx, lib_idx[gemv])], c) for idx, c in groups]
+            groups += [(lib_idx[n1], cat + (LIBRARY_GEMV_TILES["n1"],)),
+                       (lib_idx[m1], cat + (LIBRARY_GEMV_TILES["m1"],))]
     parent = np.concatenate([keep] + [np.repeat(idx, len(c)) for idx, c in groups])
     out = {name: np.asarray(v)[parent] for name, v in cols.items()}
     if lib_idx.size:

@@ -318,3 +318,78 @@ def test_library_tma_descriptor_fetch(monkeypatch):
     assert with_fetch["latency_us"] == pytest.approx(
         with_fetch["t_launch_us"] + with_fetch["t_prologue_us"] + with_fetch["t_steady_us"]
         + with_fetch["t_epilogue_us"], rel=1e-9)
+
+
+@pytest.mark.parametrize("arch", ["ampere", "hopper"])
+def test_library_gemv_offered_to_unit_fp32_rows_only(arch):
+    """The GEMV tile (LIBRARY_GEMV_TILES) joins the catalog of an IEEE FP32 library
+    row with n = 1 (block_n = 1) or m = 1 (block_m = 1), and of no other row: not
+    m = 2, not TF32, not 16-bit or FP8, not a square call."""
+    spec = [  # m, n, dtype, tf32, expected GEMV key
+        (9984, 1, "float32", False, "n1"), (1, 9984, "float32", False, "m1"),
+        (1, 1, "float32", False, "n1"), (2, 5504, "float32", False, None),
+        (9984, 2, "float32", False, None), (9984, 1, "float32", True, None),
+        (9984, 1, "float16", False, None), (1, 9984, "bfloat16", False, None),
+        (9984, 1, "float8", False, None), (512, 512, "float32", False, None),
+    ]
+    r = len(spec)
+    cols = {
+        "m": np.array([s[0] for s in spec]), "n": np.array([s[1] for s in spec]),
+        "k": np.full(r, 4480), "dtype": np.array([s[2] for s in spec], dtype=object),
+        "tf32": np.array([s[3] for s in spec]),
+        "block_m": np.zeros(r, dtype=np.int64), "block_n": np.zeros(r, dtype=np.int64),
+        "block_k": np.zeros(r, dtype=np.int64), "num_stages": np.zeros(r, dtype=np.int64),
+        "num_warps": np.zeros(r, dtype=np.int64), "split_k": np.ones(r, dtype=np.int64),
+        "group_m": np.ones(r, dtype=np.int64), "raster": np.array(["grouped"] * r, dtype=object),
+    }
+    out, parent = gemm.expand_library(cols, np.ones(r, dtype=bool), arch)
+    cat = gemm.LIBRARY_TILES[arch]
+    for i, (_m, _n, dt, _tf, key) in enumerate(spec):
+        sel = parent == i
+        shapes = list(zip(out["block_m"][sel], out["block_n"][sel], out["num_stages"][sel],
+                          out["num_warps"][sel], out["split_k"][sel]))
+        base = (gemm.LIBRARY_TILES_FP8[arch] if dt == "float8" and arch in gemm.LIBRARY_TILES_FP8
+                else cat)
+        want = [(t[0], t[1], t[3], t[4], t[5]) for t in base]
+        if key is not None:
+            g = gemm.LIBRARY_GEMV_TILES[key]
+            want.append((g[0], g[1], g[3], g[4], g[5]))
+            # K in the catalog's bytes: 4-byte elements take half the 2-byte K
+            assert out["block_k"][sel][-1] == g[2] * gemm.LIBRARY_TILE_BYTES // 4
+        assert sorted(shapes) == sorted(want), (i, shapes)
+        # a 1-wide tile only where the GEMV is offered
+        assert ((out["block_m"][sel] == 1) | (out["block_n"][sel] == 1)).any() == (key is not None)
+
+
+@pytest.mark.parametrize("hw", ["a100", "h100_sxm"])
+def test_library_gemv_streams_its_matrix(hw):
+    """An FP32 GEMV-shaped library call is priced by its GEMV tile, which streams
+    the matrix once: its DRAM bytes are the matrix's (4 m k, to 1 %), its time
+    above the launch follows them (twice the bytes, 1.8-2.2x the time once
+    DRAM-bound), it is bounded below by the bytes at the DRAM peak, and the m = 1
+    call is its n = 1 transpose's twin (to 0.1 %). On A100 the padded 32-wide SIMT
+    tile it replaces does 32x the FMA work, more time than the stream."""
+    spec = get_hw(hw)
+    rows = [dict(m=8192, n=1, k=8192), dict(m=16384, n=1, k=8192), dict(m=1, n=8192, k=8192)]
+    frame = pl.DataFrame([{**_library_frame().row(0, named=True), **r, "dtype": "float32"}
+                          for r in rows])
+    frame = frame.with_columns(b_row_major=pl.Series([True, True, False]))
+    out = evaluate(frame, hw)
+    tiles = out["library_tile"].to_list()
+    assert tiles[0].startswith("16x1x") and tiles[2].startswith("1x16x"), tiles
+    assert out["bottleneck"][1] == "dram"
+    lat = out["latency_us"].to_numpy()
+    body = lat - out["t_launch_us"].to_numpy()
+    stream = 4.0 * np.array([8192 * 8192, 16384 * 8192, 8192 * 8192])
+    assert np.allclose(out["dram_bytes"].to_numpy() / stream, 1.0, atol=0.01)
+    assert 1.8 <= body[1] / body[0] <= 2.2
+    peak = stream / (spec.rate("dram_bw_tbps") * 1e6)  # us at the DRAM peak
+    assert (body >= peak).all()
+    # the same stream (C's store and the vector's own loads differ by a few ns)
+    assert lat[2] == pytest.approx(lat[0], rel=1e-3)
+    if hw == "a100":
+        # the smallest SIMT tile's FMA work alone (32 columns where one is used)
+        # is more than the stream on A100 (19.5 TFLOPS FP32 against 1.7 TB/s;
+        # on H100 its 67 TFLOPS put the two closer)
+        fma_padded = 2.0 * 16384 * 32 * 8192 / (spec.rate("fp32_tflops") * 1e6)
+        assert body[1] < fma_padded
