@@ -48,6 +48,18 @@ def _args(probs):
     return tuple(np.array([p[k] for p in probs]) for k in keys)
 
 
+def problem_dict(draw, g0, g1, g2, nsm, conc, mask, per_step, tb) -> dict:
+    """A problem of these grid, waves and tensors, its launch order, ksteps and
+    caches drawn (H100-like L1.5 groups in half the draws)."""
+    l15 = draw(st.booleans())
+    return dict(g0=g0, g1=g1, g2=g2, order=draw(st.sampled_from(sorted(ORDER_NAMES.values()))),
+                group=draw(st.sampled_from([1, 2, 4, 8])), conc=conc,
+                ksteps=draw(st.integers(1, 60)), mask=mask, per_step=per_step, tbytes=tb,
+                cap2=draw(st.sampled_from([2e4, 2e5, 4e6, 5e7, 1e12])), assoc2=16.0, nsm=nsm,
+                g15=draw(st.sampled_from([4, 8])) if l15 else 0,
+                cap15=draw(st.sampled_from([2e4, 184320.0])) if l15 else 0.0, assoc15=8.0)
+
+
 @st.composite
 def fresh_problem(draw, integer: bool | None = None) -> dict:
     """H100-like waves on grids of several waves; 1-4 per-step tensors, one of
@@ -71,13 +83,7 @@ def fresh_problem(draw, integer: bool | None = None) -> dict:
     else:
         tb = [float(draw(st.sampled_from([0, 64, 512, 2048, 8192]))) for _ in range(T)]
         tb[0] = max(tb[0], 64.0)
-    l15 = draw(st.booleans())
-    return dict(g0=g0, g1=g1, g2=g2, order=draw(st.sampled_from(sorted(ORDER_NAMES.values()))),
-                group=draw(st.sampled_from([1, 2, 4, 8])), conc=conc,
-                ksteps=draw(st.integers(1, 60)), mask=mask, per_step=per_step, tbytes=tb,
-                cap2=draw(st.sampled_from([2e4, 2e5, 4e6, 5e7, 1e12])), assoc2=16.0, nsm=nsm,
-                g15=draw(st.sampled_from([4, 8])) if l15 else 0,
-                cap15=draw(st.sampled_from([2e4, 184320.0])) if l15 else 0.0, assoc15=8.0)
+    return problem_dict(draw, g0, g1, g2, nsm, conc, mask, per_step, tb)
 
 
 @settings(max_examples=120, deadline=None)

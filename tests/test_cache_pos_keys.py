@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_array_equal
-from test_cache_block_per_tile import SAMPLINGS, _args
+from test_cache_block_per_tile import SAMPLINGS, _args, problem_dict
 
 from tsbatch.kernels import reuse
 from tsbatch.kernels.order import ORDER_NAMES
@@ -39,13 +39,7 @@ def keyed_problem(draw, integer: bool | None = None) -> dict:
         tb = [draw(st.floats(16.0, 9000.0)) for _ in range(4)]
     else:
         tb = [float(draw(st.sampled_from([64, 512, 2048, 8192]))) for _ in range(4)]
-    l15 = draw(st.booleans())
-    return dict(g0=g0, g1=g1, g2=g2, order=draw(st.sampled_from(sorted(ORDER_NAMES.values()))),
-                group=draw(st.sampled_from([1, 2, 4, 8])), conc=conc,
-                ksteps=draw(st.integers(1, 60)), mask=mask, per_step=per_step, tbytes=tb,
-                cap2=draw(st.sampled_from([2e4, 2e5, 4e6, 5e7, 1e12])), assoc2=16.0, nsm=nsm,
-                g15=draw(st.sampled_from([4, 8])) if l15 else 0,
-                cap15=draw(st.sampled_from([2e4, 184320.0])) if l15 else 0.0, assoc15=8.0)
+    return problem_dict(draw, g0, g1, g2, nsm, conc, mask, per_step, tb)
 
 
 def _koff(p) -> list[int]:

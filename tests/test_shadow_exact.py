@@ -186,6 +186,19 @@ def _plan_arrays(plan):
     return out
 
 
+def _assert_bit_equal(plain: dict, shared: dict) -> None:
+    """Two plans' arrays (:func:`_plan_arrays`) equal: the same keys, dtypes and
+    shapes, floats by their bits."""
+    assert plain.keys() == shared.keys()
+    for k, v in plain.items():
+        w = shared[k]
+        assert v.dtype == w.dtype and v.shape == w.shape, k
+        if v.dtype.kind == "f":
+            assert np.array_equal(v.view(np.int64), w.view(np.int64)), k
+        else:
+            assert np.array_equal(v, w), k
+
+
 @pytest.mark.parametrize("name", sorted(PROGRAM_SWEEPS))
 def test_shared_expressions_equal_to_the_bit(name, monkeypatch):
     """The plan of a sweep (its workloads x tiles, sizes shifted in a second copy) with
@@ -214,14 +227,7 @@ def test_shared_expressions_equal_to_the_bit(name, monkeypatch):
         plain = _plan_arrays(lowering.lower_program(prog, cols, hw))
         monkeypatch.setattr(lowering, "SHARE_MIN_ROWS", 16)
         shared = _plan_arrays(lowering.lower_program(prog, cols, hw))
-        assert plain.keys() == shared.keys()
-        for k, v in plain.items():
-            w = shared[k]
-            assert v.dtype == w.dtype and v.shape == w.shape, k
-            if v.dtype.kind == "f":
-                assert np.array_equal(v.view(np.int64), w.view(np.int64)), k
-            else:
-                assert np.array_equal(v, w), k
+        _assert_bit_equal(plain, shared)
     if name in ("gemm_epilogue", "moe_grouped_gemm"):
         assert any(made)
 
@@ -288,14 +294,7 @@ def test_text_columns_grouped_by_identity(copies, monkeypatch):
     assert ("epilogue" in sh.low) == (not copies)
     if not copies:
         assert {"swiglu", "epi_ops", "epi_sfu"} <= set(env.lazy) | set(sh.small)
-    assert plain.keys() == shared.keys()
-    for k, v in plain.items():
-        w = shared[k]
-        assert v.dtype == w.dtype and v.shape == w.shape, k
-        if v.dtype.kind == "f":
-            assert np.array_equal(v.view(np.int64), w.view(np.int64)), k
-        else:
-            assert np.array_equal(v, w), k
+    _assert_bit_equal(plain, shared)
 
 
 def _shared_ops(prog, cols, hw, monkeypatch):
