@@ -2543,7 +2543,13 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
     ``pos_keys=False`` keys a tensor with a block per tile by its tile, not by
     its tile's position in the wave (:func:`_pos_key_tensor`; the same
     results to the bit, with id-keyed arrays of ``P`` entries for it instead
-    of ``conc``: tests/test_cache_pos_keys.py).
+    of ``conc``: tests/test_cache_pos_keys.py). ``pairs=False`` accesses
+    both tensors of a pair touched together (two per-step tensors next to each
+    other in the step with equal masks and bytes, integer sizes: swiglu's B and
+    B_up, :func:`_pair_tensors`) instead of simulating one of twice the bytes
+    whose own distances take the partner's bytes (the same results to the bit,
+    with a third fewer accesses for the epilogue's swiglu problems:
+    tests/test_cache_pairs.py).
 
     Returns
     -------
