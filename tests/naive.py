@@ -1339,3 +1339,22 @@ def pos_key_tensor_one(per_step, mask, koff, P: int, conc: int) -> int:
                 and koff[t + 1] == koff[T]):
             return t
     return -1
+
+
+def pair_tensors_one(per_step, tbytes, mask, g0: int, g1: int, g2: int) -> tuple[int, int]:
+    """Twin of ``reuse._pair_tensors``: the first two per-step tensors next to
+    each other in a tile's step with equal masks and equal bytes above 0,
+    reused along a dimension of more than one tile, where every per-step size is
+    an integer and their total over the grid stays below 2^50; else (-1, -1)."""
+    P = g0 * g1 * g2
+    span = (g0 > 1) | ((g1 > 1) << 1) | ((g2 > 1) << 2)
+    steps = [t for t in range(len(per_step)) if per_step[t]]
+    sizes = [float(tbytes[t]) for t in steps]
+    if any(not (x >= 0.0 and x == math.floor(x)) for x in sizes):
+        return -1, -1
+    if not sum(sizes) * P < float(1 << 50):
+        return -1, -1
+    for ta, tb in zip(steps, steps[1:]):
+        if mask[ta] == mask[tb] and tbytes[ta] == tbytes[tb] and tbytes[tb] > 0 and mask[tb] & span:
+            return ta, tb
+    return -1, -1

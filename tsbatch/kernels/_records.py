@@ -76,6 +76,13 @@ class Problem(NamedTuple):
     #: the per-step tensor with a block per tile whose blocks are keyed by their
     #: tile's position in the wave (ids ``koff[t] + p``, ``p < conc``), -1: none
     pkey: int
+    #: a pair of per-step tensors merged into one (``reuse._pair_tensors``): the
+    #: kept one's position in a tile's step (-1: none), the partner's block bytes
+    #: added to each of its distances, and its block ids ``[pair_lo, pair_hi)``
+    pair_q: int
+    pair_b: float
+    pair_lo: int
+    pair_hi: int
 
 
 class Book(NamedTuple):
@@ -201,6 +208,10 @@ class Batch(NamedTuple):
     #: a per-step tensor with a block per tile (the last id range) keyed by its
     #: tile's position in the wave, not its tile (``reuse._wave``); off, by its tile
     pos_keys: bool
+    #: two consecutive per-step tensors of equal reuse and bytes (swiglu's B and
+    #: B_up) simulated as one of twice the bytes whose own distances take the
+    #: partner's bytes (``reuse._pair_tensors``); off, access by access
+    pairs: bool
     # ---- outputs (n, T) float64, written
     h15: np.ndarray
     h2: np.ndarray

@@ -196,6 +196,8 @@ def _cross_wave_hits(pb, bk, mm, fts, nft, ids, head, w, valid_from, hx):
             hx[j] = 0.0
             continue
         s = bk.tail_b[k] + head[j]
+        if k >= pb.pair_lo and k < pb.pair_hi:  # a merged pair: the partner's bytes
+            s += pb.pair_b
         h = np.int64(0)
         probe = s < 1e18
         found = False
@@ -566,6 +568,9 @@ def _group_l15(pb, sc, mm, ids, wts, lo, hi, nw, ns, sh, sslot):
             for q in range(m):
                 sc.sub_wts[q] = wts[sub_j[q]]
             step_distances(sc.sub_ids, sc.sub_wts, m, last_idx, sc.tree, sub_d)
+            if pb.pair_q >= 0:  # (whole tiles: entry x is at position x mod n_step)
+                for x in range(pb.pair_q, m, n_step):
+                    sub_d[x] += pb.pair_b
             fill = pat_off[PAT_SLOTS]
             store = slot >= 0 and fill + mp <= PAT_POOL
             if store:
@@ -622,6 +627,9 @@ def _hits_fast(pb, bk, sc, mm, w, valid_from, start, nw, n, nft, run):
     skip = hit_prob_gauss(run / pb.unit, pb.assoc2, pb.B2) >= 1.0 - 1e-12
     if not skip:
         step_distances(sc.ids, sc.wts, n, sc.last_idx, sc.tree, sc.dist)
+        if pb.pair_q >= 0:  # a merged pair's own distances: the partner's bytes
+            for j in range(pb.pair_q, n, n_step):
+                sc.dist[j] += pb.pair_b
     if pb.use15:
         if pb.gsig:
             _run_starts(start, nw, nsm, pb.g15, pb.ngroups, pb.order, pb.g0, pb.g1, pb.g2,
@@ -1191,6 +1199,57 @@ def _pos_key_tensor(per_step, mask, koff, P, conc):
     return -1
 
 
+@jit_scalar
+def _pair_tensors(per_step, tbytes, mask, P, g0, g1, g2):
+    """``(ta, tb)``: two per-step tensors consecutive in a tile's step (``tb``
+    the next per-step tensor after ``ta``) with equal reuse masks and equal
+    block bytes above 0, whose blocks are not one per tile (a reuse dimension
+    of more than one tile), where every per-step block size is an integer and
+    their total over the grid stays below :data:`EXACT_BYTES`; else ``(-1,
+    -1)`` (the first such pair only). swiglu's B and B_up.
+
+    Such a pair is touched together: in every step of every tile ``ta``'s
+    block ``k`` and right after it ``tb``'s block ``k`` (the same key). In an
+    exact LRU stack every other access sees the pair as one block of twice
+    the bytes, and the distance of each of the two is that of the merged
+    block plus the partner's bytes (``ta``'s window holds ``tb``'s block
+    touched after it, ``tb``'s window ``ta``'s block touched before it):
+    within the step, across waves (the tail after a last touch and the head
+    before a first touch) and in the L1.5 groups' subsequences. With integer
+    sizes below :data:`EXACT_BYTES` these sums are exact in any order, so
+    :func:`_cache_one` runs the merged problem with the addend
+    (``Problem.pair_q`` / ``pair_b`` / ``pair_lo`` / ``pair_hi``) and gets
+    ``ta``'s results bit for bit, and gives them to ``tb`` (equal to the bit
+    in the per-access simulation: the same terms in the same order)."""
+    T = per_step.shape[0]
+    span = 0
+    if g0 > 1:
+        span |= 1
+    if g1 > 1:
+        span |= 2
+    if g2 > 1:
+        span |= 4
+    tot = 0.0
+    for t in range(T):
+        if per_step[t] == 0:
+            continue
+        x = tbytes[t]
+        if not (x >= 0.0 and x == math.floor(x)):
+            return -1, -1
+        tot += x
+    if not (tot * P < EXACT_BYTES):
+        return -1, -1
+    prev = -1
+    for t in range(T):
+        if per_step[t] == 0:
+            continue
+        if (prev >= 0 and mask[t] == mask[prev] and tbytes[t] == tbytes[prev]
+                and tbytes[t] > 0.0 and (mask[t] & span) != 0):
+            return prev, t
+        prev = t
+    return -1, -1
+
+
 @separately_linked
 @jit_serial_internal
 def _cache_one(b, i):
@@ -1234,6 +1293,19 @@ def _cache_one(b, i):
         for t in range(T):
             if per_step[t] != 0:
                 n_step += 1
+    # swiglu's pair (B, B_up): one tensor of twice the bytes, its own distances
+    # taking the partner's bytes (_pair_tensors); the partner's results are its
+    pa = -1
+    pt = -1
+    if fast and b.pairs:
+        pa, pt = _pair_tensors(per_step, tbytes, mask, P, g0, g1, g2)
+        if pa >= 0:
+            per_step = per_step.copy()
+            per_step[pt] = 0
+            tbytes = tbytes.copy()
+            tbytes[pa] = tbytes[pt] + tbytes[pt]
+            tbytes[pt] = 0.0
+            n_step -= 1
     zorder = order == ORDER_ZORDER
     x = np.empty((3, P if zorder else 0), dtype=np.int64)
     if zorder:
@@ -1266,6 +1338,18 @@ def _cache_one(b, i):
 
     use15 = g15 > 0 and cap15 > 0.0 and assoc15 > 0
     ngroups = (nsm + g15 - 1) // g15 if use15 else 1
+    pair_q = -1
+    pair_b = 0.0
+    pair_lo = np.int64(0)
+    pair_hi = np.int64(0)
+    if pa >= 0:
+        pair_q = 0
+        for t in range(pa):
+            if per_step[t] != 0:
+                pair_q += 1
+        pair_b = b.tbytes[i][pt]
+        pair_lo = koff[pa]
+        pair_hi = koff[pa + 1]
 
     W = (P + conc - 1) // conc
     # waves whose hit rates are evaluated (all, or evenly spaced samples)
@@ -1306,7 +1390,7 @@ def _cache_one(b, i):
                  B2=cap2 / unit,
                  assoc2=assoc2, use15=use15, B15=cap15 / unit, assoc15=assoc15, nsm=nsm,
                  g15=g15, ngroups=ngroups, kf=kf, ks=ks, svals=svals, fast=fast, gsig=gsig,
-                 pkey=pkey)
+                 pkey=pkey, pair_q=pair_q, pair_b=pair_b, pair_lo=pair_lo, pair_hi=pair_hi)
 
     bk = Book(lastwave=np.full(nid, -1, dtype=np.int64),
               fstamp=np.full(nid, -1, dtype=np.int64),
@@ -1494,6 +1578,10 @@ def _cache_one(b, i):
         out_h15[t] = hit15[t] / acc[t]
         out_h2[t] = hit2[t] / req2[t] if req2[t] > 0.0 else 0.0
         out_dram[t] = (req2[t] - hit2[t]) / acc[t]
+    if pa >= 0:
+        out_h15[pt] = out_h15[pa]
+        out_h2[pt] = out_h2[pa]
+        out_dram[pt] = out_dram[pa]
 
 
 @separately_linked
@@ -2414,7 +2502,7 @@ def _cache_rows(b, perm, lo, hi):
 def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbytes,
                     cap2, assoc2, nsm, g15, cap15, assoc15, k_samples=4, max_waves=1 << 30,
                     max_lookback=1 << 30, general=False, interior_weights=True,
-                    drop_zero=True, seq_book=True, column=True, pos_keys=True):
+                    drop_zero=True, seq_book=True, column=True, pos_keys=True, pairs=True):
     """Per-tensor hit rates for a batch of cache problems.
 
     Parameters are 1-D arrays of length ``n`` (one cache problem each) except
@@ -2455,7 +2543,13 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
     ``pos_keys=False`` keys a tensor with a block per tile by its tile, not by
     its tile's position in the wave (:func:`_pos_key_tensor`; the same
     results to the bit, with id-keyed arrays of ``P`` entries for it instead
-    of ``conc``: tests/test_cache_pos_keys.py).
+    of ``conc``: tests/test_cache_pos_keys.py). ``pairs=False`` accesses
+    both tensors of a pair touched together (two per-step tensors next to each
+    other in the step with equal masks and bytes, integer sizes: swiglu's B and
+    B_up, :func:`_pair_tensors`) instead of simulating one of twice the bytes
+    whose own distances take the partner's bytes (the same results to the bit,
+    with a third fewer accesses for the epilogue's swiglu problems:
+    tests/test_cache_pairs.py).
 
     Returns
     -------
@@ -2485,6 +2579,7 @@ def cache_hit_rates(g0, g1, g2, order, group, conc, ksteps, mask, per_step, tbyt
                   max_lookback=int(max(max_lookback, 1)), fast=not general,
                   weights=bool(interior_weights), drop_zero=bool(drop_zero),
                   seq_book=bool(seq_book), column=bool(column), pos_keys=bool(pos_keys),
+                  pairs=bool(pairs),
                   h15=h15, h2=h2, dram=dram)
     run_shares(_cache_rows, (batch, perm), bounds)
     return h15, h2, dram
