@@ -198,3 +198,20 @@ def test_guard_worker_serves_family_timings(tmp_path, sweeps):
     assert lines[0]["warm"]["nope"]["status"] == "error" and "nope" in lines[0]["warm"]["nope"]["error"]
     assert lines[1]["status"] == "ok" and lines[1]["rows"] == 50 and lines[1]["seconds"] > 0
     assert lines[2]["status"] == "error"
+
+
+def test_table_gives_the_cpu_ratio_beside_the_wall_one():
+    """format_table: a family slower than GEMM by wall time but not by CPU time
+    (a moment's load on a shared machine) is named on the wall line only."""
+    def fam(sweep, s, cpu, over, cover):
+        return {"sweep": sweep, "rows": 1000, "median_s": s, "rows_per_s": 1000 / s,
+                "cpu_median_s": cpu, "cpu_rows_per_s": 1000 / cpu, "feasible": 1000,
+                "over_gemm": over, "cpu_over_gemm": cover}
+    out = {"repeats": 1, "cpus": 2, "load_avg_1min_start": 1.0, "load_avg_1min_end": 1.0,
+           "left_out": {}, "hw": {"h100": {"gemm": fam("llama3", 0.1, 0.2, 1.0, 1.0),
+                                           "rowwise": fam("norms_llm", 0.2, 0.1, 0.5, 2.0)}}}
+    text = fs.format_table(out)
+    assert "h100: 1 of 1 families slower than GEMM per row by wall time: rowwise" in text
+    assert "h100: 0 of 1 families slower than GEMM per row by CPU time" in text
+    row = next(line for line in text.splitlines() if line.strip().startswith("rowwise"))
+    assert row.split()[-1] == "2.000" and "<1" in row
