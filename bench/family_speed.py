@@ -10,10 +10,12 @@ has a built-in sweep (``sweeps/*.toml``), GEMM among them, on a table of about
 ``--rows`` distinct rows per family, and prints rows/s and the ratio
 family / GEMM (rows/s of the family over GEMM's, same GPU, same run), marking
 every family below 1.0 (slower than GEMM per row). The ratio is given twice: by
-wall time and by the process's CPU time (every thread) of the same passes. On a
-shared machine the wall ratio swings by 0.1-0.2 between runs while the CPU one
-holds (docs/gemm_accuracy.md, "Where issue 35 stands at the end of session 9"):
-compare versions by the CPU ratio there.
+wall time (what a user waits for) and by the process's CPU time (every thread)
+of the same passes (the work per row). On a shared machine the wall ratio swings
+by 0.1-0.2 between runs while the CPU one holds (docs/gemm_accuracy.md, "Where
+issue 35 stands at the end of session 9"), so compare two versions by the CPU
+ratio there; the two differ for good where a family's work runs on fewer threads
+than GEMM's (whose cache model uses every core).
 
 The table of a family (:func:`family_table`). Its base is the candidate rows of
 the family's largest built-in sweep (tile sweeps through
