@@ -48,6 +48,20 @@ def _args(probs):
     return tuple(np.array([p[k] for p in probs]) for k in keys)
 
 
+def drawn_fraction(strategy, predicate, examples: int = 200) -> float:
+    """The share of ``examples`` draws of ``strategy`` for which ``predicate``
+    holds (a property test's check that its draws exercise the path it is about)."""
+    hits = []
+
+    @settings(max_examples=examples, deadline=None, database=None)
+    @given(strategy)
+    def draw(p):
+        hits.append(bool(predicate(p)))
+
+    draw()
+    return float(np.mean(hits))
+
+
 def problem_dict(draw, g0, g1, g2, nsm, conc, mask, per_step, tb) -> dict:
     """A problem of these grid, waves and tensors, its launch order, ksteps and
     caches drawn (H100-like L1.5 groups in half the draws)."""

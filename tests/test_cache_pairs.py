@@ -16,7 +16,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_array_equal
-from test_cache_block_per_tile import SAMPLINGS, _args
+from test_cache_block_per_tile import SAMPLINGS, _args, drawn_fraction, problem_dict
 
 from tsbatch.kernels import reuse
 from tsbatch.kernels.order import ORDER_NAMES
@@ -52,13 +52,7 @@ def paired_problem(draw, integer: bool | None = None) -> dict:
         mask, per_step, tb = [mb, 0, mb, ma], [1, 0, 1, 1], [b, once, b, a]
     else:
         mask, per_step, tb = [ma, mb, mb, 0], [1, 1, 1, 0], [a, b, b, once]
-    l15 = draw(st.booleans())
-    return dict(g0=g0, g1=g1, g2=g2, order=draw(st.sampled_from(sorted(ORDER_NAMES.values()))),
-                group=draw(st.sampled_from([1, 2, 4, 8])), conc=conc,
-                ksteps=draw(st.integers(1, 60)), mask=mask, per_step=per_step, tbytes=tb,
-                cap2=draw(st.sampled_from([2e4, 2e5, 4e6, 5e7, 1e12])), assoc2=16.0, nsm=nsm,
-                g15=draw(st.sampled_from([4, 8])) if l15 else 0,
-                cap15=draw(st.sampled_from([2e4, 184320.0])) if l15 else 0.0, assoc15=8.0)
+    return problem_dict(draw, g0, g1, g2, nsm, conc, mask, per_step, tb)
 
 
 def _merged(p) -> bool:
@@ -95,15 +89,7 @@ def test_merged_pair_equals_the_pair_to_the_bit(probs, sampling, column):
 def test_pairs_are_merged_in_most_draws():
     """The property above exercises the merged path: most drawn problems have
     a pair (so a broken addend shows there)."""
-    merged = []
-
-    @settings(max_examples=200, deadline=None, database=None)
-    @given(paired_problem())
-    def draw(p):
-        merged.append(_merged(p))
-
-    draw()
-    assert np.mean(merged) > 0.4
+    assert drawn_fraction(paired_problem(), _merged) > 0.4
 
 
 def test_swiglu_like_problems_equal_to_the_bit():

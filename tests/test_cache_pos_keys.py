@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_array_equal
-from test_cache_block_per_tile import SAMPLINGS, _args, problem_dict
+from test_cache_block_per_tile import SAMPLINGS, _args, drawn_fraction, problem_dict
 
 from tsbatch.kernels import reuse
 from tsbatch.kernels.order import ORDER_NAMES
@@ -77,15 +77,7 @@ def test_position_keys_equal_tile_keys_to_the_bit(probs, sampling):
 def test_position_keys_are_taken_in_most_draws():
     """The property above exercises the keyed path: most drawn problems have a
     tensor keyed by position (so a broken key shows there)."""
-    keyed = []
-
-    @settings(max_examples=200, deadline=None, database=None)
-    @given(keyed_problem())
-    def draw(p):
-        keyed.append(_keyed(p))
-
-    draw()
-    assert np.mean(keyed) > 0.4
+    assert drawn_fraction(keyed_problem(), _keyed) > 0.4
 
 
 def test_moe_like_problems_equal_to_the_bit():

@@ -711,6 +711,20 @@ EXACT_BYTES = float(1 << 50)
 
 
 @jit_scalar
+def _grid_span(g0, g1, g2):
+    """The grid's dimensions of more than one tile, as reuse-mask bits (1: rows,
+    2: columns, 4: planes)."""
+    span = 0
+    if g0 > 1:
+        span |= 1
+    if g1 > 1:
+        span |= 2
+    if g2 > 1:
+        span |= 4
+    return span
+
+
+@jit_scalar
 def _live_tensors(per_step, tbytes, mask, P, g0, g1, g2):
     """The cadence flags of the accesses a problem's sequence keeps: ``per_step``
     itself, or a copy with the per-step tensors of zero bytes set to 0 where
@@ -727,13 +741,7 @@ def _live_tensors(per_step, tbytes, mask, P, g0, g1, g2):
     per-step block bytes, and the L1.5 pattern pool's room are the caller's,
     counting them.)"""
     T = per_step.shape[0]
-    span = 0
-    if g0 > 1:
-        span |= 1
-    if g1 > 1:
-        span |= 2
-    if g2 > 1:
-        span |= 4
+    span = _grid_span(g0, g1, g2)
     zeros = 0
     live = 0
     tot = 0.0
@@ -1057,13 +1065,7 @@ def _cache_planes(b, i):
     if g0 < 1 or g1 < 1 or g2 < 1 or conc < 1 or ksteps < 1 or b.k_samples < 1:
         return False
     P = g0 * g1 * g2
-    span = 0
-    if g0 > 1:
-        span |= 1
-    if g1 > 1:
-        span |= 2
-    if g2 > 1:
-        span |= 4
+    span = _grid_span(g0, g1, g2)
     n_step = 0
     unit = 0.0
     once = 0.0
@@ -1222,13 +1224,7 @@ def _pair_tensors(per_step, tbytes, mask, P, g0, g1, g2):
     ``ta``'s results bit for bit, and gives them to ``tb`` (equal to the bit
     in the per-access simulation: the same terms in the same order)."""
     T = per_step.shape[0]
-    span = 0
-    if g0 > 1:
-        span |= 1
-    if g1 > 1:
-        span |= 2
-    if g2 > 1:
-        span |= 4
+    span = _grid_span(g0, g1, g2)
     tot = 0.0
     for t in range(T):
         if per_step[t] == 0:
