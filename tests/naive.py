@@ -312,6 +312,19 @@ def _closed_wave(sums, kf, nw, G, nseg, e, x, h_re, wt):
             hit2 + wt * c_hit)
 
 
+
+def _closed_samples(P, conc, ksteps, max_waves, k_samples, weights):
+    """The closed forms' samples (as ``reuse._closed_setup``): the wave count
+    ``W``, the analysed waves, the interior waves' weight, the step samples
+    ``ks`` and their steps ``svals``, and ``ksteps`` as a float."""
+    W = -(-P // conc)
+    waves = list(range(W)) if W <= max_waves else sorted(
+        {(i * (W - 1)) // (max_waves - 1) for i in range(max_waves)})
+    wt_in = (W - 2.0) / (max_waves - 2.0) if weights and W > max_waves and max_waves > 2 else 1.0
+    ks = min(ksteps, k_samples)
+    svals = [math.floor((i + 0.5) * ksteps / ks) for i in range(ks)]
+    return W, waves, wt_in, ks, svals, float(ksteps)
+
 def cache_column_one(g0, conc, ksteps, mask, per_step, tbytes, cap2, assoc2, nsm, g15,
                      cap15, assoc15, k_samples=4, max_waves=8, weights=True, drop_zero=True):
     """Twin of ``reuse._cache_column``: per-tensor ``(h15, h2, dram)`` lists of a
@@ -346,13 +359,8 @@ def cache_column_one(g0, conc, ksteps, mask, per_step, tbytes, cap2, assoc2, nsm
     once = sum(tbytes[t] for t in range(T) if not per_step[t])
     use15 = g15 > 0 and cap15 > 0 and assoc15 > 0
     ngroups = -(-nsm // g15) if use15 else 1
-    W = -(-P // conc)
-    waves = list(range(W)) if W <= max_waves else sorted(
-        {(i * (W - 1)) // (max_waves - 1) for i in range(max_waves)})
-    wt_in = (W - 2.0) / (max_waves - 2.0) if weights and W > max_waves and max_waves > 2 else 1.0
-    ks = min(ksteps, k_samples)
-    svals = [math.floor((i + 0.5) * ksteps / ks) for i in range(ks)]
-    kf = float(ksteps)
+    W, waves, wt_in, ks, svals, kf = _closed_samples(P, conc, ksteps, max_waves, k_samples,
+                                                     weights)
 
     def sdcm2(d):
         return hit_prob_gauss(d / unit, assoc2, cap2 / unit)
@@ -1277,13 +1285,8 @@ def cache_planes_one(g0, g1, g2, conc, ksteps, mask, per_step, tbytes, cap2, ass
     tot = sum(tbytes[t] for t in step_t)
     once = sum(tbytes[t] for t in range(T) if not per_step[t])
     use15 = g15 > 0 and cap15 > 0 and assoc15 > 0
-    W = -(-P // conc)
-    waves = list(range(W)) if W <= max_waves else sorted(
-        {(i * (W - 1)) // (max_waves - 1) for i in range(max_waves)})
-    wt_in = (W - 2.0) / (max_waves - 2.0) if weights and W > max_waves and max_waves > 2 else 1.0
-    ks = min(ksteps, k_samples)
-    svals = [math.floor((i + 0.5) * ksteps / ks) for i in range(ks)]
-    kf = float(ksteps)
+    W, waves, wt_in, ks, svals, kf = _closed_samples(P, conc, ksteps, max_waves, k_samples,
+                                                     weights)
 
     def sdcm2(d):
         return hit_prob_gauss(d / unit, assoc2, cap2 / unit)
