@@ -36,14 +36,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from tsbatch.measured.regress_metrics import BUCKETS, bucket_expr  # noqa: E402
+
+#: the buckets in time order, for sorting
+ORDER = {label: i for i, (label, _, _) in enumerate(BUCKETS)}
+
 KEY = ["file", "_hw", "m", "n", "k", "dtype", "a_row_major", "b_row_major"]
-
-
-def _bucket(col: str) -> pl.Expr:
-    return (pl.when(pl.col(col) < 20).then(pl.lit("1:<20us"))
-            .when(pl.col(col) < 100).then(pl.lit("2:20-100us"))
-            .when(pl.col(col) < 1000).then(pl.lit("3:0.1-1ms"))
-            .otherwise(pl.lit("4:>1ms")))
 
 
 def pairs(dtypes: list[str]) -> pl.DataFrame:
@@ -69,7 +67,7 @@ def pairs(dtypes: list[str]) -> pl.DataFrame:
         parts.append(pl.concat(out).rename({"measured_us": f"{name}_meas", "pred": f"{name}_pred"}))
     j = parts[0].join(parts[1].drop("_best"), on=KEY)
     return j.with_columns(
-        bucket=_bucket("_best"),
+        bucket=bucket_expr("_best"),
         lib_res=pl.col("lib_meas") - pl.col("lib_pred"),
         tri_res=pl.col("tri_meas") - pl.col("tri_pred"),
         raw=pl.col("lib_meas") - pl.col("tri_meas"),
@@ -87,7 +85,8 @@ def summary(j: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
         lib_only_q1=r(pl.col("lib_only").quantile(0.25)),
         lib_only_q3=r(pl.col("lib_only").quantile(0.75)),
         raw=r(pl.col("raw").median()),
-    ).sort(keys)
+    ).sort([pl.col(c).replace_strict(ORDER, default=len(ORDER)) if c == "bucket" else pl.col(c)
+            for c in keys])
 
 
 def main(argv=None) -> int:
@@ -97,7 +96,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     j = pairs(args.dtypes.split(","))
     by_bucket = summary(j, ["file", "_hw", "bucket"])
-    small = summary(j.filter(pl.col("bucket") == "1:<20us"), ["file", "_hw", "dtype"])
+    small = summary(j.filter(pl.col("bucket") == BUCKETS[0][0]), ["file", "_hw", "dtype"])
     with pl.Config(tbl_rows=100, tbl_cols=20, tbl_width_chars=220, fmt_str_lengths=48):
         print(by_bucket)
         print("under 20 us, by dtype:")

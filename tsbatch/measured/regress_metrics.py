@@ -52,6 +52,7 @@ __all__ = [
     "BUCKETS",
     "FIGURES",
     "Tolerance",
+    "bucket_expr",
     "add_slices",
     "accuracy_figures",
     "compare_figures",
@@ -101,7 +102,8 @@ class Tolerance:
 # ----------------------------------------------------------------------
 # slicing and figures
 # ----------------------------------------------------------------------
-def _bucket_expr(col: str) -> pl.Expr:
+def bucket_expr(col: str) -> pl.Expr:
+    """The time bucket (:data:`BUCKETS` label) of the times in ``col`` (µs)."""
     expr = pl.lit(None, dtype=pl.String)
     for label, lo, hi in reversed(BUCKETS):
         expr = pl.when((pl.col(col) >= lo) & (pl.col(col) < hi)).then(pl.lit(label)).otherwise(expr)
@@ -112,7 +114,7 @@ def add_slices(scored: pl.DataFrame) -> pl.DataFrame:
     """Add ``bucket`` (the problem's best measured time, :data:`BUCKETS`) and
     ``layout`` (``A:row B:col`` ...; null without the layout columns)."""
     out = scored.with_columns(_best=pl.col("measured_us").min().over("_problem"))
-    out = out.with_columns(_bucket_expr("_best").alias("bucket")).drop("_best")
+    out = out.with_columns(bucket_expr("_best").alias("bucket")).drop("_best")
     if "a_row_major" in out.columns and "b_row_major" in out.columns:
         side = lambda c, n: pl.when(pl.col(c)).then(pl.lit(f"{n}:row")).otherwise(pl.lit(f"{n}:col"))  # noqa: E731
         lay = (pl.when(pl.col("a_row_major").is_null() | pl.col("b_row_major").is_null())
