@@ -40,12 +40,14 @@ alone). Memory-bandwidth contention is not modelled.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import polars as pl
 
 from kernels_catalog.base import Column, Family
 from tsbatch.errors import InputError
+from tsbatch.kernels._threads import num_threads
 
 __all__ = ["AG_GEMM", "GEMM_RS", "ULYSSES", "MOE_EP", "FAMILIES", "infer_remote_accesses",
            "infer_moe_accesses", "evaluate_fused",
@@ -315,14 +317,55 @@ def _eval_compute(tiles: pl.DataFrame, known: dict, src: np.ndarray, sizes: dict
     grep = gcode[first]
     lat_u = np.full(len(rep), np.nan)
     ok_u = np.zeros(len(rep), dtype=bool)
-    for g in np.nonzero(np.bincount(grep, minlength=len(gnames)))[0]:
-        idx = np.nonzero(grep == g)[0]
-        out = evaluate(sub[idx] if len(idx) < len(rep) else sub, gnames[g], family=family)
+    groups = [(g, np.nonzero(grep == g)[0])
+              for g in np.nonzero(np.bincount(grep, minlength=len(gnames)))[0]]
+
+    def one(job):
+        g, idx = job
+        return evaluate(sub[idx] if len(idx) < len(rep) else sub, gnames[g], family=family)
+
+    jobs = _shares(groups, len(rep), family)
+    if len(jobs) > 1:
+        try:
+            with ThreadPoolExecutor(min(num_threads(), len(jobs)),
+                                    thread_name_prefix="tsbatch-fused") as ex:
+                outs = list(ex.map(one, jobs))
+        except InputError:  # the error one call per GPU gives, word for word
+            jobs = groups
+            outs = [one(job) for job in jobs]
+    else:
+        outs = [one(job) for job in jobs]
+    for (g, idx), out in zip(jobs, outs):
         lat_u[idx] = out["latency_us"].to_numpy()
         ok_u[idx] = out["feasible"].to_numpy()
     lat[rows] = lat_u[inv]
     ok[rows] = ok_u[inv]
     return lat, ok, sm[gcode]
+
+
+#: distinct compute rows of the least share that one engine call evaluates on a
+#: thread of its own, by compute family; a family not named runs one call per GPU
+#: on the calling thread (docs/gemm_accuracy.md, "Fused families on both cores,
+#: session 10": split GEMM chunks cost more CPU than they saved in wall time)
+SHARE_ROWS = {"attention": 1 << 14}
+
+
+def _shares(groups: list, rows: int, family: str) -> list:
+    """The engine calls of :func:`_eval_compute`: ``groups`` (GPU code, distinct
+    rows of that GPU) as they are, or, where there are at least two shares of
+    :data:`SHARE_ROWS` rows and more than one thread, each GPU's rows cut into
+    contiguous shares of at least that many rows, at most one per thread, to run
+    on as many threads (a row's prediction depends on that row alone, so the
+    results are the same to the bit)."""
+    least = SHARE_ROWS.get(family)
+    threads = num_threads()
+    if not least or threads < 2 or rows < 2 * least:
+        return groups
+    jobs = []
+    for g, idx in groups:
+        k = max(1, min(threads, len(idx) // least))
+        jobs += [(g, idx[len(idx) * j // k:len(idx) * (j + 1) // k]) for j in range(k)]
+    return jobs
 
 
 def _envelope(first: np.ndarray, comp: np.ndarray, comm: np.ndarray, c: np.ndarray,
