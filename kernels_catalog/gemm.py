@@ -907,6 +907,16 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
                 if tail_boost > 1.0 / tc_eff:
                     tail_boost = 1.0 / tc_eff
                 rate[i, R_TC] *= rounds / ((rounds - 1) + 1.0 / tail_boost)
+                if tc:
+                    # the per-clock rates with the last round's clock, up to the
+                    # maximum (as above); an FMA row's full-grid rate is its
+                    # per-clock peak at the measured clock, not a power-limited
+                    # one, so no headroom is claimed for its last round
+                    if clk_cap > 0.0 and tail_boost > clk_cap:
+                        tail_boost = clk_cap if clk_cap > 1.0 else 1.0
+                    tail_clk = rounds / ((rounds - 1) + 1.0 / tail_boost)
+                    rate[i, R_CUDA] *= tail_clk
+                    rate[i, R_SMEM] *= tail_clk
 
 
 #: Triton's largest tensor, in elements (``triton.language.TRITON_MAX_TENSOR_NUMEL``)
@@ -1190,7 +1200,10 @@ def lower(cols: dict, hw) -> TilePlan:
     # last)` (the sub-wave rule above with `last` for `active`); the earlier
     # rounds keep every SM busy and run at the measured full-grid rate. The
     # busiest SM's tensor-core time is then (rounds - 1) + 1 / boost rounds at
-    # the full-grid rate, i.e. the rate x rounds / (rounds - 1 + 1 / boost):
+    # the full-grid rate, i.e. the rate x rounds / (rounds - 1 + 1 / boost),
+    # and on a tensor-core row the CUDA-core and shared-memory rates likewise
+    # with the boost capped at max_clock_mhz / clock_mhz (an FMA row's full-grid
+    # rate is the per-clock peak, not a power-limited one: no headroom claimed):
     # continuous with the sub-wave rule at tiles = sms (rounds 1) and, per unit
     # of tensor work, non-decreasing in the tiles. Measured on A100, H100 and
     # H200 Triton fp16 / bf16 rows alike: compute-side rows run 0.87-0.93 of the
