@@ -893,6 +893,30 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
                 boost = clk_cap if clk_cap > 1.0 else 1.0
             rate[i, R_CUDA] *= boost
             rate[i, R_SMEM] *= boost
+            if tiles[i] > sms and not lib[i]:
+                # a grid of more tiles than SMs: its SMs run `rounds` tiles (the
+                # busiest) or one fewer, so its last round of tiles keeps only
+                # `last` SMs busy and runs at their clock (the boost above with
+                # `last` for `active`), the earlier rounds at the full grid's;
+                # the tensor-core rate is the rounds' harmonic mean (lower()'s
+                # comment). Triton rows only: a library row's grid is the
+                # model's guess of its tile and split
+                rounds = (tiles[i] + sms - 1) // sms
+                last = tiles[i] - (rounds - 1) * sms
+                tail_boost = sms / last
+                if tail_boost > 1.0 / tc_eff:
+                    tail_boost = 1.0 / tc_eff
+                rate[i, R_TC] *= rounds / ((rounds - 1) + 1.0 / tail_boost)
+                if tc:
+                    # the per-clock rates with the last round's clock, up to the
+                    # maximum (as above); an FMA row's full-grid rate is its
+                    # per-clock peak at the measured clock, not a power-limited
+                    # one, so no headroom is claimed for its last round
+                    if clk_cap > 0.0 and tail_boost > clk_cap:
+                        tail_boost = clk_cap if clk_cap > 1.0 else 1.0
+                    tail_clk = rounds / ((rounds - 1) + 1.0 / tail_boost)
+                    rate[i, R_CUDA] *= tail_clk
+                    rate[i, R_SMEM] *= tail_clk
 
 
 #: Triton's largest tensor, in elements (``triton.language.TRITON_MAX_TENSOR_NUMEL``)
@@ -1169,6 +1193,24 @@ def lower(cols: dict, hw) -> TilePlan:
     # min(boost, max_clock_mhz / measured clock_mhz) (A100 1410 / 1387 = 1.017,
     # GH100 1980 / 1730 = 1.145; uncapped where the hw file gives no maximum)
     # (applied per row in _lower_rows: rate[:, R_TC / R_CUDA / R_SMEM] x boost)
+    # A Triton grid of more tiles than SMs runs in rounds: each SM runs
+    # `rounds = ceil(tiles / sms)` tiles or one fewer, so the last round keeps only
+    # `last = tiles - (rounds - 1) sms` SMs busy. That round draws the power of
+    # `last` SMs and runs at their clock, boost `min(1 / tc_efficiency, sms /
+    # last)` (the sub-wave rule above with `last` for `active`); the earlier
+    # rounds keep every SM busy and run at the measured full-grid rate. The
+    # busiest SM's tensor-core time is then (rounds - 1) + 1 / boost rounds at
+    # the full-grid rate, i.e. the rate x rounds / (rounds - 1 + 1 / boost),
+    # and on a tensor-core row the CUDA-core and shared-memory rates likewise
+    # with the boost capped at max_clock_mhz / clock_mhz (an FMA row's full-grid
+    # rate is the per-clock peak, not a power-limited one: no headroom claimed):
+    # continuous with the sub-wave rule at tiles = sms (rounds 1) and, per unit
+    # of tensor work, non-decreasing in the tiles. Measured on A100, H100 and
+    # H200 Triton fp16 / bf16 rows alike: compute-side rows run 0.87-0.93 of the
+    # unboosted prediction at fill 0.6-0.8 against 1.00-1.05 full
+    # (docs/gemm_accuracy.md, "The partly filled last wave, session 10"). Not on
+    # library rows: their grid (tile, split-K, stream-K) is the model's guess,
+    # not the kernel's, so the fill it implies is not the real one
 
     # a Triton FMA-dot warp's own shared loads per iteration: the shared-memory
     # work less the stores of the A and B tiles and the spills' local traffic

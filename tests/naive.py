@@ -1029,6 +1029,20 @@ def gemm_lower_one(row: dict, hw) -> dict:
     cuda_boost = boost
     if hw.max_clock_mhz > 0:
         cuda_boost = min(boost, max(hw.max_clock_mhz / hw.rate("clock_mhz"), 1.0))
+    # more tiles than SMs (Triton rows): the last round of tiles at its busy SMs'
+    # clock, the earlier rounds at the full grid's (the tensor cores only)
+    rounds_boost = 1.0
+    rounds_clk = 1.0
+    grid = g0 * g1 * split
+    if eff < 1.0 and grid > hw.sm_count and row.get("backend") != "cublas":
+        rounds = -(-grid // hw.sm_count)
+        last = grid - (rounds - 1) * hw.sm_count
+        tail = min(1.0 / eff, hw.sm_count / last)
+        rounds_boost = rounds / ((rounds - 1) + 1.0 / tail)
+        if on_tc:  # the per-clock rates too, up to the maximum clock
+            if hw.max_clock_mhz > 0:
+                tail = min(tail, max(hw.max_clock_mhz / hw.rate("clock_mhz"), 1.0))
+            rounds_clk = rounds / ((rounds - 1) + 1.0 / tail)
     # Triton's FMA dot: a warp's chain of one iteration, its FFMAs at one
     # scheduler's FP32 rate and its own shared-load wavefronts in series, plus one
     # L2 wait per spilled word where the spills do not fit the L1 that the
@@ -1084,13 +1098,14 @@ def gemm_lower_one(row: dict, hw) -> dict:
         "dram_epi": bm * bn * 4.0 if split > 1 else c_bytes,
         "cuda_epi": cuda_epi,
         "tc_rate": (hw.tc_tflops("float16" if emul8 else tc_key) * 1e6 / hw.sm_count * path
-                    * eff * boost),
-        "cuda_rate": hw.rate("fp32_tflops") * 1e6 / hw.sm_count * cuda_boost,
-        "smem_rate": hw.smem_bytes_per_clk * hw.rate("clock_mhz") * cuda_boost,
+                    * eff * boost * rounds_boost),
+        "cuda_rate": hw.rate("fp32_tflops") * 1e6 / hw.sm_count * cuda_boost * rounds_clk,
+        "smem_rate": hw.smem_bytes_per_clk * hw.rate("clock_mhz") * cuda_boost * rounds_clk,
         "share_eff": hw.cal("wgmma_share_efficiency") if wgmma else 1.0,
         "useful_flops": 2.0 * row["m"] * row["n"] * row["k"],
         # Triton's wgmma epilogue: the C tile through shared memory (written, read)
-        "conv_us": (2.0 * bm * bn * ob / (hw.smem_bytes_per_clk * hw.rate("clock_mhz") * cuda_boost)
+        "conv_us": (2.0 * bm * bn * ob / (hw.smem_bytes_per_clk * hw.rate("clock_mhz") * cuda_boost
+                                             * rounds_clk)
                     if wgmma and row.get("backend", "triton") != "cublas"
                     and row.get("order", "grouped") != "persistent" else 0.0),
     }

@@ -592,6 +592,53 @@ def test_power_limited_boost_capped_at_max_clock_by_hand():
     assert plan.rate[2, R_CUDA] == pytest.approx(cuda0 * cap, rel=1e-12)
 
 
+def test_last_round_boost_by_hand():
+    """A Triton grid of more tiles than SMs runs its last round of tiles on the
+    SMs it keeps busy, at their power-limited clock: the tensor-core rate is
+    rounds / (rounds - 1 + 1 / min(1 / tc_efficiency, sms / last)) times the
+    full-grid rate (the per-clock rates of a tensor-core row likewise, up to
+    the maximum clock); a full last round gets none, a library row none."""
+    hw = get_hw("a100")
+    sms, eff = hw.sm_count, hw.cal("tc_efficiency")
+    assert sms == 108 and eff == 0.85
+    base = {"k": 4096, "block_m": 64, "block_n": 64, "block_k": 32, "num_stages": 3,
+            "num_warps": 4, "split_k": 1, "dtype": "float16", "tf32": False,
+            "a_row_major": True, "b_row_major": False, "triton_version": "3.0"}
+    rows = [dict(base, m=64 * 13, n=64 * 18),   # 234 tiles: rounds 3, last 18
+            dict(base, m=64 * 12, n=64 * 18),   # 216 tiles: rounds 2, last 108
+            dict(base, m=64 * 1, n=64 * 109),   # 109 tiles: rounds 2, last 1
+            dict(base, m=64 * 9, n=64 * 12)]    # 108 tiles: one full round
+    cols, _ = validate(pl.DataFrame(rows), get_family("gemm"))
+    plan = gemm.lower(cols, hw)
+    assert list(plan.extra["tiles"]) == [234, 216, 109, 108]
+    tc0 = hw.tc_tflops("float16") * 1e6 / sms * hw.mma_sync_fraction * eff
+    assert plan.rate[0, R_TC] == pytest.approx(tc0 * 3.0 / (2.0 + eff), rel=1e-12)
+    assert plan.rate[1, R_TC] == pytest.approx(tc0, rel=1e-12)
+    assert plan.rate[2, R_TC] == pytest.approx(tc0 * 2.0 / (1.0 + eff), rel=1e-12)
+    assert plan.rate[3, R_TC] == pytest.approx(tc0, rel=1e-12)
+    # the per-clock rates of a tensor-core row with the clock, up to the maximum
+    # (1410 / 1387 on A100); an FMA row's (IEEE FP32) not past one round
+    cap = 1410.0 / 1387.0
+    cuda0 = hw.rate("fp32_tflops") * 1e6 / sms
+    smem0 = hw.smem_bytes_per_clk * 1387.0
+    assert plan.rate[0, R_CUDA] == pytest.approx(cuda0 * 3.0 / (2.0 + 1.0 / cap), rel=1e-12)
+    assert plan.rate[0, R_SMEM] == pytest.approx(smem0 * 3.0 / (2.0 + 1.0 / cap), rel=1e-12)
+    assert plan.rate[1, R_CUDA] == pytest.approx(cuda0, rel=1e-12)
+    fma = [dict(rows[0], dtype="float32", tf32=False)]
+    cols, _ = validate(pl.DataFrame(fma), get_family("gemm"))
+    p32 = gemm.lower(cols, hw)
+    assert p32.extra["tiles"][0] == 234 and p32.extra["mma_path"][0] == "fma"
+    assert p32.rate[0, R_CUDA] == pytest.approx(cuda0, rel=1e-12)
+    assert p32.rate[0, R_SMEM] == pytest.approx(smem0, rel=1e-12)
+    # a library row of more tiles than SMs: its grid is the model's guess, no boost
+    lib = [dict(r, backend="cublas") for r in rows[:1]]
+    cols, _ = validate(pl.DataFrame(lib), get_family("gemm"))
+    plan = gemm.lower(cols, hw)
+    t = int(plan.extra["tiles"][0])
+    assert t > sms and t % sms != 0  # a partly filled last round
+    assert plan.rate[0, R_TC] == pytest.approx(tc0, rel=1e-12)
+
+
 def test_one_wide_operand_lowered_as_its_k_contiguous_layout():
     """B row-major with n = 1 (A column-major with m = 1) has both strides 1:
     the same memory as the K-contiguous layout, lowered identically to it;
@@ -665,7 +712,8 @@ def test_layout_conversion_only_on_triton_wgmma_tiles():
     """The epilogue's layout conversion between full waves: Triton's Hopper wgmma
     tiles (2 x BM x BN x output bytes at the SM's shared-memory rate); not the
     library's rows (TMA-store epilogue), not A100's mma.sync tiles."""
-    base = dict(m=8192, n=8192, k=4096, block_m=128, block_n=128, block_k=64, num_stages=4,
+    # m = 66 x 128: 4224 tiles, 32 full rounds on 132 SMs (no last-round clock)
+    base = dict(m=8448, n=8192, k=4096, block_m=128, block_n=128, block_k=64, num_stages=4,
                 num_warps=4, split_k=1, tf32=False, a_row_major=True, b_row_major=True,
                 dtype="float16")
     cols, _ = validate(pl.DataFrame([dict(base, backend="triton"), dict(base, backend="cublas")]),
