@@ -539,7 +539,7 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
                 tc_eff, wg_share, g0, g1, ksteps, tiles, smem_block, threads, regs, spill, use_wg,
                 on_tc, t_bytes, t_foot, t_crit, work_iter, work_epi, rate, share_eff, useful_flops, smem_bpc,
                 f8_code, f16_code, scode, fast, lib, hopper_wg, staged_mn, pipe_stages,
-                copy_smem, sms, g_dram, t_dram_scale, clk_cap, lo, hi):
+                copy_smem, sms, g_dram, t_dram_scale, clk_cap, lib_rounds, lo, hi):
     """One pass over rows ``lo:hi`` (a share; :func:`lower` runs the shares on the
     thread pool): every per-row quantity of :func:`lower` (the
     docstring there); ``tc_tab[d]`` is dtype ``d``'s tensor-core rate per SM
@@ -554,7 +554,10 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
     ``pipe_stages`` receives the stages the envelope pipelines (1 where a
     staged operand serialises the loop or an operand is loaded inside the
     iteration), ``copy_smem`` the SRAM bytes of the A and B tile copies per
-    iteration (part of ``work_iter[:, R_SMEM]``)."""
+    iteration (part of ``work_iter[:, R_SMEM]``); ``lib_rounds`` says the
+    library's kernels on this GPU are grids of tiles run in rounds (sm80-style
+    kernels: GPUs without warpgroup or tcgen05 MMA), so its rows take the last
+    round's clock as Triton's do."""
     for i in range(lo, hi):
         bmi = bm[i]
         bni = bn[i]
@@ -893,14 +896,16 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
                 boost = clk_cap if clk_cap > 1.0 else 1.0
             rate[i, R_CUDA] *= boost
             rate[i, R_SMEM] *= boost
-            if tiles[i] > sms and not lib[i]:
+            if tiles[i] > sms and (lib_rounds or not lib[i]):
                 # a grid of more tiles than SMs: its SMs run `rounds` tiles (the
                 # busiest) or one fewer, so its last round of tiles keeps only
                 # `last` SMs busy and runs at their clock (the boost above with
                 # `last` for `active`), the earlier rounds at the full grid's;
                 # the tensor-core rate is the rounds' harmonic mean (lower()'s
-                # comment). Triton rows only: a library row's grid is the
-                # model's guess of its tile and split
+                # comment). Triton rows, and library rows where the library's
+                # kernels are grids of tiles (``lib_rounds``: sm80-style); not
+                # the persistent, tile-scheduled library kernels of warpgroup /
+                # tcgen05 GPUs, whose tail the round count does not describe
                 rounds = (tiles[i] + sms - 1) // sms
                 last = tiles[i] - (rounds - 1) * sms
                 tail_boost = sms / last
@@ -1155,7 +1160,8 @@ def lower(cols: dict, hw) -> TilePlan:
                 threads, regs, spill, use_wgmma, on_tc, t_bytes, t_foot, t_crit, work_iter, work_epi, rate,
                 share_eff, useful_flops, float(hw.smem_bytes_per_clk), _DTYPE_CODE["float8"],
                 _DTYPE_CODE["float16"], scode, b8(fast), lib, hw.mma == "wgmma", b8(staged_mn),
-                pipe_stages, copy_smem, sms, g_dram, t_dram_scale, clk_cap), even_bounds(rows))
+                pipe_stages, copy_smem, sms, g_dram, t_dram_scale, clk_cap,
+                hw.mma not in ("wgmma", "tcgen05")), even_bounds(rows))
 
     lse = hw.cal("library_store_efficiency")
     if lse != 1.0 and lib.any():
@@ -1208,9 +1214,14 @@ def lower(cols: dict, hw) -> TilePlan:
     # of tensor work, non-decreasing in the tiles. Measured on A100, H100 and
     # H200 Triton fp16 / bf16 rows alike: compute-side rows run 0.87-0.93 of the
     # unboosted prediction at fill 0.6-0.8 against 1.00-1.05 full
-    # (docs/gemm_accuracy.md, "The partly filled last wave, session 10"). Not on
-    # library rows: their grid (tile, split-K, stream-K) is the model's guess,
-    # not the kernel's, so the fill it implies is not the real one
+    # (docs/gemm_accuracy.md, "The partly filled last wave, session 10"). Library
+    # rows likewise where the library runs sm80-style kernels, a grid of its
+    # tiles launched as Triton's is (Ampere; "The last round on the library's
+    # tiles, session 10"); not on GPUs with warpgroup or tcgen05 MMA, whose
+    # library kernels are persistent and tile-scheduled (CUTLASS 3's sm90
+    # kernels: a grid of the SMs, with stream-K decompositions that even out
+    # the last round), so the round count of the model's guessed tile does not
+    # describe their tail
 
     # a Triton FMA-dot warp's own shared loads per iteration: the shared-memory
     # work less the stores of the A and B tiles and the spills' local traffic

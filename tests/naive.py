@@ -1029,12 +1029,13 @@ def gemm_lower_one(row: dict, hw) -> dict:
     cuda_boost = boost
     if hw.max_clock_mhz > 0:
         cuda_boost = min(boost, max(hw.max_clock_mhz / hw.rate("clock_mhz"), 1.0))
-    # more tiles than SMs (Triton rows): the last round of tiles at its busy SMs'
+    # more tiles than SMs (Triton rows; library rows on sm80-style GPUs): the last round of tiles at its busy SMs'
     # clock, the earlier rounds at the full grid's (the tensor cores only)
     rounds_boost = 1.0
     rounds_clk = 1.0
     grid = g0 * g1 * split
-    if eff < 1.0 and grid > hw.sm_count and row.get("backend") != "cublas":
+    lib_rounds = hw.mma not in ("wgmma", "tcgen05")  # sm80-style library grids
+    if eff < 1.0 and grid > hw.sm_count and (lib_rounds or row.get("backend") != "cublas"):
         rounds = -(-grid // hw.sm_count)
         last = grid - (rounds - 1) * hw.sm_count
         tail = min(1.0 / eff, hw.sm_count / last)

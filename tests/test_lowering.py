@@ -630,13 +630,28 @@ def test_last_round_boost_by_hand():
     assert p32.extra["tiles"][0] == 234 and p32.extra["mma_path"][0] == "fma"
     assert p32.rate[0, R_CUDA] == pytest.approx(cuda0, rel=1e-12)
     assert p32.rate[0, R_SMEM] == pytest.approx(smem0, rel=1e-12)
-    # a library row of more tiles than SMs: its grid is the model's guess, no boost
+    # a library row of more tiles than SMs on A100: cuBLAS's sm80 kernels are a
+    # grid of their tiles, so the same rule on the tile the model prices
     lib = [dict(r, backend="cublas") for r in rows[:1]]
     cols, _ = validate(pl.DataFrame(lib), get_family("gemm"))
     plan = gemm.lower(cols, hw)
     t = int(plan.extra["tiles"][0])
     assert t > sms and t % sms != 0  # a partly filled last round
-    assert plan.rate[0, R_TC] == pytest.approx(tc0, rel=1e-12)
+    rounds = -(-t // sms)
+    tail = min(1.0 / eff, sms / (t - (rounds - 1) * sms))
+    assert plan.rate[0, R_TC] == pytest.approx(tc0 * rounds / (rounds - 1 + 1.0 / tail), rel=1e-12)
+    # on H100 the library's aligned kernels are persistent and tile-scheduled: a
+    # library row of a partly filled last round keeps the full-grid rate
+    h = get_hw("h100")
+    hs, he = h.sm_count, h.cal("tc_efficiency")
+    lib = [dict(base, m=64 * 14, n=64 * 19, backend="cublas")]
+    cols, _ = validate(pl.DataFrame(lib), get_family("gemm"))
+    plan = gemm.lower(cols, h)
+    t = int(plan.extra["tiles"][0])
+    assert t > hs and t % hs != 0
+    path = 1.0 if plan.extra["mma_path"][0] == "wgmma" else h.mma_sync_fraction
+    assert plan.rate[0, R_TC] == pytest.approx(h.tc_tflops("float16") * 1e6 / hs * path * he,
+                                               rel=1e-12)
 
 
 def test_one_wide_operand_lowered_as_its_k_contiguous_layout():
