@@ -660,37 +660,32 @@ def _rates(hw, n: int) -> np.ndarray:
     return rate
 
 
-def power_clock(tiles, sms: int, tc_eff: float, clk_cap: float, on_tc):
-    """The power-limited clock of a program grid of ``tiles`` tiles, as GEMM's
-    (:mod:`kernels_catalog.gemm`, ``_lower_rows`` and ``lower()``'s comment, "the
-    power-limited clock"): the factors on the full-grid tensor-core rate and on
-    the per-clock (CUDA-core, shared-memory) rates, or ``(None, None)`` where
-    ``tc_efficiency`` is 1 (no headroom).
+def power_clock(tiles, sms: int, tc_eff: float, clk_cap: float):
+    """The power-limited clock of a program grid of ``tiles`` tiles, GEMM's
+    sub-wave rule (:mod:`kernels_catalog.gemm`, ``_lower_rows`` and ``lower()``'s
+    comment, "the power-limited clock"): the factors on the full-grid tensor-core
+    rate and on the per-clock (CUDA-core, shared-memory) rates, or ``(None,
+    None)`` where ``tc_efficiency`` is 1 (no headroom).
 
     ``tc_efficiency`` is the sustained share of the tensor-core peak with every
     SM busy; a grid that keeps ``active = min(tiles, sms)`` SMs busy runs them at
-    ``boost = min(1 / tc_efficiency, sms / active)`` (sub-wave), the per-clock
-    rates at that boost capped at ``clk_cap = max_clock_mhz / clock_mhz`` (0: no
-    cap). A grid of more tiles than SMs runs ``rounds = ceil(tiles / sms)``
-    rounds whose last keeps ``last = tiles - (rounds - 1) sms`` SMs busy at their
-    clock (``tail = min(1 / tc_efficiency, sms / last)``): the rate times
-    ``rounds / (rounds - 1 + 1 / tail)``, on the per-clock rates with ``tail``
-    capped as above and only on tensor-core rows (an FMA row's full-grid rate is
-    the per-clock peak at the measured clock: no headroom claimed)."""
+    ``boost = min(1 / tc_efficiency, sms / active)``, the per-clock rates at that
+    boost capped at ``clk_cap = max_clock_mhz / clock_mhz`` (0: no cap).
+
+    GEMM's last-round rule (a grid of more tiles than SMs has its last
+    ``tiles - (rounds - 1) sms`` tiles at their SMs' clock) is not applied here:
+    its rounds count one tile per SM, while the envelope runs a program grid in
+    waves of ``resident x sms`` tiles, so that a grid one tile past a round
+    (more rounds, a faster last one) within the same wave was predicted faster
+    than the smaller grid (H100 FlexAttention fp16, 64-wide heads, block_m 128,
+    1024 queries: 49 -> 50 heads, 392 -> 400 tiles at 2 resident, 33.42 ->
+    32.77 us; docs/gemm_accuracy.md, "The power-limited clock in the program
+    families, session 10")."""
     if not tc_eff < 1.0:
         return None, None
     t = np.maximum(np.asarray(tiles, dtype=np.float64), 1.0)
-    hi = 1.0 / tc_eff
-    boost = np.minimum(sms / np.minimum(t, float(sms)), hi)
-    clk = np.minimum(boost, clk_cap if clk_cap > 1.0 else 1.0) if clk_cap > 0.0 else boost
-    rounds = np.ceil(t / sms)
-    last = t - (rounds - 1.0) * sms
-    tail = np.minimum(sms / last, hi)
-    more = t > sms
-    tc_f = np.where(more, rounds / ((rounds - 1.0) + 1.0 / tail), boost)
-    tail_c = np.minimum(tail, clk_cap if clk_cap > 1.0 else 1.0) if clk_cap > 0.0 else tail
-    clk_f = np.where(more & np.asarray(on_tc, dtype=bool),
-                     rounds / ((rounds - 1.0) + 1.0 / tail_c), clk)
+    tc_f = np.minimum(sms / np.minimum(t, float(sms)), 1.0 / tc_eff)
+    clk_f = np.minimum(tc_f, clk_cap if clk_cap > 1.0 else 1.0) if clk_cap > 0.0 else tc_f
     return tc_f, clk_f
 
 
@@ -820,7 +815,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
                      * hw.cal("tc_efficiency"))
     tc_clk, sm_clk = power_clock(g[0] * g[1] * g[2], sms, hw.cal("tc_efficiency"),
                                  hw.max_clock_mhz / hw.rate("clock_mhz") if hw.max_clock_mhz > 0
-                                 else 0.0, on_tc)
+                                 else 0.0)
 
     # ---- rules (and tensor memory outside Blackwell)
     rules = list(ADMIT_RULES) + [r.reason for r in prog.rules]
