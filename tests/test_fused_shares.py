@@ -15,7 +15,8 @@ from kernels_catalog.fused_comm import _shares, evaluate_fused
 from tsbatch.engine.evaluate import evaluate as eval_compute
 from tsbatch.errors import InputError
 
-ATTN_TILE = dict(dtype="bfloat16", block_m=128, block_n=64, num_stages=2, num_warps=4)
+from test_fused_dedup import ATTN_TILE, _bits_equal  # noqa: E402  (the same tile; frames equal column by column, floats by their bits)
+
 
 
 def _ulysses_rows() -> pl.DataFrame:
@@ -30,16 +31,6 @@ def _ulysses_rows() -> pl.DataFrame:
         out.append(dict(system=system, batch=1, heads=30, seq_len=4096, head_dim=128, **ATTN_TILE,
                         causal=False, num_gpus=4, chunks=1))
     return pl.DataFrame(out + out[:7])
-
-
-def _bits_equal(a: pl.DataFrame, b: pl.DataFrame) -> None:
-    assert a.columns == b.columns and a.height == b.height
-    for c in a.columns:
-        x, y = a[c], b[c]
-        if x.dtype.is_float():
-            assert np.array_equal(x.to_numpy().view(np.int64), y.to_numpy().view(np.int64)), c
-        else:
-            assert x.equals(y, null_equal=True), c
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
