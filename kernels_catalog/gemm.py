@@ -534,6 +534,21 @@ def wgmma_smem_reads(bm, bn, bk, eb, wg_m, wg_n, per_instruction):
 
 
 @jit_exact
+def _clock_factor(rounds, busy, sms, cap):
+    """Rate factor of the power-limited clock (:func:`lower`'s comment): the
+    busiest SMs run ``rounds`` rounds of tiles, the last keeping ``busy`` SMs
+    busy at ``boost = min(cap, sms / busy)``, the earlier ones at the full
+    grid's rate; one round is the boost itself, more the rounds' harmonic mean
+    ``rounds / (rounds - 1 + 1 / boost)``."""
+    b = sms / (busy if busy > 1.0 else 1.0)
+    if b > cap:
+        b = cap
+    if rounds == 1:
+        return b
+    return rounds / ((rounds - 1) + 1.0 / b)
+
+
+@jit_exact
 def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_rm, eb_tab,
                 ob_tab, tc_tab, f32_code, wgmma_ok, wgmma_min, max_regs, sm_regs, sync_frac,
                 tc_eff, wg_share, g0, g1, ksteps, tiles, smem_block, threads, regs, spill, use_wg,
@@ -883,45 +898,31 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         useful_flops[i] = 2.0 * m[i] * n[i] * k[i]
         if tc_eff < 1.0:
             # the power-limited clock (lower()'s comment): a grid that keeps fewer
-            # SMs busy runs them faster, up to the full measured rate
-            active = float(tiles[i] if tiles[i] < sms else sms)
-            boost = sms / (active if active > 1.0 else 1.0)
-            if boost > 1.0 / tc_eff:
-                boost = 1.0 / tc_eff
-            rate[i, R_TC] *= boost
-            # the CUDA-core and shared-memory rates are per-clock figures at the
-            # measured clock: they rise with the clock up to its maximum
-            # (clk_cap = max_clock_mhz / measured clock; 0: no maximum given)
-            if clk_cap > 0.0 and boost > clk_cap:
-                boost = clk_cap if clk_cap > 1.0 else 1.0
-            rate[i, R_CUDA] *= boost
-            rate[i, R_SMEM] *= boost
-            if tiles[i] > sms and (lib_rounds or not lib[i]):
-                # a grid of more tiles than SMs: its SMs run `rounds` tiles (the
-                # busiest) or one fewer, so its last round of tiles keeps only
-                # `last` SMs busy and runs at their clock (the boost above with
-                # `last` for `active`), the earlier rounds at the full grid's;
-                # the tensor-core rate is the rounds' harmonic mean (lower()'s
-                # comment). Triton rows, and library rows where the library's
-                # kernels are grids of tiles (``lib_rounds``: sm80-style); not
-                # the persistent, tile-scheduled library kernels of warpgroup /
-                # tcgen05 GPUs, whose tail the round count does not describe
-                rounds = (tiles[i] + sms - 1) // sms
-                last = tiles[i] - (rounds - 1) * sms
-                tail_boost = sms / last
-                if tail_boost > 1.0 / tc_eff:
-                    tail_boost = 1.0 / tc_eff
-                rate[i, R_TC] *= rounds / ((rounds - 1) + 1.0 / tail_boost)
-                if tc:
-                    # the per-clock rates with the last round's clock, up to the
-                    # maximum (as above); an FMA row's full-grid rate is its
-                    # per-clock peak at the measured clock, not a power-limited
-                    # one, so no headroom is claimed for its last round
-                    if clk_cap > 0.0 and tail_boost > clk_cap:
-                        tail_boost = clk_cap if clk_cap > 1.0 else 1.0
-                    tail_clk = rounds / ((rounds - 1) + 1.0 / tail_boost)
-                    rate[i, R_CUDA] *= tail_clk
-                    rate[i, R_SMEM] *= tail_clk
+            # SMs busy runs them faster, up to the full measured rate. A grid of
+            # more tiles than SMs runs `rounds` rounds on its busiest SMs, the
+            # last keeping `busy` SMs busy at their clock, the earlier ones at
+            # the full grid's: Triton rows, and library rows where the library's
+            # kernels are grids of tiles (``lib_rounds``: sm80-style); not the
+            # persistent, tile-scheduled library kernels of warpgroup / tcgen05
+            # GPUs, whose tail the round count does not describe
+            rounds = _cdiv(tiles[i], sms) if tiles[i] > sms else 1
+            if rounds == 1 or lib_rounds or not lib[i]:
+                busy = float(tiles[i] - (rounds - 1) * sms if rounds > 1
+                             else (tiles[i] if tiles[i] < sms else sms))
+                rate[i, R_TC] *= _clock_factor(rounds, busy, sms, 1.0 / tc_eff)
+                # the CUDA-core and shared-memory rates are per-clock figures at
+                # the measured clock: they rise with the clock up to its maximum
+                # (clk_cap = max_clock_mhz / measured clock; 0: no maximum
+                # given); an FMA row's full-grid rate is its per-clock peak at
+                # the measured clock, not a power-limited one, so no headroom is
+                # claimed for its last round
+                if rounds == 1 or tc:
+                    cap = 1.0 / tc_eff
+                    if clk_cap > 0.0:
+                        cap = min(cap, clk_cap if clk_cap > 1.0 else 1.0)
+                    f = _clock_factor(rounds, busy, sms, cap)
+                    rate[i, R_CUDA] *= f
+                    rate[i, R_SMEM] *= f
 
 
 #: Triton's largest tensor, in elements (``triton.language.TRITON_MAX_TENSOR_NUMEL``)
