@@ -554,7 +554,7 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
                 tc_eff, wg_share, g0, g1, ksteps, tiles, smem_block, threads, regs, spill, use_wg,
                 on_tc, t_bytes, t_foot, t_crit, work_iter, work_epi, rate, share_eff, useful_flops, smem_bpc,
                 f8_code, f16_code, scode, fast, lib, hopper_wg, staged_mn, pipe_stages,
-                copy_smem, sms, g_dram, t_dram_scale, clk_cap, lib_rounds, lo, hi):
+                copy_smem, sms, g_dram, t_dram_scale, clk_cap, cuda_cap, lib_rounds, lo, hi):
     """One pass over rows ``lo:hi`` (a share; :func:`lower` runs the shares on the
     thread pool): every per-row quantity of :func:`lower` (the
     docstring there); ``tc_tab[d]`` is dtype ``d``'s tensor-core rate per SM
@@ -912,17 +912,17 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
                 rate[i, R_TC] *= _clock_factor(rounds, busy, sms, 1.0 / tc_eff)
                 # the CUDA-core and shared-memory rates are per-clock figures at
                 # the measured clock: they rise with the clock up to its maximum
-                # (clk_cap = max_clock_mhz / measured clock; 0: no maximum
-                # given); an FMA row's full-grid rate is its per-clock peak at
-                # the measured clock, not a power-limited one, so no headroom is
-                # claimed for its last round
+                # (clk_cap = max_clock_mhz / measured clock, cuda_cap the same
+                # over the clock the FP32 rate is stated at: HwSpec.fp32_clock_mhz;
+                # 0: no maximum given); an FMA row's full-grid rate is its
+                # per-clock peak at the measured clock, not a power-limited one,
+                # so no headroom is claimed for its last round
                 if rounds == 1 or tc:
                     cap = 1.0 / tc_eff
-                    if clk_cap > 0.0:
-                        cap = min(cap, clk_cap if clk_cap > 1.0 else 1.0)
-                    f = _clock_factor(rounds, busy, sms, cap)
-                    rate[i, R_CUDA] *= f
-                    rate[i, R_SMEM] *= f
+                    cap_s = min(cap, clk_cap if clk_cap > 1.0 else 1.0) if clk_cap > 0.0 else cap
+                    cap_c = min(cap, cuda_cap if cuda_cap > 1.0 else 1.0) if cuda_cap > 0.0 else cap
+                    rate[i, R_CUDA] *= _clock_factor(rounds, busy, sms, cap_c)
+                    rate[i, R_SMEM] *= _clock_factor(rounds, busy, sms, cap_s)
 
 
 #: Triton's largest tensor, in elements (``triton.language.TRITON_MAX_TENSOR_NUMEL``)
@@ -1148,7 +1148,7 @@ def lower(cols: dict, hw) -> TilePlan:
     a_rm = b8(np.where(b8(cols["a_row_major"]), True, m == 1))
     b_rm = b8(np.where(b8(cols["b_row_major"]), n != 1, False))
     # the power-limited boost's ceiling on the per-clock rates (below)
-    clk_cap = hw.max_clock_mhz / clock_mhz if hw.max_clock_mhz > 0 else 0.0
+    clk_cap = hw.clock_cap
     # rows in shares on the thread pool (the kernel releases the GIL)
     run_shares(_lower_rows, (
                 m, n, k, i64(cols["block_m"]), i64(cols["block_n"]), i64(cols["block_k"]),
@@ -1161,7 +1161,7 @@ def lower(cols: dict, hw) -> TilePlan:
                 threads, regs, spill, use_wgmma, on_tc, t_bytes, t_foot, t_crit, work_iter, work_epi, rate,
                 share_eff, useful_flops, float(hw.smem_bytes_per_clk), _DTYPE_CODE["float8"],
                 _DTYPE_CODE["float16"], scode, b8(fast), lib, hw.mma == "wgmma", b8(staged_mn),
-                pipe_stages, copy_smem, sms, g_dram, t_dram_scale, clk_cap,
+                pipe_stages, copy_smem, sms, g_dram, t_dram_scale, clk_cap, hw.fp32_clock_cap,
                 hw.mma not in ("wgmma", "tcgen05")), even_bounds(rows))
 
     lse = hw.cal("library_store_efficiency")
@@ -1198,7 +1198,11 @@ def lower(cols: dict, hw) -> TilePlan:
     # per-clock figures at the measured clock (not reduced by tc_efficiency on a
     # full grid), so their boost is bounded by the GPU's maximum clock instead:
     # min(boost, max_clock_mhz / measured clock_mhz) (A100 1410 / 1387 = 1.017,
-    # GH100 1980 / 1730 = 1.145; uncapped where the hw file gives no maximum)
+    # GH100 1980 / 1730 = 1.145; uncapped where the hw file gives no maximum);
+    # the CUDA cores' over the clock their rate (fp32_tflops, stated on its own)
+    # is stated at, HwSpec.fp32_clock_mhz, the same clock as loaded, so that a
+    # clock lowered alone never raises their ceiling (it did: h100 IEEE FP32
+    # library 64 x 6976 x 1024 26.15 -> 25.19 us at 0.9 x the clock)
     # (applied per row in _lower_rows: rate[:, R_TC / R_CUDA / R_SMEM] x boost)
     # A Triton grid of more tiles than SMs runs in rounds: each SM runs
     # `rounds = ceil(tiles / sms)` tiles or one fewer, so the last round keeps only

@@ -1026,13 +1026,16 @@ def gemm_lower_one(row: dict, hw) -> dict:
     # power-limited clock: fewer busy SMs than the chip run up to the full rate
     boost = min(1.0 / eff, hw.sm_count / max(min(g0 * g1 * split, hw.sm_count), 1)) if eff < 1.0 else 1.0
     # the CUDA cores' (per-clock) rate rises with the clock, up to its maximum
-    cuda_boost = boost
+    # (the shared memory's ceiling over the measured clock, the CUDA cores' over the
+    # clock their rate is stated at)
+    cuda_boost = smem_boost = boost
     if hw.max_clock_mhz > 0:
-        cuda_boost = min(boost, max(hw.max_clock_mhz / hw.rate("clock_mhz"), 1.0))
+        cuda_boost = min(boost, max(hw.max_clock_mhz / (hw.fp32_clock_mhz or hw.rate("clock_mhz")), 1.0))
+        smem_boost = min(boost, max(hw.max_clock_mhz / hw.rate("clock_mhz"), 1.0))
     # more tiles than SMs (Triton rows; library rows on sm80-style GPUs): the last round of tiles at its busy SMs'
     # clock, the earlier rounds at the full grid's (the tensor cores only)
     rounds_boost = 1.0
-    rounds_clk = 1.0
+    rounds_clk = rounds_smem = 1.0
     grid = g0 * g1 * split
     lib_rounds = hw.mma not in ("wgmma", "tcgen05")  # sm80-style library grids
     if eff < 1.0 and grid > hw.sm_count and (lib_rounds or row.get("backend") != "cublas"):
@@ -1041,9 +1044,12 @@ def gemm_lower_one(row: dict, hw) -> dict:
         tail = min(1.0 / eff, hw.sm_count / last)
         rounds_boost = rounds / ((rounds - 1) + 1.0 / tail)
         if on_tc:  # the per-clock rates too, up to the maximum clock
+            tail_c = tail_s = tail
             if hw.max_clock_mhz > 0:
-                tail = min(tail, max(hw.max_clock_mhz / hw.rate("clock_mhz"), 1.0))
-            rounds_clk = rounds / ((rounds - 1) + 1.0 / tail)
+                tail_c = min(tail, max(hw.max_clock_mhz / (hw.fp32_clock_mhz or hw.rate("clock_mhz")), 1.0))
+                tail_s = min(tail, max(hw.max_clock_mhz / hw.rate("clock_mhz"), 1.0))
+            rounds_clk = rounds / ((rounds - 1) + 1.0 / tail_c)
+            rounds_smem = rounds / ((rounds - 1) + 1.0 / tail_s)
     # Triton's FMA dot: a warp's chain of one iteration, its FFMAs at one
     # scheduler's FP32 rate and its own shared-load wavefronts in series, plus one
     # L2 wait per spilled word where the spills do not fit the L1 that the
@@ -1101,12 +1107,12 @@ def gemm_lower_one(row: dict, hw) -> dict:
         "tc_rate": (hw.tc_tflops("float16" if emul8 else tc_key) * 1e6 / hw.sm_count * path
                     * eff * boost * rounds_boost),
         "cuda_rate": hw.rate("fp32_tflops") * 1e6 / hw.sm_count * cuda_boost * rounds_clk,
-        "smem_rate": hw.smem_bytes_per_clk * hw.rate("clock_mhz") * cuda_boost * rounds_clk,
+        "smem_rate": hw.smem_bytes_per_clk * hw.rate("clock_mhz") * smem_boost * rounds_smem,
         "share_eff": hw.cal("wgmma_share_efficiency") if wgmma else 1.0,
         "useful_flops": 2.0 * row["m"] * row["n"] * row["k"],
         # Triton's wgmma epilogue: the C tile through shared memory (written, read)
-        "conv_us": (2.0 * bm * bn * ob / (hw.smem_bytes_per_clk * hw.rate("clock_mhz") * cuda_boost
-                                             * rounds_clk)
+        "conv_us": (2.0 * bm * bn * ob / (hw.smem_bytes_per_clk * hw.rate("clock_mhz") * smem_boost
+                                             * rounds_smem)
                     if wgmma and row.get("backend", "triton") != "cublas"
                     and row.get("order", "grouped") != "persistent" else 0.0),
     }

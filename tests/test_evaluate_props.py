@@ -36,11 +36,10 @@ LATENCY_RTOL = 1e-12
 
 
 #: rates a GPU file states at its clock (``clock_mhz``): a lower clock lowers them
-#: too. Lowering ``clock_mhz`` alone would say the CUDA cores do more per clock
-#: than before, and the power-limited boost's ceiling (``max_clock_mhz /
-#: clock_mhz``, kernels_catalog/gemm.py) would then rightly run them faster at
-#: the maximum clock (a 1x1x1 bf16 library call on h100 at 0.875 x the clock:
-#: 6.2918 -> 6.2848 us, found by the property below)
+#: too. (The clock lowered alone is checked by
+#: :func:`test_a_lower_clock_alone_never_speeds_up_the_cuda_cores`: the CUDA
+#: cores' boost ceiling is taken over the clock their rate is stated at,
+#: ``HwSpec.fp32_clock_mhz``, which a hand-lowered clock leaves where it was.)
 AT_CLOCK = {"clock_mhz": ("fp32_tflops",)}
 
 
@@ -116,6 +115,33 @@ def test_a_lower_clock_never_speeds_up_a_boosted_small_call():
         for factor in (0.95, 0.875, 0.5):
             slow = evaluate(pl.DataFrame([row]), slower(hw, "clock_mhz", factor))["latency_us"][0]
             assert slow >= base * (1.0 - LATENCY_RTOL), (gpu, factor, base, slow)
+
+
+def test_a_lower_clock_alone_never_speeds_up_the_cuda_cores():
+    """The clock lowered alone (``fp32_tflops`` kept, as a hand-edited GPU file
+    would): the CUDA cores' boost ceiling is taken over the clock their rate is
+    stated at (``HwSpec.fp32_clock_mhz``), so it does not rise as the clock
+    falls. Before, an IEEE FP32 library call on one wave's worth of tiles ran
+    faster at a slower clock (h100 64 x 6976 x 1024: 26.15 -> 25.19 us at 0.9x),
+    and so did A100 FMA-dot Triton rows (1,178 falls in a 3,000-row probe)."""
+    rows = [dict(m=64, n=6976, k=1024, dtype="float32", a_row_major=True, b_row_major=False,
+                 tf32=False, backend="cublas"),
+            dict(m=8, n=12288, k=4096, dtype="float32", a_row_major=True, b_row_major=False,
+                 tf32=False, backend="cublas"),
+            dict(m=32, n=4096, k=64, dtype="float32", a_row_major=True, b_row_major=False,
+                 tf32=False, backend="triton", block_m=32, block_n=64, block_k=16, num_stages=2,
+                 num_warps=4, group_m=8, raster="grouped", split_k=1)]
+    df = frame(rows)
+    for gpu in ("h100", "h200", "a100"):
+        hw = get_hw(gpu)
+        assert hw.fp32_clock_mhz == hw.rate("clock_mhz") and hw.fp32_clock_cap == hw.clock_cap
+        base = evaluate(df, hw)["latency_us"].to_numpy()
+        for factor in (0.95, 0.9, 0.5):
+            measured = {**hw.measured, "clock_mhz": hw.rate("clock_mhz") * factor}
+            slow_hw = dataclasses.replace(hw, clock_mhz=hw.clock_mhz * factor, measured=measured)
+            assert slow_hw.fp32_clock_cap == hw.fp32_clock_cap and slow_hw.clock_cap > hw.clock_cap
+            slow = evaluate(df, slow_hw)["latency_us"].to_numpy()
+            assert (slow >= base * (1.0 - LATENCY_RTOL)).all(), (gpu, factor, base, slow)
 
 
 def test_lowering_the_fp16_peak_slows_fp16_only():

@@ -271,6 +271,13 @@ class HwSpec:
     #: none. A grid that keeps fewer SMs busy than the chip has may run its SMs
     #: above the measured (power-limited) clock, up to this one
     max_clock_mhz: float = 0.0
+    #: the SM clock the file states ``fp32_tflops`` at: the clock the model
+    #: reads (``rate("clock_mhz")``) when the file is loaded; 0: that clock.
+    #: The CUDA cores' rate is quoted on its own, not per clock, so its
+    #: power-limited boost is bounded by ``max_clock_mhz`` over this clock
+    #: (:attr:`fp32_clock_cap`), which stays with the rate when the clock alone
+    #: is changed by hand (a slower clock then never runs the CUDA cores faster)
+    fp32_clock_mhz: float = 0.0
     measured: Mapping[str, float] = field(default_factory=dict)
     calibration: Mapping[str, float] = field(default_factory=dict)
     sources: Mapping[str, str] = field(default_factory=dict)
@@ -288,6 +295,22 @@ class HwSpec:
         if key in self.calibration:
             return float(self.calibration[key])
         return CALIBRATION_DEFAULTS[key][0]
+
+    @property
+    def clock_cap(self) -> float:
+        """The per-clock rates' (shared memory's) boost ceiling: ``max_clock_mhz``
+        over the measured clock; 0 where the file gives no maximum."""
+        return self.max_clock_mhz / self.rate("clock_mhz") if self.max_clock_mhz > 0 else 0.0
+
+    @property
+    def fp32_clock_cap(self) -> float:
+        """The CUDA cores' boost ceiling: ``max_clock_mhz`` over the clock
+        ``fp32_tflops`` is stated at (:attr:`fp32_clock_mhz`); 0 where the file
+        gives no maximum."""
+        if not self.max_clock_mhz > 0:
+            return 0.0
+        return self.max_clock_mhz / (self.fp32_clock_mhz if self.fp32_clock_mhz > 0
+                                     else self.rate("clock_mhz"))
 
     @property
     def launch_us(self) -> float:
@@ -446,6 +469,12 @@ def load_hw_file(path: str | Path) -> HwSpec:
             f"{path}: [sm] l1_smem_bytes ({kwargs['l1_smem_bytes']}) must be at least "
             f"smem_bytes ({kwargs['sm_smem_bytes']}): shared memory is carved from it"
         )
+    # derived, not read: the clock the file states fp32_tflops at (HwSpec.fp32_clock_mhz)
+    fp32_clock = float(measured.get("clock_mhz", kwargs["clock_mhz"]))
+    sources["derived.fp32_clock_mhz"] = (
+        "the clock the model reads when the file is loaded ("
+        + ("[measured]" if "clock_mhz" in measured else "[sm]")
+        + " clock_mhz), the clock its fp32_tflops is stated at")
     return HwSpec(
         key=path.stem,
         name=str(ident["name"]),
@@ -458,6 +487,7 @@ def load_hw_file(path: str | Path) -> HwSpec:
         calibration=calibration,
         sources=sources,
         file_sha256=hashlib.sha256(raw_bytes).hexdigest(),
+        fp32_clock_mhz=fp32_clock,
         **kwargs,
     )
 
