@@ -660,6 +660,46 @@ def _rates(hw, n: int) -> np.ndarray:
     return rate
 
 
+def power_clock(tiles, sms: int, tc_eff: float, clk_cap: float, cuda_cap: float):
+    """The power-limited clock of a program grid of ``tiles`` tiles, GEMM's
+    sub-wave rule (:mod:`kernels_catalog.gemm`, ``_lower_rows`` and ``lower()``'s
+    comment, "the power-limited clock"): ``(rows, tc, cuda, smem)``, the rows of
+    fewer tiles than SMs and their factors on the full-grid tensor-core rate, the
+    CUDA-core rate and the shared-memory rate (every other row's are 1), or
+    ``(None, None, None, None)`` where no row has fewer tiles than SMs or
+    ``tc_efficiency`` is 1 (no headroom).
+
+    ``tc_efficiency`` is the sustained share of the tensor-core peak with every
+    SM busy; a grid that keeps ``active = min(tiles, sms)`` SMs busy runs them at
+    ``boost = min(1 / tc_efficiency, sms / active)``, the per-clock rates at that
+    boost capped at the maximum clock over the clock each is stated at: shared
+    memory's ``clk_cap = max_clock_mhz / clock_mhz``, the CUDA cores' ``cuda_cap``
+    over the clock ``fp32_tflops`` is stated at (:attr:`HwSpec.fp32_clock_cap`,
+    so that a slower clock alone never runs them faster); 0: no cap.
+
+    GEMM's last-round rule (a grid of more tiles than SMs has its last
+    ``tiles - (rounds - 1) sms`` tiles at their SMs' clock) is not applied here:
+    its rounds count one tile per SM, while the envelope runs a program grid in
+    waves of ``resident x sms`` tiles, so that a grid one tile past a round
+    (more rounds, a faster last one) within the same wave was predicted faster
+    than the smaller grid (H100 FlexAttention fp16, 64-wide heads, block_m 128,
+    1024 queries: 49 -> 50 heads, 392 -> 400 tiles at 2 resident, 33.42 ->
+    32.77 us), and its rounds counted in the envelope's waves still fell at
+    some tail sizes (the envelope's wave seams; docs/gemm_accuracy.md, "The
+    power-limited clock in the program families, session 10")."""
+    if not tc_eff < 1.0:
+        return None, None, None, None
+    tiles = np.asarray(tiles)
+    sub = np.flatnonzero(tiles < sms)  # the rows below one tile per SM (the others: 1)
+    if not sub.size:
+        return None, None, None, None
+    t = np.maximum(tiles[sub].astype(np.float64), 1.0)
+    tc_f = np.minimum(sms / t, 1.0 / tc_eff)
+    cuda_f = np.minimum(tc_f, cuda_cap if cuda_cap > 1.0 else 1.0) if cuda_cap > 0.0 else tc_f
+    smem_f = np.minimum(tc_f, clk_cap if clk_cap > 1.0 else 1.0) if clk_cap > 0.0 else tc_f
+    return sub, tc_f, cuda_f, smem_f
+
+
 def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     """Lower validated candidate columns of ``prog``'s family to a :class:`TilePlan`."""
     from tsbatch.kernels.dag import best_orders  # noqa: PLC0415
@@ -784,6 +824,9 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     tc_tab = np.array([hw.tc_tflops(k) * 1e6 / sms for k in tc_key])
     rate[:, R_TC] = (tc_tab[env["_dtype_code"]] * np.where(wg, 1.0, hw.mma_sync_fraction)
                      * hw.cal("tc_efficiency"))
+    sub_rows, tc_clk, cuda_clk, smem_clk = power_clock(g[0] * g[1] * g[2], sms,
+                                                       hw.cal("tc_efficiency"), hw.clock_cap,
+                                                       hw.fp32_clock_cap)
 
     # ---- rules (and tensor memory outside Blackwell)
     rules = list(ADMIT_RULES) + [r.reason for r in prog.rules]
@@ -862,6 +905,14 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         else:
             chain = np.zeros(n)
         best = np.zeros(n, dtype=np.int64)
+
+    if sub_rows is not None:
+        # the power-limited clock (:func:`power_clock`) on the rates the envelope
+        # prices the grid's work at (the chain above is the SM's own critical path
+        # at the measured clock)
+        rate[sub_rows, R_TC] *= tc_clk
+        rate[sub_rows, R_CUDA] *= cuda_clk
+        rate[sub_rows, R_SMEM] *= smem_clk
 
     if prog.streams is not None:
         streams = np.maximum(_arr(prog.streams, env, n), 1e-9)

@@ -3,6 +3,7 @@ catalog's attention families and user programs from TOML."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from kernels_catalog.program import (
 from tsbatch.engine.evaluate import FAMILIES, evaluate, get_family
 from tsbatch.hw import get_hw
 from tsbatch.kernels.dag import best_orders
+from tsbatch.kernels.envelope import R_CUDA, R_SMEM, R_TC
 from tsbatch.boundary.schema import validate
 
 CATALOG = sorted(PROGRAM_DIR.glob("*.toml"))
@@ -354,6 +356,54 @@ def test_attention_resource_vector_by_hand():
     assert p.t_bytes[0].tolist() == [BM * D * eb, BN * D * eb, BN * D * eb, BM * D * eb]
     assert p.t_mask[0].tolist() == [0, 0b011, 0b011, 0]
     assert p.useful_flops[0] == 4.0 * 2 * 8 * 1024 * 1024 * 64
+
+
+def test_program_power_limited_clock_by_hand():
+    """A program grid of fewer tiles than SMs runs at GEMM's power-limited
+    clock: the tensor-core rate boosted by min(1 / tc_efficiency, sms / tiles),
+    the per-clock (CUDA-core, shared-memory) rates by that up to max_clock_mhz /
+    clock_mhz; a grid of more tiles than SMs at the full-grid rates (no
+    last-round boost in the program families), a GPU without headroom
+    (tc_efficiency 1) at the full-grid rates everywhere, and the CUDA cores'
+    ceiling over the clock their rate is stated at when the clock alone falls."""
+    fam = FAMILIES["attention"]
+    hw = get_hw("a100")
+    sms, eff = hw.sm_count, hw.cal("tc_efficiency")
+    assert sms == 108 and eff == 0.85
+    assert hw.max_clock_mhz == 1410.0 and hw.rate("clock_mhz") == 1387.0
+    cap = 1410.0 / 1387.0
+    rows = pl.concat([_attn_row(),                        # 8 x 16 = 128 tiles: none
+                      _attn_row(batch=1, heads=4),        # 32 tiles: boost 1 / 0.85
+                      _attn_row(batch=3, heads=4),        # 96 tiles: boost 108 / 96
+                      _attn_row(batch=27, heads=1),       # 216 tiles: two full rounds
+                      _attn_row(batch=1, heads=4, dtype="float32")])  # 32 tiles
+    cols, _ = validate(rows, fam)
+    p = fam.lower(cols, hw)
+    assert p.extra["tiles"].tolist() == [128, 32, 96, 216, 32]
+    tc0 = hw.tc_tflops("float16") * 1e6 / sms * hw.mma_sync_fraction * eff
+    cuda0 = hw.rate("fp32_tflops") * 1e6 / sms
+    smem0 = hw.smem_bytes_per_clk * 1387.0
+    tc_f = [1.0, 1.0 / eff, 108.0 / 96.0, 1.0, None]
+    clk_f = [1.0, cap, cap, 1.0, cap]
+    for i in range(5):
+        if tc_f[i] is not None:
+            assert p.rate[i, R_TC] == pytest.approx(tc0 * tc_f[i], rel=1e-12), i
+        assert p.rate[i, R_CUDA] == pytest.approx(cuda0 * clk_f[i], rel=1e-12), i
+        assert p.rate[i, R_SMEM] == pytest.approx(smem0 * clk_f[i], rel=1e-12), i
+    # a GPU whose tc_efficiency is 1 has no headroom: the full-grid rates
+    full = dataclasses.replace(hw, calibration={**hw.calibration, "tc_efficiency": 1.0})
+    q = fam.lower(cols, full)
+    assert q.rate[1, R_CUDA] == pytest.approx(cuda0, rel=1e-12)
+    assert q.rate[1, R_TC] == pytest.approx(tc0 / eff, rel=1e-12)
+    # the clock lowered alone: shared memory (bytes per clock) may rise to the
+    # maximum clock, now 1410 / 1248.3 above it; the CUDA cores' rate is stated
+    # on its own at 1387 MHz, so their ceiling stays 1410 / 1387
+    slow = dataclasses.replace(hw, clock_mhz=hw.clock_mhz * 0.9,
+                               measured={**hw.measured, "clock_mhz": 1387.0 * 0.9})
+    r = fam.lower(cols, slow)
+    assert r.rate[1, R_CUDA] == pytest.approx(cuda0 * cap, rel=1e-12)
+    assert r.rate[1, R_SMEM] == pytest.approx(
+        hw.smem_bytes_per_clk * 1387.0 * 0.9 * min(1.0 / eff, 1410.0 / (1387.0 * 0.9)), rel=1e-12)
 
 
 TRITON_TABLE = Path(__file__).parent / "data" / "triton31_attention_sm80.csv"
