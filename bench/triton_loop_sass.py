@@ -11,7 +11,16 @@ gsb0, n``: the wgmma groups), CTA barriers, the proxy fence, the HGMMAs and the
 LDGSTS copies with their commit groups. docs/gemm_accuracy.md, "Triton's large
 Hopper GEMMs, session 5". Compiler facts, not timings; needs ``triton``.
 
+``--arch 80`` compiles for sm_80 instead (A100: ``mma.sync``, the loop is the
+one whose body holds the most HMMAs) and prints, for each of the four operand
+layouts, the loop body's instructions per warp and K step by class: HMMA,
+shared-memory loads (LDSM / LDS), async copies (LDGSTS), waits and barriers
+(LDGDEPBAR, DEPBAR, BAR), the rest (address and loop arithmetic, predicates,
+branch); docs/gemm_accuracy.md, "A100 2-warp tiles and the long-K reuse loss,
+session 11".
+
     python bench/triton_loop_sass.py [--k 4096] [--config 64x128x64/s3/w4 ...]
+    python bench/triton_loop_sass.py --arch 80 [--config 16x32x16/s3/w2 ...]
 """
 from __future__ import annotations
 
@@ -28,9 +37,9 @@ DEFAULT = ["64x128x64/s3/w4", "128x128x64/s3/w4", "128x128x64/s5/w4", "128x64x64
 KEEP = ("LDGSTS", "LDGDEPBAR", "DEPBAR", "BAR.SYNC", "FENCE", "WARPGROUP", "HGMMA", "BRA")
 
 
-def loop_body(sass: str) -> list[str]:
+def loop_body(sass: str, mma: str = "HGMMA") -> list[str]:
     """The instructions (opcode and operands) of the loop whose backward branch
-    encloses the most HGMMAs, in order."""
+    encloses the most ``mma`` instructions (HGMMA; HMMA on sm_80), in order."""
     ins = []
     for line in sass.splitlines():
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
@@ -45,7 +54,7 @@ def loop_body(sass: str) -> list[str]:
         if tgt >= addr:
             continue
         seg = [t for a, t in ins if tgt <= a <= addr]
-        n = sum("HGMMA" in t for t in seg)
+        n = sum(mma in t for t in seg)
         if n > best:
             best, body = n, seg
     return body
@@ -66,11 +75,63 @@ def fold(body: list[str]) -> list[str]:
     return [f"{lab} x{n}" if n > 1 else lab for lab, n in out]
 
 
+SM80_DEFAULT = ["16x32x16/s3/w2", "16x32x32/s4/w2", "128x64x32/s2/w2", "64x64x32/s3/w4",
+                "128x128x32/s3/w4"]
+SM80_CLASSES = (("hmma", ("HMMA",)), ("shared loads", ("LDSM", "LDS")), ("ldgsts", ("LDGSTS",)),
+                ("waits/barriers", ("LDGDEPBAR", "DEPBAR", "BAR")))
+
+
+def classes(body: list[str]) -> dict:
+    """Instructions of a loop body by class (NOPs left out)."""
+    out = {name: 0 for name, _ in SM80_CLASSES}
+    out["other"] = 0
+    for t in body:
+        op = (t.split()[1] if t.startswith("@") else t.split()[0]).split(".")[0]
+        if op == "NOP":
+            continue
+        name = next((nm for nm, ops in SM80_CLASSES if op in ops), "other")
+        out[name] += 1
+    out["total"] = sum(out.values())
+    return out
+
+
+def main_sm80(args) -> int:
+    import triton_narrow_sass as tns  # needs triton
+
+    for cfg in args.config or SM80_DEFAULT:
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)/s(\d+)/w(\d+)", cfg)
+        if not m:
+            sys.exit(f"bench/triton_loop_sass.py: bad --config {cfg!r} (BMxBNxBK/sS/wW)")
+        bm, bn, bk, s, w = map(int, m.groups())
+        for a_rm, b_rm in ((True, False), (True, True), (False, False), (False, True)):
+            with tempfile.TemporaryDirectory() as tmp:
+                dump = Path(tmp) / "k.sass"
+                tns.run(args.k, a_rm, b_rm, bm, bn, bk, w, s, dump=dump, arch=80)
+                body = loop_body(dump.read_text(), "HMMA")
+            lay = f"A:{'row' if a_rm else 'col'} B:{'row' if b_rm else 'col'}"
+            if not body:  # a short constant K: the compiler unrolls the whole loop
+                print(f"{cfg} {lay} K={args.k}: no loop (no backward branch around HMMAs: unrolled)",
+                      flush=True)
+                continue
+            c = classes(body)
+            # K steps the body runs: its HMMAs over one step's per warp (m16n8k16)
+            steps = c["hmma"] / (bm * bn * bk / (16 * 8 * 16) / w) if c["hmma"] else 0.0
+            per = {k: round(v / steps, 1) for k, v in c.items()} if steps else c
+            print(f"{cfg} {lay} K={args.k}: {steps:g} K step(s) a loop body; per warp and step: "
+                  + ", ".join(f"{k} {v:g}" for k, v in per.items()), flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--k", type=int, default=4096)
-    ap.add_argument("--config", nargs="*", default=DEFAULT, help="BMxBNxBK/sS/wW")
+    ap.add_argument("--config", nargs="*", default=None, help="BMxBNxBK/sS/wW")
+    ap.add_argument("--arch", type=int, default=90, choices=[80, 90],
+                    help="sm_90a (default: the HGMMA loop in issue order) or sm_80 (instructions by class)")
     args = ap.parse_args(argv)
+    if args.arch == 80:
+        return main_sm80(args)
+    args.config = args.config or DEFAULT
     import triton_narrow_sass as tns  # needs triton
 
     for cfg in args.config:

@@ -61,7 +61,7 @@ def _mm(A, B, C, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     tl.store(C + rm[:, None] * N + rn[None, :], acc.to(tl.float16), mask=mask)
 
-def run(k, a_rm, b_rm, bm, bn, bk, warps, stages, dump=None):
+def run(k, a_rm, b_rm, bm, bn, bk, warps, stages, dump=None, arch=90):
     M = N = 5376
     sam, sak = (k, 1) if a_rm else (1, M)
     sbk, sbn = (N, 1) if b_rm else (1, k)
@@ -69,7 +69,7 @@ def run(k, a_rm, b_rm, bm, bn, bk, warps, stages, dump=None):
     sig = {nm: ("*fp16" if i < 3 else "constexpr") for i, nm in enumerate(names)}
     vals = [M, N, k, sam, sak, sbk, sbn, bm, bn, bk, 8, k % bk == 0]
     src = ASTSource(_mm, sig, constexprs=dict(zip(names[3:], vals)), attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
-    kk = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    kk = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
     bindir = Path(triton.__file__).parent / "backends/nvidia/bin"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
