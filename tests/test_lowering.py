@@ -344,6 +344,9 @@ def test_fma_loads_match_the_compiler():
                                                 r["num_warps"], r["a_row_major"], r["b_row_major"])
                        for r in t.iter_rows(named=True)])
     assert ((demand > cap) == spills).sum() >= 606
+    twin = [naive.fma_demand(r["block_m"], r["block_n"], r["block_k"], r["num_warps"],
+                             r["a_row_major"], r["b_row_major"]) for r in t.iter_rows(named=True)]
+    np.testing.assert_allclose(demand, twin, rtol=1e-15)
     both = (want > cap) & (demand > cap)
     assert (both == spills).sum() >= 604
     assert (both[heavy]).all()
