@@ -266,6 +266,24 @@ REGS_BASE_FMA = 20
 #: unrolled BK live at once (its loads hoisted ahead of the FFMAs that use
 #: them): a thread holds ``(rows + cols) * BK / 8`` operand registers
 FMA_K_PER_SLICE = 8
+#: Whether ptxas spills an FMA dot depends on its operand layouts, which the
+#: estimate above does not see: ptxas's registers of the 538 compiled kernels
+#: that neither spill nor reach 250 registers (Triton 3.0, sm_80 and sm_90,
+#: ``tests/data/triton30_fma_sm80_sm90.csv``) are, by least squares, the
+#: accumulators plus FMA_DEMAND_ROW_SLICE per row of A and k-slice, 3.1 more per
+#: row of a K-contiguous A and 4.2 per column of a K-contiguous B (an operand read
+#: as 16-byte vectors of four k keeps the whole vector of each row live),
+#: FMA_DEMAND_COPY per 16-byte cp.async vector a thread copies an iteration (its
+#: addresses) and FMA_DEMAND_BASE (mean |error| 8.9 registers, the estimate
+#: above 19.3). A kernel whose estimate exceeds the cap spills only where this
+#: demand does too (the spill / no-spill split right on 604 of the 640 kernels:
+#: 128x128x32 on 4 warps spills in three layouts, not with A column-major and B
+#: row-major, 238 registers); how much it spills stays the estimate's
+FMA_DEMAND_ROW_SLICE = 0.37
+FMA_DEMAND_A_K_MAJOR = 3.1
+FMA_DEMAND_B_K_MAJOR = 4.2
+FMA_DEMAND_COPY = 2.7
+FMA_DEMAND_BASE = 25.4
 
 #: GEMM's tile program (its DAG, tensors with reuse dimensions, footprints): the
 #: family's representation shared with every other family; the numbers per row
@@ -369,6 +387,30 @@ def fma_registers(bm: int, bn: int, bk: int, warps: int) -> int:
     _s, _tm, _tn, rows, cols = _fma_layout(bm, bn, warps)
     return (bm * bn // (32 * warps) + (rows + cols) * max(bk // FMA_K_PER_SLICE, 1)
             + REGS_BASE_FMA)
+
+
+@jit_exact
+def _fma_demand(bm, bn, bk, warps, a_rm, b_rm):
+    """ptxas's register demand of Triton's FMA dot from its operand layouts
+    (:data:`FMA_DEMAND_ROW_SLICE`): whether the kernel spills."""
+    _s, _tm, _tn, rows, cols = _fma_layout(bm, bn, warps)
+    th = 32 * warps
+    slices = bk // FMA_K_PER_SLICE
+    if slices < 1:
+        slices = 1
+    d = (bm * bn) // th + FMA_DEMAND_ROW_SLICE * rows * slices + FMA_DEMAND_BASE
+    d += FMA_DEMAND_COPY * (bm * bk + bk * bn) / 4.0 / th
+    if a_rm:
+        d += FMA_DEMAND_A_K_MAJOR * rows
+    if not b_rm:
+        d += FMA_DEMAND_B_K_MAJOR * cols
+    return d
+
+
+def fma_register_demand(bm: int, bn: int, bk: int, warps: int, a_rm: bool, b_rm: bool) -> float:
+    """ptxas's register demand of Triton's FMA dot from its operand layouts, as
+    the lowering estimates it to decide whether the kernel spills."""
+    return float(_fma_demand(bm, bn, bk, warps, a_rm, b_rm))
 
 
 @jit_exact
@@ -722,6 +764,10 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         if max_regs < cap:
             cap = max_regs
         sp = want - cap if want > cap else 0
+        if sp > 0 and not (tc or lib[i]) and _fma_demand(bmi, bni, bki, w, a_rm[i], b_rm[i]) <= cap:
+            # the FMA dot spills only where its layouts' demand exceeds the cap too
+            want = cap
+            sp = 0
         # the loop-carried pointer tensors of a tensor-core Triton tile (a_ptrs,
         # b_ptrs += BK each step): one 64-bit pointer (2 registers) per vector
         # a thread loads, BM x BK / threads / (v / eb) of them for A. REGS_BASE
@@ -1235,8 +1281,12 @@ def lower(cols: dict, hw) -> TilePlan:
     chain = None
     if not mma.all():  # the FMA rows' chain (None: no row has one)
         own_loads = work_iter[:, R_SMEM] - copy_smem - spill * 8.0 * threads
-        chain = _fma_chain(hw, mma, spill, smem_block, regs, threads,
-                           i64(cols["num_warps"]), work_iter[:, R_CUDA], rate[:, R_CUDA], own_loads)
+        chain, stall = _fma_chain(hw, mma, spill, smem_block, regs, threads,
+                                  i64(cols["num_warps"]), work_iter[:, R_CUDA], rate[:, R_CUDA],
+                                  own_loads)
+        # the resident tiles' warps wait on their reloads together (_fma_chain):
+        # the scheduler's issue time, as CUDA-core work at its rate
+        work_iter[:, R_CUDA] += stall * rate[:, R_CUDA]
 
     # tensor accesses from the tile program: A reused along grid dim 1, B along
     # dim 0, C once per tile
@@ -1467,7 +1517,9 @@ def _library_tma_prologue(hw, lib, use_wgmma):
 def _fma_chain(hw, mma, spill, smem_block, regs, threads, warps, flops_iter, fp32_rate,
                smem_loads):
     """Per-row chain of one iteration (us) of a warp of Triton's FMA dot, 0 on
-    the tensor-core and library rows (``mma``); None when no row has one.
+    the tensor-core and library rows (``mma``), None when no row has one; and
+    per row the reload stall (us) each of its tiles' iterations adds to the SM's
+    issue time, 0 where the row does not spill.
 
     A warp issues its FFMAs at one scheduler's share of the SM's FP32 rate, and
     the FFMAs of each k wait for that k's operands, so the warp's own shared
@@ -1478,28 +1530,36 @@ def _fma_chain(hw, mma, spill, smem_block, regs, threads, warps, flops_iter, fp3
     flight (:data:`FMA_K_PER_SLICE`), too few to hide the loads of a
     bank-conflicting operand.
 
-    Spilled registers add their reloads: L1 and shared memory share the SM's
-    SRAM (``l1_smem_bytes``), split by the shared-memory carve-out, which the
-    driver sets so that shared memory does not limit occupancy where it can
-    (CUDA Volta/Ampere/Hopper tuning guides: "the driver automatically
-    configures the shared memory capacity for each kernel to avoid shared
-    memory occupancy bottlenecks"): the blocks that every other limit allows
-    times their shared memory and reservation, at most the SM's shared memory;
-    the rest is L1. Local memory goes through it like any global access, so
-    spilled registers of ``spill x 4 x threads`` bytes a resident block stay in
-    L1 while the resident blocks' spills fit, and are reloaded from L2 when
-    they do not: each of a warp's ``spill`` reloads per iteration then waits
-    ``l2_latency_cycles``. (ptxas on Triton 3.0 for sm_80: 128x128x64 on 4
-    warps spills 776-1,488 bytes a thread, 97-186 KB a block, where 28 KB of
-    L1 are left, and reloads 190-340 words an iteration; those tiles run 3x
-    (A100) and 5x (H100) slower than their FFMAs, where 128x128x32 on 4 warps,
-    whose 0-216 bytes fit, does not.) The tensor-core and library rows keep
-    their spills in the shared-memory traffic only."""
+    Spilled registers add their reloads, each an iteration, each a wait on the
+    chain: L1 and shared memory share the SM's SRAM (``l1_smem_bytes``), split by
+    the shared-memory carve-out, which the driver sets so that shared memory does
+    not limit occupancy where it can (CUDA Volta/Ampere/Hopper tuning guides: "the
+    driver automatically configures the shared memory capacity for each kernel to
+    avoid shared memory occupancy bottlenecks"): the blocks that every other
+    limit allows times their shared memory and reservation, at most the SM's
+    shared memory; the rest is L1. Local memory goes through it like any global
+    access, so spilled registers of ``spill x 4 x threads`` bytes a resident block
+    are reloaded from L1 (``l1_latency_cycles``) while the resident blocks' spills
+    fit, and from L2 (``l2_latency_cycles``) when they do not. (ptxas on Triton
+    3.0 for sm_80: 128x128x64 on 4 warps spills 776-1,488 bytes a thread, 97-186
+    KB a block, where 28 KB of L1 are left, and reloads 190-340 words an
+    iteration; those tiles run 3x (A100) and 5x (H100) slower than their FFMAs;
+    128x128x32 on 4 warps reloads 34 words an iteration from L1 with A and B
+    row-major and runs 1.18x its FFMAs, none with A column-major, 1.04x.)
+
+    The other warps on a scheduler do not hide those waits as they hide the
+    chain's: the warps of the resident tiles run the same loop at one issue rate
+    and reach their reloads together, so the scheduler idles one reload stall per
+    round of the ``p`` resident tiles' iterations, ``stall / p`` per tile's
+    iteration (the second return). The tensor-core and library rows keep their
+    spills in the shared-memory traffic only."""
+    n = spill.shape[0]
+    stall = np.zeros(n, dtype=np.float64)
     idx = np.flatnonzero(~mma)
     if idx.size == 0:
-        return None
+        return None, stall
     clock = hw.rate("clock_mhz")
-    chain = np.zeros(spill.shape[0], dtype=np.float64)
+    chain = np.zeros(n, dtype=np.float64)
     chain[idx] = (flops_iter[idx] / warps[idx] / (fp32_rate[idx] / hw.warp_schedulers)
                   + smem_loads[idx] / 128.0 / warps[idx] / clock)
     sp = idx[spill[idx] > 0]
@@ -1510,8 +1570,11 @@ def _fma_chain(hw, mma, spill, smem_block, regs, threads, warps, flops_iter, fp3
         carve = np.minimum(np.maximum(p_other, p) * (smem_block[sp] + hw.smem_reserved_per_block_bytes),
                            hw.sm_smem_bytes)
         miss = spill[sp] * 4.0 * threads[sp] * p > hw.l1_smem_bytes - carve
-        chain[sp[miss]] += spill[sp[miss]] * hw.cal("l2_latency_cycles") / clock
-    return chain
+        wait = spill[sp] * np.where(miss, hw.cal("l2_latency_cycles"),
+                                    hw.cal("l1_latency_cycles")) / clock
+        chain[sp] += wait
+        stall[sp] = wait / p
+    return chain, stall
 
 
 def expand_library(cols: dict, is_lib: np.ndarray, arch: str):

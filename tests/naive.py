@@ -714,6 +714,18 @@ def _fma_grid(bm: int, bn: int, warps: int) -> tuple[int, int, int, int, int]:
     return s, 32 // lanes_n, lanes_n, warps // warps_n, warps_n
 
 
+def fma_demand(bm: int, bn: int, bk: int, warps: int, a_rm: bool, b_rm: bool) -> float:
+    """Twin of kernels_catalog.gemm._fma_demand: ptxas's registers for the FMA dot
+    from its layouts (accumulators, 0.37 per row of A and k-slice of BK / 8, 3.1 per
+    row of a K-contiguous A, 4.2 per column of a K-contiguous B, 2.7 per 16-byte
+    vector a thread copies an iteration, 25.4)."""
+    _s, _lm, _ln, rows, cols = fma_layout(bm, bn, warps)
+    threads = 32 * warps
+    d = (bm * bn) // threads + 0.37 * rows * max(bk // 8, 1) + 25.4
+    d += 2.7 * (bm * bk + bk * bn) / 4.0 / threads
+    return d + (3.1 * rows if a_rm else 0.0) + (0.0 if b_rm else 4.2 * cols)
+
+
 def fma_layout(bm: int, bn: int, warps: int) -> tuple[int, int, int, int, int]:
     """Twin of kernels_catalog.gemm._fma_layout: (s, lanes_m, lanes_n, rows, cols)."""
     s, lanes_m, lanes_n, warps_m, warps_n = _fma_grid(bm, bn, warps)
@@ -911,6 +923,10 @@ def gemm_lower_one(row: dict, hw) -> dict:
         _s, _lm, _ln, rows, cols = fma_layout(bm, bn, row["num_warps"])
         want += (rows + cols) * max(bk // 8, 1) - REGS_BASE_GEMM + REGS_BASE_FMA
     cap = min(hw.max_registers_per_thread, (hw.sm_registers // max(threads, 1)) // 8 * 8)
+    if not (on_tc or row.get("backend") == "cublas") and want > cap \
+            and fma_demand(bm, bn, bk, row["num_warps"], row["a_row_major"],
+                           row["b_row_major"]) <= cap:
+        want = cap  # ptxas spills the FMA dot only where its layouts' demand exceeds the cap
     spill = max(want - cap, 0)
     a_run = (bk if row["a_row_major"] else bm) * eb
     b_run = (bn if row["b_row_major"] else bk) * eb
@@ -1082,8 +1098,14 @@ def gemm_lower_one(row: dict, hw) -> dict:
                                   hw.sm_max_threads, hw.sm_max_blocks, hw.max_threads_per_block)
         carve = min(max(p_other, p) * (smem_block + hw.smem_reserved_per_block_bytes),
                     hw.sm_smem_bytes)
-        if spill * 4 * threads * p > hw.l1_smem_bytes - carve:
-            chain += spill * hw.cal("l2_latency_cycles") / hw.rate("clock_mhz")
+        # each spilled word reloaded once an iteration, from L2 past the L1 the
+        # carve-out leaves, else from L1; the resident tiles' warps wait together
+        # (one wait a round of the p tiles' iterations, on the scheduler's issue)
+        miss = spill * 4 * threads * p > hw.l1_smem_bytes - carve
+        wait = spill * hw.cal("l2_latency_cycles" if miss else "l1_latency_cycles") \
+            / hw.rate("clock_mhz")
+        chain += wait
+        cuda += wait / p * hw.rate("fp32_tflops") * 1e6 / hw.sm_count * cuda_boost
     return {
         "g0": g0, "g1": g1, "ksteps": ksteps, "tiles": g0 * g1 * split,
         "smem_block": smem_block, "stages": pipe_stages,

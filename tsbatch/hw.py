@@ -137,6 +137,14 @@ CALIBRATION_DEFAULTS: dict[str, tuple[float, str]] = {
         "bench/calibrate_constants.py GPU --rows ieee-fp32 (best of 100-400: 200 "
         "on A100, 250 on H100, within 0.2 MAPE points of 200)",
     ),
+    "l1_latency_cycles": (
+        33.0,
+        "SM cycles one load that hits L1 waits (a spilled register reloaded from "
+        "local memory while the spills fit the L1 that shared memory leaves): the "
+        "A100's L1 hit latency measured by Abdelkhalik et al., 'Demystifying the "
+        "Nvidia Ampere Architecture through Microbenchmarking and Instruction-level "
+        "Analysis' (HPEC 2022), not fitted; kept on every GPU as l2_latency_cycles is",
+    ),
     "wgmma_min_warps": (
         4.0,
         "warps per block from which a Hopper Triton kernel issues warpgroup MMA "
