@@ -1656,7 +1656,10 @@ def library_stream_k_points(cols: dict, is_lib: np.ndarray, arch: str, sms: int)
     (the floor's split kernels are slower and fewer as m and n grow): for each count ``a`` of tile rows,
     the most tile columns ``b = min(ceil(n / bn), h // a)`` with ``h = (sms - 1) //
     2``, the point ``(min(m, a bm), min(n, b bn))``, kept where the next ``a`` has
-    fewer columns. Not for float8 rows (no split tiles) nor the IEEE FP32 GEMV rows.
+    fewer columns. Not for float8 rows (no split tiles) nor IEEE FP32 ones (``tf32``
+    false: CUDA-core kernels, where neither the rule's source nor the traces apply,
+    and whose split tiles carry the older per-clock fall of the sub-wave rule,
+    docs/gemm_accuracy.md "Where issue 35 stands at the end of session 10").
 
     Returns ``(parent, points)``: ``points`` holds ``cols``' columns for one row per
     point with ``m`` and ``n`` replaced, ``parent`` the input row each stands for.
@@ -1678,8 +1681,8 @@ def library_stream_k_points(cols: dict, is_lib: np.ndarray, arch: str, sms: int)
           else np.zeros(idx.size, dtype=np.bool_))
     eb = np.array([v[0] for v in DTYPES.values()], dtype=np.int64)[map_codes(dt, _DTYPE_CODE)]
     bk = np.maximum(bk0 * LIBRARY_TILE_BYTES // eb, 1)
-    gemv = (dt == "float32") & ~tf & ((m == 1) | (n == 1))
-    ok = (dt != "float8") & ~gemv & ((-(-k // bk)) >= 2 * LIBRARY_STREAM_K_MIN_ITERS)
+    ieee = (dt == "float32") & ~tf  # CUDA-core (SIMT) kernels: not the traced ones
+    ok = (dt != "float8") & ~ieee & ((-(-k // bk)) >= 2 * LIBRARY_STREAM_K_MIN_ITERS)
     sel = np.flatnonzero(ok)
     if sel.size == 0:
         return empty, None

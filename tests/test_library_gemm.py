@@ -427,7 +427,7 @@ def test_library_stream_k_points(arch):
     """The stream-K floor's points of a row: smaller problems (m' <= m, n' <= n,
     the same k) whose smallest-tile grid is under half the SMs, the maximal ones
     only; none where K has fewer than 16 of that tile's steps, for float8 rows or
-    the IEEE FP32 GEMV rows. A row under half the SMs is its own point."""
+    IEEE FP32 (CUDA-core) rows. A row under half the SMs is its own point."""
     sms = 132
     plain = [c for c in gemm.LIBRARY_TILES[arch] if c[5] == 1]
     bm0, bn0, bk0 = min(plain, key=lambda c: c[0] * c[1])[:3]
@@ -435,7 +435,7 @@ def test_library_stream_k_points(arch):
     rows = [(32, 1280, 1024, "float16", False), (4096, 4096, 4096, "bfloat16", False),
             (4096, 4096, 512, "float16", False), (64, 64, 64, "float16", False),
             (256, 256, 4096, "float8", False), (4096, 1, 4096, "float32", False),
-            (4096, 1, 4096, "float32", True)]
+            (4096, 1, 4096, "float32", True), (32, 1280, 1024, "float32", False)]
     cols = {"m": np.array([r[0] for r in rows]), "n": np.array([r[1] for r in rows]),
             "k": np.array([r[2] for r in rows]),
             "dtype": np.array([r[3] for r in rows], dtype=object),
