@@ -46,7 +46,9 @@ __all__ = ["FAMILY", "COLUMNS", "DTYPES", "LIBRARY_TILES", "LIBRARY_TILES_FP8",
            "LIBRARY_GEMV_TILES", "SCALE_MODES",
            "TRITON_VERSION_DEFAULT", "TRITON_PIPELINED_MN32", "triton_release", "mn32_wavefronts",
            "wgmma_smem_reads", "WGMMA_M", "WGMMA_N_MAX",
-           "FP8_PROMOTE_K", "FP8_SCALE_BLOCK", "ADMIT_RULES", "admit", "lower", "expand_library"]
+           "FP8_PROMOTE_K", "FP8_SCALE_BLOCK", "ADMIT_RULES", "admit", "lower", "expand_library",
+           "LIBRARY_STREAM_K_MIN_ITERS", "LIBRARY_STREAM_K_SPLITS", "library_stream_k_tiles",
+           "library_stream_k_valid", "library_stream_k_points"]
 
 #: input dtype -> (bytes per element, output bytes, tensor-core rate key)
 DTYPES = {
@@ -216,6 +218,22 @@ LIBRARY_TILE_BYTES = 2
 #: the tiles' own read-modify-write of C (the epilogue of every split-K row).
 LIBRARY_WORKSPACE_BYTES = {"ampere": 4 << 20, "cdna2": 4 << 20, "hopper": 32 << 20,
                            "blackwell": 32 << 20}
+
+#: The library's stream-K / split-K decision for a grid under half the SMs
+#: (CUTLASS's sm90 persistent scheduler, ``cutlass/gemm/kernel/tile_scheduler_params.h``,
+#: ``PersistentTileSchedulerSm90StreamKParams`` under ``DecompositionMode::Heuristic``):
+#: a grid of ``tiles`` output tiles of ``k_tiles`` K steps each runs data-parallel
+#: when its (only, partly filled) wave is at least half full (``2 * tail_tiles >=
+#: ctas_per_wave``) or when ``k_tiles <= min_iters_per_sk_unit_`` (8); otherwise its
+#: K iterations are spread over ``units = min(SMs, tiles * k_tiles / 8)`` work units,
+#: a split-K of ``units / tiles`` splits where that divides (stream-K's fractional
+#: split otherwise). cuBLAS's sm90 kernels for small-M calls split too in profiler
+#: traces: a ``nvjet_*_64x8_64x16_*_splitK`` GEMM followed by
+#: ``cublasLt::splitKreduce_kernel`` (M = 6, N = 4096, K = 10944 on H100: grid 2 x 64,
+#: two splits of 64 tiles). The model splits where the rule gives two or more units
+#: a tile (:func:`library_stream_k_valid`). This is CUTLASS's constant, not a
+#: fitted one.
+LIBRARY_STREAM_K_MIN_ITERS = 8
 
 #: Library tile catalog for float8 rows, per architecture (same tuple layout).
 #: Hopper FP8 GEMMs (cuBLASLt's sm90 e4m3/e5m2 kernels, CUTLASS 3.x
@@ -1577,7 +1595,7 @@ def _fma_chain(hw, mma, spill, smem_block, regs, threads, warps, flops_iter, fp3
     return chain, stall
 
 
-def expand_library(cols: dict, is_lib: np.ndarray, arch: str):
+def expand_library(cols: dict, is_lib: np.ndarray, arch: str, stream_k_sms: int = 0):
     """Replace each library row by one row per catalog tile.
 
     float8 rows take :data:`LIBRARY_TILES_FP8` where the architecture has one,
@@ -1585,8 +1603,14 @@ def expand_library(cols: dict, is_lib: np.ndarray, arch: str):
     same bytes of K for elements wider than :data:`LIBRARY_TILE_BYTES`. Returns ``(expanded_cols, parent)``
     where ``parent[j]`` is the input row that expanded row ``j`` stands for;
     non-library rows map to themselves (and come first, in input order).
+
+    ``stream_k_sms`` > 0 (the stream-K floor, :func:`library_stream_k_points`): the
+    split tiles of :func:`library_stream_k_tiles` instead of the catalog (the caller
+    keeps those :func:`library_stream_k_valid` allows). The rows must not be float8.
     """
     cat = LIBRARY_TILES.get(arch, LIBRARY_TILES["ampere"])
+    if stream_k_sms:
+        cat = library_stream_k_tiles(arch)
     lib_idx = np.flatnonzero(is_lib)
     keep = np.flatnonzero(~is_lib)
     groups = [(lib_idx, cat)]
@@ -1595,7 +1619,7 @@ def expand_library(cols: dict, is_lib: np.ndarray, arch: str):
         is8 = np.asarray(cols["dtype"], dtype=object)[lib_idx] == "float8"
         if is8.any():
             groups = [(lib_idx[~is8], cat), (lib_idx[is8], cat8)]
-    if lib_idx.size and "dtype" in cols and "tf32" in cols:
+    if lib_idx.size and "dtype" in cols and "tf32" in cols and not stream_k_sms:
         # IEEE FP32 rows one element wide in n or m: the GEMV tile besides the catalog
         dt = np.asarray(cols["dtype"], dtype=object)[lib_idx]
         ieee = (dt == "float32") & ~np.asarray(cols["tf32"], dtype=np.bool_)[lib_idx]
@@ -1643,3 +1667,106 @@ FAMILY = Family(
     doc=__doc__ or "",
     program=PROGRAM,
 )
+
+
+#: split counts the stream-K floor prices (:func:`library_stream_k_tiles`)
+LIBRARY_STREAM_K_SPLITS = (2, 4, 8, 16)
+
+
+def library_stream_k_tiles(arch: str) -> tuple:
+    """The split kernels of the stream-K floor: each tile shape of the catalog's
+    split-K tiles at every count of :data:`LIBRARY_STREAM_K_SPLITS` (catalog tuples)."""
+    cat = LIBRARY_TILES.get(arch, LIBRARY_TILES["ampere"])
+    shapes = dict.fromkeys(c[:5] + (c[6],) for c in cat if c[5] > 1)
+    return tuple(sh[:5] + (sp, sh[5]) for sh in shapes for sp in LIBRARY_STREAM_K_SPLITS)
+
+
+def library_stream_k_valid(m, n, k, bm, bn, bk, split, sms: int) -> np.ndarray:
+    """Per row: whether the stream-K rule splits a ``bm x bn x bk`` tile (``bk`` in
+    elements) of an ``m x n x k`` call on ``sms`` SMs into ``split`` parts.
+
+    CUTLASS's rule (:data:`LIBRARY_STREAM_K_MIN_ITERS`) splits a grid of ``tiles``
+    under half the SMs whose stream-K units a tile, ``min(sms // tiles, k_tiles //
+    8)`` (the whole part of ``min(SMs, tiles * k_tiles / 8) / tiles``), are two or
+    more. The floor lets the library take the fastest of the counts that fit the
+    SMs (``split <= sms // tiles``; 2, 4, 8, 16) rather than the rule's own count:
+    that count grows with K (``k_tiles // 8``), and a prediction taking it would
+    fall where K passes a multiple of 8 steps (more splits, less K each: A100 32 x
+    1280 x 1472 -> 1536, 16.36 -> 14.99 us); a fixed set of counts, each slower as
+    m, n or k grow and fewer of them as the grid grows, keeps the floor monotone
+    (docs/gemm_accuracy.md, "The library's skinny calls, session 11")."""
+    m = np.asarray(m, dtype=np.int64)
+    n = np.asarray(n, dtype=np.int64)
+    k = np.asarray(k, dtype=np.int64)
+    tiles = (-(-m // np.asarray(bm, dtype=np.int64))) * (-(-n // np.asarray(bn, dtype=np.int64)))
+    k_tiles = -(-k // np.maximum(np.asarray(bk, dtype=np.int64), 1))
+    fill = sms // np.maximum(tiles, 1)
+    units = np.minimum(fill, k_tiles // LIBRARY_STREAM_K_MIN_ITERS)
+    split = np.asarray(split, dtype=np.int64)
+    return (2 * tiles < sms) & (units >= 2) & (split >= 2) & (split <= fill)
+
+
+def library_stream_k_points(cols: dict, is_lib: np.ndarray, arch: str, sms: int):
+    """The problems whose split kernel bounds a library row from below (the
+    stream-K floor; docs/gemm_accuracy.md, "The library's skinny calls, session 11").
+
+    The library splits K where the grid of its tiles fills under half the SMs and the
+    reduction is long (:func:`library_stream_k_valid`), and the split kernel (plus its
+    reduction) is slower than the unsplit grid the catalog would price, so a
+    prediction taking the split kernel there and the unsplit one just above would
+    fall as m or n grows. The floor keeps the model monotone in m and n: a row is
+    priced at least the split kernel of every smaller problem (m' <= m, n' <= n, the
+    same k, dtype and layouts) that the rule splits. "Splits" is judged on the grid
+    of the catalog's smallest unsplit tile (the largest grid, so the set is closed
+    under shrinking m or n) with that tile's K step: ``2 * tiles < sms`` and
+    ``k_tiles >= 2 * LIBRARY_STREAM_K_MIN_ITERS``. Only its maximal members matter
+    (the floor's split kernels are slower and fewer as m and n grow): for each count ``a`` of tile rows,
+    the most tile columns ``b = min(ceil(n / bn), h // a)`` with ``h = (sms - 1) //
+    2``, the point ``(min(m, a bm), min(n, b bn))``, kept where the next ``a`` has
+    fewer columns. Not for float8 rows (no split tiles) nor IEEE FP32 ones (``tf32``
+    false: CUDA-core kernels, where neither the rule's source nor the traces apply,
+    and whose split tiles carry the older per-clock fall of the sub-wave rule,
+    docs/gemm_accuracy.md "Where issue 35 stands at the end of session 10").
+
+    Returns ``(parent, points)``: ``points`` holds ``cols``' columns for one row per
+    point with ``m`` and ``n`` replaced, ``parent`` the input row each stands for.
+    """
+    cat = LIBRARY_TILES.get(arch, LIBRARY_TILES["ampere"])
+    plain = [c for c in cat if c[5] == 1]
+    empty = np.zeros(0, dtype=np.int64)
+    if sms < 3 or not plain or not any(c[5] > 1 for c in cat):
+        return empty, None
+    bm0, bn0, bk0 = min(plain, key=lambda c: c[0] * c[1])[:3]
+    idx = np.flatnonzero(is_lib)
+    if idx.size == 0:
+        return empty, None
+    m = np.asarray(cols["m"])[idx].astype(np.int64)
+    n = np.asarray(cols["n"])[idx].astype(np.int64)
+    k = np.asarray(cols["k"])[idx].astype(np.int64)
+    dt = np.asarray(cols["dtype"], dtype=object)[idx]
+    tf = (np.asarray(cols["tf32"], dtype=np.bool_)[idx] if "tf32" in cols
+          else np.zeros(idx.size, dtype=np.bool_))
+    eb = np.array([v[0] for v in DTYPES.values()], dtype=np.int64)[map_codes(dt, _DTYPE_CODE)]
+    bk = np.maximum(bk0 * LIBRARY_TILE_BYTES // eb, 1)
+    ieee = (dt == "float32") & ~tf  # CUDA-core (SIMT) kernels: not the traced ones
+    ok = (dt != "float8") & ~ieee & ((-(-k // bk)) >= 2 * LIBRARY_STREAM_K_MIN_ITERS)
+    sel = np.flatnonzero(ok)
+    if sel.size == 0:
+        return empty, None
+    h = (sms - 1) // 2
+    a_q = np.minimum(-(-m[sel] // bm0), h)
+    b_q = -(-n[sel] // bn0)
+    a = np.arange(1, h + 2, dtype=np.int64)[None, :]
+    b = np.minimum(b_q[:, None], h // a)  # the most tile columns beside a tile rows
+    live = a <= a_q[:, None]
+    nxt = np.concatenate([b[:, 1:], np.zeros((sel.size, 1), dtype=np.int64)], axis=1)
+    keep = live & ((a == a_q[:, None]) | (nxt != b)) & (b > 0)
+    r, c = np.nonzero(keep)
+    rows = sel[r]
+    pm = np.minimum(m[rows], a[0, c] * bm0)
+    pn = np.minimum(n[rows], b[r, c] * bn0)
+    parent = idx[rows]
+    points = {name: np.asarray(v)[parent] for name, v in cols.items()}
+    points["m"] = pm
+    points["n"] = pn
+    return parent, points

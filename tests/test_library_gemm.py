@@ -393,3 +393,111 @@ def test_library_gemv_streams_its_matrix(hw):
         # on H100 its 67 TFLOPS put the two closer)
         fma_padded = 2.0 * 16384 * 32 * 8192 / (spec.rate("fp32_tflops") * 1e6)
         assert body[1] < fma_padded
+
+
+def test_library_stream_k_valid_follows_cutlass():
+    """The stream-K rule (CUTLASS's sm90 heuristic): data-parallel when the grid fills
+    half the SMs or more, or when its units a tile, min(SMs // tiles, k_tiles // 8),
+    are fewer than two; otherwise split, into any count of 2, 4, 8, 16 that fits the
+    SMs (split <= SMs // tiles). H100's 132 SMs, 64x64x64 tiles: M = 6, N = 4096,
+    K = 10944 is 64 tiles -> 2 only (cuBLAS's nvjet ..._splitK trace: grid 2 x 64);
+    32 x 1280 x 1024: 20 tiles, 16 K steps -> 2 and 4; 640^3: 100 tiles -> none;
+    K = 512 (8 steps) and K = 960 (15 steps: 1 unit) -> none; 8 tiles of 256 K
+    steps -> all four; 65 tiles -> 2, 66 -> none."""
+    m = np.array([6, 32, 640, 32, 32, 8, 64, 64])
+    n = np.array([4096, 1280, 640, 1280, 1280, 512, 4160, 4224])
+    k = np.array([10944, 1024, 640, 512, 960, 16384, 1024, 1024])
+    want = [[2], [2, 4], [], [], [], [2, 4, 8, 16], [2], []]
+    assert gemm.LIBRARY_STREAM_K_SPLITS == (2, 4, 8, 16)
+    for i in range(m.size):
+        got = [s for s in gemm.LIBRARY_STREAM_K_SPLITS
+               if gemm.library_stream_k_valid(m[i], n[i], k[i], 64, 64, 64, s, 132)]
+        assert got == want[i], (i, got)
+        assert not gemm.library_stream_k_valid(m[i], n[i], k[i], 64, 64, 64, 1, 132)
+    # the floor's kernels: the catalog's split tile shapes at each count
+    for arch in ("ampere", "hopper"):
+        tiles = gemm.library_stream_k_tiles(arch)
+        shapes = {c[:5] for c in gemm.LIBRARY_TILES[arch] if c[5] > 1}
+        assert {c[:5] for c in tiles} == shapes
+        assert sorted(c[5] for c in tiles) == sorted(list(gemm.LIBRARY_STREAM_K_SPLITS) * len(shapes))
+
+
+@pytest.mark.parametrize("arch", ["ampere", "hopper"])
+def test_library_stream_k_points(arch):
+    """The stream-K floor's points of a row: smaller problems (m' <= m, n' <= n,
+    the same k) whose smallest-tile grid is under half the SMs, the maximal ones
+    only; none where K has fewer than 16 of that tile's steps, for float8 rows or
+    IEEE FP32 (CUDA-core) rows. A row under half the SMs is its own point."""
+    sms = 132
+    plain = [c for c in gemm.LIBRARY_TILES[arch] if c[5] == 1]
+    bm0, bn0, bk0 = min(plain, key=lambda c: c[0] * c[1])[:3]
+    h = (sms - 1) // 2
+    rows = [(32, 1280, 1024, "float16", False), (4096, 4096, 4096, "bfloat16", False),
+            (4096, 4096, 512, "float16", False), (64, 64, 64, "float16", False),
+            (256, 256, 4096, "float8", False), (4096, 1, 4096, "float32", False),
+            (4096, 1, 4096, "float32", True), (32, 1280, 1024, "float32", False)]
+    cols = {"m": np.array([r[0] for r in rows]), "n": np.array([r[1] for r in rows]),
+            "k": np.array([r[2] for r in rows]),
+            "dtype": np.array([r[3] for r in rows], dtype=object),
+            "tf32": np.array([r[4] for r in rows])}
+    parent, pts = gemm.library_stream_k_points(cols, np.ones(len(rows), dtype=bool), arch, sms)
+    for i, (m, n, k, dt, tf) in enumerate(rows):
+        sel = parent == i
+        kt = -(-k // max(bk0 * gemm.LIBRARY_TILE_BYTES // (4 if dt == "float32" else 2), 1))
+        if dt == "float8" or (dt == "float32" and not tf) or kt < 16:
+            assert not sel.any(), i
+            continue
+        pm, pn = pts["m"][sel], pts["n"][sel]
+        assert sel.any() and (pm <= m).all() and (pn <= n).all() and (pts["k"][sel] == k).all()
+        grid = (-(-pm // bm0)) * (-(-pn // bn0))
+        assert (2 * grid < sms).all()
+        # maximal: one more tile row or column leaves the set (or the problem)
+        for a, b in zip(pm, pn):
+            assert a == m or (-(-a // bm0) + 1) * (-(-b // bn0)) > h
+            assert b == n or (-(-a // bm0)) * (-(-b // bn0) + 1) > h
+        if 2 * (-(-m // bm0)) * (-(-n // bn0)) < sms:
+            assert list(zip(pm, pn)) == [(m, n)]
+
+
+@pytest.mark.parametrize("hw", ["a100", "h100_sxm", "h200"])
+def test_library_stream_k_floor(hw, monkeypatch):
+    """A library call the stream-K rule splits (a grid under half the SMs, 16+ K
+    steps) is priced at least its split kernel, and a larger one never below it:
+    grown in m or n across the switch, the prediction does not fall (CUTLASS's
+    rule alone would: H100 32 x 4160 x 1024 split 13.8 us, 32 x 4224 unsplit 9.2,
+    docs/gemm_accuracy.md "The library's small calls, session 10"). Every row is
+    at least what it was without the floor (the catalog's best tile), calls with a
+    short K or a large problem are unchanged, and the result is still launch +
+    prologue + steady + epilogue."""
+    from tsbatch.engine import evaluate as ev
+
+    rows = ([dict(m=m, n=1024, k=1024) for m in range(8, 1100, 24)]
+            + [dict(m=32, n=n, k=1024) for n in range(128, 9000, 128)]
+            + [dict(m=32, n=1280, k=1024), dict(m=32, n=1280, k=256),
+               dict(m=4096, n=4096, k=4096)])
+    nm = 46
+    assert rows[nm - 1]["m"] == 8 + 24 * 45 and rows[nm]["m"] == 32
+    frame = pl.DataFrame([{**_library_frame().row(0, named=True), **r} for r in rows])
+    out = evaluate(frame, hw)
+    lat = out["latency_us"].to_numpy()
+    parts = (out["t_launch_us"] + out["t_prologue_us"] + out["t_steady_us"]
+             + out["t_epilogue_us"]).to_numpy()
+    assert np.allclose(lat, parts, rtol=1e-9)
+    for s in (slice(0, nm), slice(nm, len(rows) - 3)):
+        seg = lat[s]
+        assert (np.diff(seg) >= -1e-3 * seg[:-1]).all(), s
+    # the floor: at least the fastest split tile (rule's split count) of the call itself
+    spec = get_hw(hw)
+    cols, is_lib = validate(frame, gemm.FAMILY)
+    floor = ev._library_stream_k_floor(cols, is_lib, spec, 4, ev.WAVE_SAMPLES, 4, None, None)
+    on = len(rows) - 3
+    assert np.isfinite(floor[on]) and lat[on] >= floor[on] * (1 - 1e-12)
+    assert np.isneginf(floor[on + 1])  # K = 256: 4 steps of 64, data-parallel
+    assert (lat >= np.maximum(floor, 0.0) * (1 - 1e-12)).all()
+    # without the floor: the catalog's best tile
+    monkeypatch.setattr(gemm, "library_stream_k_points",
+                        lambda *a, **k: (np.zeros(0, dtype=np.int64), None))
+    base = evaluate(frame, hw)["latency_us"].to_numpy()
+    assert (lat >= base * (1 - 1e-12)).all()
+    assert lat[on] > base[on]
+    assert lat[on + 1] == base[on + 1] and lat[on + 2] == base[on + 2]

@@ -416,6 +416,47 @@ def _bottleneck(util: np.ndarray, lat: np.ndarray, launch: np.ndarray) -> np.nda
     return bottleneck_codes(util, lat, launch, _BOTTLENECK_MIN_UTIL)
 
 
+def _library_stream_k_floor(cols: dict, is_lib: np.ndarray, spec: HwSpec, k_samples: int,
+                            wave_samples: int, max_lookback: int, timings, memo):
+    """Per input row: the stream-K floor of a library row (the largest time, over the
+    smaller problems the library splits, of their fastest split kernel under the
+    stream-K rule; ``gemm_family.library_stream_k_points``), -inf where none; None
+    when no row has one. The points are priced once per distinct problem."""
+    parent, pts = gemm_family.library_stream_k_points(cols, is_lib, spec.arch, spec.sm_count)
+    if parent.size == 0:
+        return None
+    key = np.stack([np.asarray(pts[c]).astype(np.int64) if c != "dtype" else
+                    gemm_family.map_codes(np.asarray(pts[c], dtype=object),
+                                          gemm_family._DTYPE_CODE).astype(np.int64)
+                    for c in gemm_family.FAMILY.workload_columns], axis=1)
+    if "triton_version" in pts:
+        key = np.concatenate([key, gemm_family.triton_release(pts["triton_version"])
+                              .astype(np.int64)[:, None]], axis=1)
+    _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    upts = {c: np.asarray(v)[first] for c, v in pts.items()}
+    xcols, xparent = gemm_family.expand_library(upts, np.ones(first.size, dtype=np.bool_),
+                                                spec.arch, stream_k_sms=spec.sm_count)
+    ok = np.flatnonzero(gemm_family.library_stream_k_valid(
+        xcols["m"], xcols["n"], xcols["k"], xcols["block_m"], xcols["block_n"],
+        xcols["block_k"], xcols["split_k"], spec.sm_count))
+    split_us = np.full(first.size, np.inf)
+    if ok.size:  # only the split kernels the rule allows are priced
+        xcols = {c: np.asarray(v)[ok] for c, v in xcols.items()}
+        plan = get_family("gemm").lower(xcols, spec)
+        resident = residency(plan, spec)
+        res = evaluate_plan(plan, spec, k_samples=k_samples, wave_samples=wave_samples,
+                            max_lookback=max_lookback, timings=timings, memo=memo,
+                            resident=resident, latency_only=True)
+        lat = np.asarray(res["latency_us"], dtype=np.float64)
+        lat = np.where(np.isfinite(lat) & (resident[0] > 0), lat, np.inf)
+        np.minimum.at(split_us, xparent[ok], lat)
+    split_us = np.where(np.isfinite(split_us), split_us, -np.inf)
+    floor_us = np.full(is_lib.shape[0], -np.inf)
+    np.maximum.at(floor_us, parent, split_us[inv])
+    return floor_us
+
+
 def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: int = 4,
              wave_samples: int = WAVE_SAMPLES, max_lookback: int = 4,
              timings: dict | None = None,
@@ -494,6 +535,7 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
     if lower_hook is not None:
         cols = lower_hook(cols)
     n = df.height
+    cols_in = cols
     if is_lib.any() and fam.name == "gemm":
         cols, parent = gemm_family.expand_library(cols, is_lib, spec.arch)
     else:
@@ -520,10 +562,25 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
         pick = None
         take = lambda a: a  # noqa: E731
 
+    # library rows: the stream-K floor (a row is priced at least the split kernel of
+    # every smaller problem the library splits; gemm_family.library_stream_k_points)
+    sk_excess = None
+    if m != n and fam.name == "gemm":
+        floor_us = _library_stream_k_floor(cols_in, is_lib, spec, k_samples, wave_samples,
+                                           max_lookback, timings, cache_memo)
+        if floor_us is not None:
+            main_us = lat[pick]
+            sk_excess = np.where(np.isfinite(main_us) & (floor_us > main_us),
+                                 floor_us - main_us, 0.0)
+            if not sk_excess.any():
+                sk_excess = None
+
     reason = take(res["reason_code"])
     reason_text = _text(reason_names(plan), reason)
     util = take(res["util"])
     latp = take(lat)
+    if sk_excess is not None:
+        latp = latp + sk_excess
     feasible = take(res["feasible"])
     lost = feasible & ~np.isfinite(latp)
     if lost.any():  # the contract: a feasible row has a finite latency
@@ -534,7 +591,8 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
         "feasible": feasible,
         "infeasible_reason": reason_text,
     }
-    for name in ("latency_us", "t_prologue_us", "t_steady_us", "t_epilogue_us", "t_launch_us",
+    data["latency_us"] = latp
+    for name in ("t_prologue_us", "t_steady_us", "t_epilogue_us", "t_launch_us",
                  "t_steady_iter_us", "waves", "tail_tiles", "resident_tiles", "pipeline_depth",
                  "l15_hit", "l2_hit", "dram_bytes", "l2_bytes", "achieved_tflops", "mma_path",
                  "register_spill"):
@@ -545,6 +603,10 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
     for j, r in enumerate(R_NAMES):
         data[f"util_{r}"] = util_t[j]
     data["bottleneck"] = _text(_BOTTLENECK_NAMES, _bottleneck(util, latp, data["t_launch_us"]))
+    if sk_excess is not None:  # the floor's excess over the picked tile: its epilogue's
+        data["t_epilogue_us"] = data["t_epilogue_us"] + sk_excess
+        data["achieved_tflops"] = data["achieved_tflops"] * np.where(
+            sk_excess > 0, (latp - sk_excess) / np.where(sk_excess > 0, latp, 1.0), 1.0)
     onames, ocodes = order_names(plan, fam)
     data["steady_order"] = _text(onames, take(ocodes))
     data["t_chain_us"] = (take(plan.chain_us) if plan.chain_us is not None
