@@ -50,10 +50,14 @@ def _args(probs):
 
 def drawn_fraction(strategy, predicate, examples: int = 200) -> float:
     """The share of ``examples`` draws of ``strategy`` for which ``predicate``
-    holds (a property test's check that its draws exercise the path it is about)."""
+    holds (a property test's check that its draws exercise the path it is about).
+    The draws are derandomized (the same every run): a share of random draws
+    varies from run to run (0.34 against a bound of 0.4 was seen once for
+    test_cache_pairs' pairs), which would make the check flaky rather than a
+    check of the strategy."""
     hits = []
 
-    @settings(max_examples=examples, deadline=None, database=None)
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True)
     @given(strategy)
     def draw(p):
         hits.append(bool(predicate(p)))
