@@ -93,6 +93,11 @@ class TilePlan:
     conv_us: np.ndarray | None = None
     #: per-row issue streams per tile that interleave their chains (None: 1)
     streams: np.ndarray | None = None
+    #: per-row latency (us) of the next tile's copy where a loop does not prefetch
+    #: although it has stages to (Triton's 2-stage FMA dot), exposed each
+    #: iteration with its transfer (:func:`tsbatch.kernels.envelope.envelope_one`);
+    #: None: none
+    expose_us: np.ndarray | None = None
     #: per-row index of the winning legal order (None: the family has one order)
     order_idx: np.ndarray | None = None
     #: per-row 1-based index into ``rules`` of a rule the row breaks (0: none);

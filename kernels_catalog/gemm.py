@@ -1305,6 +1305,23 @@ def lower(cols: dict, hw) -> TilePlan:
         # the resident tiles' warps wait on their reloads together (_fma_chain):
         # the scheduler's issue time, as CUDA-core work at its rate
         work_iter[:, R_CUDA] += stall * rate[:, R_CUDA]
+    # Triton's 2-stage FMA dot does not prefetch: the single ring slot is refilled
+    # after the iteration's last shared load and waited for at once (Triton 3.0's
+    # SASS for sm_80 and sm_90: bench/triton_fma_loop.py --stages 2 prints the copy
+    # issued at FFMA 1,874-2,012 of 2,048 and its wait 24-128 FFMAs later on
+    # 128x128x32/8 warps). Each iteration exposes the copy: the latency of an L2
+    # hit (the operands are L2-resident: 77-94 % hits on the measured rows) and its
+    # transfer into shared memory at the SM's SRAM rate (the L2 runs at 6-38 % of
+    # its rate on these compute-bound rows, so not at the SM's share of it, which
+    # the envelope's memory time is); the other resident tiles run in that wait
+    # (envelope_one's ``expose``, docs/gemm_accuracy.md "The 2-stage FMA loop,
+    # session 11")
+    expose = None
+    fma2 = ~mma & (pipe_stages == 2)
+    if fma2.any():
+        smem_rate = np.where(rate[:, R_SMEM] > 0.0, rate[:, R_SMEM], 1.0)
+        expose = np.where(fma2, hw.cal("l2_latency_cycles") / clock_mhz + copy_smem / smem_rate,
+                          0.0)
 
     # tensor accesses from the tile program: A reused along grid dim 1, B along
     # dim 0, C once per tile
@@ -1373,6 +1390,7 @@ def lower(cols: dict, hw) -> TilePlan:
         persistent=(order == ORDER_PERSISTENT).astype(np.int64),
         chain_us=chain,
         conv_us=conv,
+        expose_us=expose,
         useful_flops=useful_flops,
         share_eff=share_eff,
         sync_us=np.full(rows, hw.cal("iter_sync_cycles") * cyc),

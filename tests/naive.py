@@ -456,7 +456,7 @@ def ring_queue_floor(z: float, dem: float, n: int, steps: int) -> float:
 
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0,
-                 sync=0.0, chain=0.0, streams=1.0, ring=1):
+                 sync=0.0, chain=0.0, streams=1.0, ring=1, expose=0.0):
     """``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store, T_own)`` of one SM's share."""
     frac = min(1.0, p * warps_tile / warps_full)  # compute issue-slot fraction
     groups_share = p * warps_tile > warps_full  # several issue groups on the tensor cores
@@ -495,6 +495,14 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     d = max(p * (stages - 1), 0)
     lat_bound = (lat + mem) / d if d > 0 else (lat + mem + comp) / p
     steady = max(comp, mem, lat_bound)
+    if expose > 0.0:
+        # a loop that does not prefetch (Triton's 2-stage FMA dot): a tile's own
+        # iteration is its issue on the schedulers its warps hold (or its chain
+        # with the bookkeeping), its barrier stall and the exposed copy; the p
+        # resident tiles run out of step in that wait
+        own = max(comp_times) * frac * warps_full / min(warps_tile, warps_full)
+        own = max(own, chain + ovh_iter) if chain > 0.0 else own + ovh_iter
+        steady = max(steady, (own + sync + expose) / p)
     if ring and d > 0 and mem > 0.0:  # the ring's p * stages slots queue at the memory
         # (ring 2: a floor of that queue, the screen's bound)
         steady = max(steady, ring_queue(lat + comp, mem, d + p) if ring == 1 else
@@ -562,7 +570,8 @@ def seam(res, store, own_tiles, floor):
 
 
 def queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, stages, warps_tile,
-                warps_full, lat, ovh_iter, ovh_tile, share_eff, sync, chain, streams, floor):
+                warps_full, lat, ovh_iter, ovh_tile, share_eff, sync, chain, streams, floor,
+                expose=0.0):
     """One full wave of ``p`` slots by mean-value analysis: ``p`` customers, a
     queue of demand ``floor / p`` per tile and a delay of one slot's own wave
     increment (seam included) less that demand."""
@@ -571,7 +580,7 @@ def queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, stag
         return 0.0
     one = envelope_one(work_iter, work_epi, rate, shared, compute, 1, sms, ksteps, stages,
                        warps_tile, warps_full, lat, ovh_iter, ovh_tile, 0, share_eff, sync,
-                       chain, streams)
+                       chain, streams, expose=expose)
     h, hf = seam(one, one[5], ovh_tile, resource_floor(
         work_iter, work_epi, rate, shared, compute, 1, sms, ksteps, warps_tile, warps_full,
         share_eff))
@@ -581,7 +590,7 @@ def queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, stag
 
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
-              chain=0.0, streams=1.0, terms=11, conv=0.0):
+              chain=0.0, streams=1.0, terms=11, conv=0.0, expose=0.0):
     """``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``: full waves
     of ``sms * p`` tiles, then a tail of fewer tiles on fewer SMs (recomputed);
     a persistent grid is one run of ``ceil(tiles / sms)`` tiles per SM.
@@ -598,7 +607,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         per_sm = math.ceil(tiles / sms)
         res = envelope_one(*args, p, min(sms, tiles), ksteps, stages, warps_tile, warps_full,
                            lat, ovh_iter, ovh_tile, per_sm, share_eff, sync, chain, streams,
-                           ring=ring)
+                           ring=ring, expose=expose)
         return (*res[:5], math.ceil(tiles / conc), tiles % conc)
     full, tail = divmod(tiles, conc)
     total = [0.0, 0.0, 0.0, 0.0]
@@ -606,7 +615,8 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     store = 0.0
     if full:
         res = envelope_one(*args, p, sms, ksteps, stages, warps_tile, warps_full, lat,
-                           ovh_iter, ovh_tile, 0, share_eff, sync, chain, streams, ring=ring)
+                           ovh_iter, ovh_tile, 0, share_eff, sync, chain, streams, ring=ring,
+                           expose=expose)
         steady_iter = res[4]
         store = res[5]
         floor, beta = busiest(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
@@ -622,7 +632,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
             if terms & 1 and beta > 0.0:
                 qd = queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                  stages, warps_tile, warps_full, lat, ovh_iter, ovh_tile,
-                                 share_eff, sync, chain, streams, floor)
+                                 share_eff, sync, chain, streams, floor, expose)
                 qd = min(qd, res[0])  # never more than the wave alone
                 if qd > inc:
                     inc += beta * (qd - inc)
@@ -643,7 +653,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     if tail:
         res = envelope_one(*args, math.ceil(tail / sms), min(tail, sms), ksteps, stages,
                            warps_tile, warps_full, lat, ovh_iter, ovh_tile, 0, share_eff, sync,
-                           chain, streams, ring=ring)
+                           chain, streams, ring=ring, expose=expose)
         for i in range(4):
             total[i] += res[i]
         if not full:
@@ -1133,6 +1143,12 @@ def gemm_lower_one(row: dict, hw) -> dict:
         "share_eff": hw.cal("wgmma_share_efficiency") if wgmma else 1.0,
         "useful_flops": 2.0 * row["m"] * row["n"] * row["k"],
         # Triton's wgmma epilogue: the C tile through shared memory (written, read)
+        # Triton's 2-stage FMA dot does not prefetch: each iteration exposes the
+        # copy of the next tile, an L2 hit's latency and the copy's SRAM writes
+        "expose_us": (hw.cal("l2_latency_cycles") / hw.rate("clock_mhz")
+                      + (bm * bk * operand_sram_passes(va) + bk * bn * operand_sram_passes(vb)) * eb
+                      / (hw.smem_bytes_per_clk * hw.rate("clock_mhz") * smem_boost * rounds_smem)
+                      if not mma_kind and pipe_stages == 2 else 0.0),
         "conv_us": (2.0 * bm * bn * ob / (hw.smem_bytes_per_clk * hw.rate("clock_mhz") * smem_boost
                                              * rounds_smem)
                     if wgmma and row.get("backend", "triton") != "cublas"

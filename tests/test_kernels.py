@@ -512,7 +512,8 @@ def envelope_cases(draw):
                 persistent=draw(st.integers(0, 1)), launch=float(rng.uniform(0.0, 5.0)),
                 share_eff=float(rng.uniform(0.5, 1.0)) if draw(st.booleans()) else 1.0,
                 sync=float(rng.uniform(0.0, 0.2)) * draw(st.integers(0, 1)),
-                conv=float(rng.uniform(0.0, 2.0)) * draw(st.integers(0, 1)))
+                conv=float(rng.uniform(0.0, 2.0)) * draw(st.integers(0, 1)),
+                expose=float(rng.uniform(0.0, 2.0)) * draw(st.integers(0, 1)))
 
 
 def _envelopes(cases, terms=None):
@@ -522,7 +523,8 @@ def _envelopes(cases, terms=None):
                               col("warps_tile"), 4.0, col("lat"), col("ovh_iter"),
                               col("ovh_tile"), col("persistent"), col("launch"),
                               share_eff=col("share_eff"), sync=col("sync"), terms=terms,
-                              conv=np.array([c.get("conv", 0.0) for c in cases]))
+                              conv=np.array([c.get("conv", 0.0) for c in cases]),
+                              expose=np.array([c.get("expose", 0.0) for c in cases]))
 
 
 def _twin_wave(c, terms=envelope.MODEL_TERMS):
@@ -530,7 +532,8 @@ def _twin_wave(c, terms=envelope.MODEL_TERMS):
                            COMPUTE.tolist(), c["tiles"], c["sms"], c["p"], c["ksteps"],
                            c["stages"], c["warps_tile"], c["warps_full"], c["lat"],
                            c["ovh_iter"], c["ovh_tile"], c["persistent"], c["share_eff"],
-                           c["sync"], terms=terms, conv=c.get("conv", 0.0))
+                           c["sync"], terms=terms, conv=c.get("conv", 0.0),
+                           expose=c.get("expose", 0.0))
 
 
 #: a case hypothesis found (CI, session 6): 4,960 waves whose prologue is mostly
@@ -614,6 +617,7 @@ def test_evaluate_envelopes_match_twin(cases):
                               col("lat"), col("ovh_iter"), col("ovh_tile"), col("persistent"),
                               col("launch"), share_eff=col("share_eff"), sync=col("sync"),
                               conv=np.array([c.get("conv", 0.0) for c in cases]),
+                              expose=np.array([c.get("expose", 0.0) for c in cases]),
                               latency_only=True)
     assert "util" not in lean
     for k in ("latency_us", "t_prologue_us", "t_steady_us", "t_epilogue_us", "t_steady_iter_us",
@@ -645,6 +649,7 @@ def test_l15_chip_floor_matches_twin(cases, shrink):
                              col("lat"), col("ovh_iter"), col("ovh_tile"), col("persistent"),
                              col("launch"), share_eff=col("share_eff"), sync=col("sync"),
                              conv=np.array([c.get("conv", 0.0) for c in cases]),
+                             expose=np.array([c.get("expose", 0.0) for c in cases]),
                              l15_avg=(avg_iter, col("work_epi")))
     for i, c in enumerate(cases):
         t, pro, st_, epi, it, wv, tail = _twin_wave(c)
@@ -685,9 +690,9 @@ def test_envelope_one_matches_twin(c, active):
             c["p"], active, c["ksteps"], c["stages"], c["warps_tile"], c["warps_full"], c["lat"],
             c["ovh_iter"], c["ovh_tile"], c["tiles"] if c["persistent"] else 0, c["share_eff"],
             c["sync"])
-    got = envelope.envelope_one(*args)
+    got = envelope.envelope_one(*args, 0.0, 1.0, 1, c.get("expose", 0.0))
     want = naive.envelope_one(c["work_iter"], c["work_epi"], c["rate"], SHARED.tolist(),
-                              COMPUTE.tolist(), *args[5:])
+                              COMPUTE.tolist(), *args[5:], expose=c.get("expose", 0.0))
     # the parts are terms of the total (the epilogue is the total less the others
     # where the resource floor binds): their rounding scale is the total's
     assert_allclose(got, want, rtol=FASTMATH_RTOL, atol=FASTMATH_RTOL * abs(want[0]))
@@ -807,7 +812,8 @@ def test_wave_seams_hide_at_most_the_prologue_and_never_the_stores(c, full):
     one = naive.envelope_one(c["work_iter"], c["work_epi"], c["rate"], SHARED.tolist(),
                              COMPUTE.tolist(), c["p"], c["sms"], c["ksteps"], c["stages"],
                              c["warps_tile"], c["warps_full"], c["lat"], c["ovh_iter"],
-                             c["ovh_tile"], 0, c["share_eff"], c["sync"])
+                             c["ovh_tile"], 0, c["share_eff"], c["sync"],
+                             expose=c.get("expose", 0.0))
     isolated, one_pro, one_store = full * one[0], one[1], one[5]
     conv = c.get("conv", 0.0)
     # ... and, with them, the p C stores' issue out of the SM (at its L2 share)
@@ -1113,3 +1119,45 @@ def test_turnover_exposes_the_stores_issue_not_their_drain():
     assert got > 3 * one[0] - 2 * (h + hf)  # here the issue binds
     assert_allclose(_twin_wave(c)[0], got, rtol=FASTMATH_RTOL)
 
+
+
+def test_exposed_copy_by_hand():
+    """A loop that does not prefetch (Triton's 2-stage FMA dot, ``expose``): each
+    tile's own iteration is its issue on the schedulers its warps hold (or its
+    chain with the bookkeeping), its barrier stall and the exposed copy, and the
+    p resident tiles run out of step in that wait. Hand computation: one SM,
+    CUDA-core work 1.0 us an iteration at the full issue fraction, 200 steps,
+    copy 0.3 us, barrier stall 0.1 us, no memory time."""
+    rate = np.zeros(9)
+    rate[1], rate[5] = 100.0, 1e9  # CUDA cores per SM; L2 per chip (no memory time)
+    wi = np.zeros(9)
+    wi[1] = 100.0
+    we = np.zeros(9)
+
+    def steady(p, warps, expose, sync=0.1, chain=0.0, ovh=0.0):
+        args = (wi, we, rate, SHARED, COMPUTE, p, 1, 200, 2, float(warps), 4.0, 0.0, ovh, 0.0,
+                0, 1.0, sync, chain, 1.0, 1, expose)
+        got = envelope.envelope_one(*args)
+        want = naive.envelope_one(wi.tolist(), we.tolist(), rate.tolist(), SHARED.tolist(),
+                                  COMPUTE.tolist(), *args[5:20], expose=expose)
+        assert_allclose(got, want, rtol=FASTMATH_RTOL, atol=0)
+        return got[4]
+
+    # 8 warps, one tile (128x128x32/2/8 on H100): the tile's iteration, its stall
+    # and its copy in series: 1.0 + 0.1 + 0.3 (no other tile to issue in the wait)
+    assert_allclose(steady(1, 8, 0.3), 1.4, rtol=1e-12)
+    assert_allclose(steady(1, 8, 0.0), 1.1, rtol=1e-12)  # prefetching: the stall only
+    # 4 warps, two tiles: (1.0 + 0.1 + 0.3) / 2 = 0.7 < 1.0, hidden by the other tile
+    assert_allclose(steady(2, 4, 0.3), 1.0, rtol=1e-12)
+    # ... unless the wait is long: (1.0 + 0.1 + 1.5) / 2 = 1.3
+    assert_allclose(steady(2, 4, 1.5), 1.3, rtol=1e-12)
+    # 2 warps, four tiles: a tile's warps hold 2 of the 4 schedulers, so its own
+    # issue is 2.0 us: (2.0 + 0.1 + 3.0) / 4 = 1.275
+    assert_allclose(steady(4, 2, 3.0), 1.275, rtol=1e-12)
+    # one 1-warp tile (issue fraction 1/4: compute 4.0 us, its own issue the same)
+    assert_allclose(steady(1, 1, 0.3), 4.0 + 0.1 + 0.3, rtol=1e-12)
+    # a chain longer than the issue (2.5 us with 0.2 us of bookkeeping) is the
+    # tile's own iteration: (2.5 + 0.2 + 0.1 + 0.3) / 2 = 1.55 (the chain alone
+    # gives (2.5 + 0.2) / 2 = 1.35)
+    assert_allclose(steady(2, 4, 0.3, chain=2.5, ovh=0.2), 1.55, rtol=1e-12)
+    assert_allclose(steady(2, 4, 0.0, chain=2.5, ovh=0.2), 1.35, rtol=1e-12)

@@ -62,6 +62,7 @@ def _check(rows: list[dict], hw) -> None:
             "useful_flops": plan.useful_flops[i],
             "chain_us": 0.0 if plan.chain_us is None else plan.chain_us[i],
             "conv_us": 0.0 if plan.conv_us is None else plan.conv_us[i],
+            "expose_us": 0.0 if plan.expose_us is None else plan.expose_us[i],
         }
         for key, w in want.items():
             g = got[key]
@@ -831,3 +832,26 @@ def test_library_kernel_has_one_alignment_by_hand():
     plan = gemm.lower(cols, get_hw("h100_sxm"))
     smem = plan.work_iter[:, R_SMEM]
     assert smem[2] == smem[3] and smem[0] == smem[1]
+
+
+def test_two_stage_fma_dot_exposes_its_copy_by_hand():
+    """Triton's 2-stage FMA dot does not prefetch (bench/triton_fma_loop.py
+    --stages 2): its rows carry the copy's exposed latency and transfer, an L2
+    hit's ``l2_latency_cycles`` plus the A and B tiles' SRAM writes at the SM's
+    shared-memory rate; 3 stages and TF32 (tensor cores) carry none."""
+    hw = get_hw("h100_sxm")
+    base = {"m": 8192, "n": 8192, "k": 8192, "block_m": 128, "block_n": 128, "block_k": 32,
+            "num_stages": 2, "num_warps": 8, "split_k": 1, "dtype": "float32", "tf32": False,
+            "a_row_major": True, "b_row_major": True, "triton_version": "3.0"}
+    rows = [base, dict(base, num_stages=3), dict(base, tf32=True)]
+    cols, _ = validate(pl.DataFrame(rows), get_family("gemm"))
+    plan = gemm.lower(cols, hw)
+    clock = hw.rate("clock_mhz")
+    # 128 x 32 + 32 x 128 fp32 elements in 16-byte vectors: 32 KiB through the SRAM
+    # once, at 128 bytes a clock (4,096 tiles in rounds: no boost)
+    smem = plan.rate[0, R_SMEM]
+    assert smem == pytest.approx(hw.smem_bytes_per_clk * clock, rel=1e-12)
+    want = hw.cal("l2_latency_cycles") / clock + 32768.0 / smem
+    assert want == pytest.approx(456.0 / clock, rel=1e-12)  # 200 + 256 cycles
+    assert plan.expose_us[0] == pytest.approx(want, rel=1e-12)
+    assert (plan.expose_us[1:] == 0.0).all()

@@ -212,6 +212,31 @@ def _ring_queue_floor(z, dem, n, steps):
     return (z + r) / n * (1.0 - 1e-9)
 
 
+@jit_scalar
+def _exposed_copy(c0, f, warps_tile, warps_full, chain, ovh_iter, sync, expose, p):
+    """Steady iteration (us) of ``p`` resident tiles whose loop does not prefetch
+    (``expose``: the copy's latency and transfer, :func:`envelope_one`).
+
+    A tile's own iteration is its issue on its schedulers, ``c0 f warps_full /
+    min(warps_tile, warps_full)`` (``c0``: the SM's compute time of one tile's
+    iteration at the issue fraction ``f``; a tile's warps hold ``min(warps_tile,
+    warps_full)`` of the ``warps_full`` schedulers), or its warps' chain with the
+    loop's bookkeeping where that is longer; then its barrier stall ``sync``; then
+    the copy of the next tile, for which all its warps wait at the barrier. The
+    other resident tiles issue in that wait (out of step, as the barrier stall's
+    ``(comp + sync) / p``): ``p`` tile iterations per tile's own, ``t_own / p``."""
+    ws = warps_tile if warps_tile < warps_full else warps_full
+    if ws <= 0.0:
+        ws = 1.0
+    own = c0 * f * warps_full / ws
+    if chain > 0.0:
+        if chain + ovh_iter > own:
+            own = chain + ovh_iter
+    else:
+        own += ovh_iter
+    return (own + sync + expose) / p
+
+
 # not IR-inlined: four call sites (cold compile 14 s -> ~4 s); compiled without
 # numba's runtime, as _envelopes (jit_borrow: it allocates nothing, and its
 # arrays are borrowed from the caller, so a call counts no references: the
@@ -219,7 +244,7 @@ def _ring_queue_floor(z, dem, n, steps):
 @jit_borrow
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0, sync=0.0,
-                 chain=0.0, streams=1.0, ring=1):
+                 chain=0.0, streams=1.0, ring=1, expose=0.0):
     """Envelope of one SM's share of one wave (or of a persistent run).
 
     Returns ``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store,
@@ -236,6 +261,11 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     tile; the ``p * streams`` streams on the SM interleave their chains.
     ``ring=0`` leaves out the ring's queueing at the memory (:func:`_ring_queue`),
     which only ever raises the steady iteration: a lower bound (the screen's).
+    ``expose`` (us, 0: none) marks a loop that does not prefetch although it has
+    two stages (Triton's 2-stage FMA dot: the copy of the next tile is issued after
+    the iteration's last shared load and waited for at once): that copy's latency
+    and transfer, which each iteration exposes (:func:`_exposed_copy`); the loop's
+    steady iteration is at least :func:`_exposed_copy`'s.
     """
     f = p * warps_tile / warps_full
     shared_units = f > 1.0  # several issue groups share the tensor cores
@@ -267,6 +297,7 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         if fl > floor:
             floor = fl
     floor *= persist_tiles if persist_tiles > 0 else p
+    c0 = comp  # the compute resources' issue time, before the waits below
     if chain <= 0.0:
         comp += ovh_iter
     if sync > 0.0:
@@ -303,6 +334,12 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         lat_bound = (lat + mem + comp) / p
     if lat_bound > steady:
         steady = lat_bound
+    if expose > 0.0:
+        # a loop that does not prefetch: each tile's iteration waits for the copy
+        # of the next tile, issued after its last shared load (_exposed_copy)
+        xb = _exposed_copy(c0, f, warps_tile, warps_full, chain, ovh_iter, sync, expose, p)
+        if xb > steady:
+            steady = xb
     if ring != 0 and d > 0 and mem > 0.0 and steady < lat + comp + mem:
         # the ring's p * stages slots queue at the memory system, which serves
         # the requests of every SM in turn: exact mean-value analysis of a closed
@@ -406,7 +443,7 @@ def _seam(a, b, c, t, store, own1, own2, floor):
 @jit_scalar
 def _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, share_eff, sync, chain,
-                 streams, floor):
+                 streams, floor, expose=0.0):
     """A full wave of ``p`` out-of-step slots queueing at the busiest resource:
     exact mean-value analysis (Reiser and Lavenberg 1980) of a closed network
     of ``p`` customers (the slots), each cycling through one tile: a queue
@@ -425,7 +462,7 @@ def _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, sta
                                                   np.int64(1), sms, ksteps, stages, warps_tile,
                                                   warps_full, lat, ovh_iter, ovh_tile,
                                                   np.int64(0), share_eff, sync, chain, streams,
-                                                  np.int64(1))
+                                                  np.int64(1), expose)
     fl1 = resource_floor(work_iter, work_epi, rate, shared, compute, 1, sms, ksteps,
                          warps_tile, warps_full, share_eff)
     h1, hf1, _hc = _seam(a1, b1, c1, t1, st1, own1, ovh_tile, fl1)
@@ -440,7 +477,7 @@ def _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, sta
 @jit_scalar
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
-              chain=0.0, streams=1.0, terms=MODEL_TERMS, conv=0.0):
+              chain=0.0, streams=1.0, terms=MODEL_TERMS, conv=0.0, expose=0.0):
     """Whole-grid time by waves (Algorithm 2): full waves plus a recomputed tail.
 
     ``conv`` (us, 0: none) is a tile's epilogue layout conversion through shared
@@ -480,7 +517,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         t, a, b, c, s, _, _ = envelope_one(work_iter, work_epi, rate, shared, compute, p,
                                            active, ksteps, stages, warps_tile, warps_full, lat,
                                            ovh_iter, ovh_tile, per_sm, share_eff, sync, chain,
-                                           streams, ring)
+                                           streams, ring, expose)
         return t, a, b, c, s, (tiles + conc - 1) // conc, tiles % conc
     full = tiles // conc
     tail = tiles - full * conc
@@ -494,7 +531,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         t, a, b, c, s, store, own = envelope_one(work_iter, work_epi, rate, shared, compute,
                                                  p, sms, ksteps, stages, warps_tile, warps_full,
                                                  lat, ovh_iter, ovh_tile, np.int64(0), share_eff,
-                                                 sync, chain, streams, ring)
+                                                 sync, chain, streams, ring, expose)
         # stores retire asynchronously: the next wave's prologue (load latency
         # and pipeline fill) runs under the previous wave's output stores. Written
         # as one wave plus (full - 1) waves less the hidden part, not full waves
@@ -522,7 +559,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
             if (terms & TERM_QUEUED_WAVE) != 0 and beta > 0.0:
                 qd = _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
                                   stages, warps_tile, warps_full, lat, ovh_iter, ovh_tile,
-                                  share_eff, sync, chain, streams, floor)
+                                  share_eff, sync, chain, streams, floor, expose)
                 if qd > t:
                     qd = t  # never more than the wave alone, from scratch
                 if qd > inc:
@@ -559,7 +596,7 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         t, a, b, c, s, _, own_t = envelope_one(work_iter, work_epi, rate, shared, compute, pt,
                                                active, ksteps, stages, warps_tile, warps_full, lat,
                                                ovh_iter, ovh_tile, np.int64(0), share_eff, sync,
-                                               chain, streams, ring)
+                                               chain, streams, ring, expose)
         T += t
         tp += a
         ts += b
@@ -602,7 +639,7 @@ def l15_chip_floor(avg_iter, avg_epi, rate_l15, tiles, sms, ksteps, lat):
 @jit_borrow
 def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
                warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff, sync,
-               chain, streams, terms, conv, avg_iter, avg_epi, l15_floor, out_t, out_pro, out_st,
+               chain, streams, terms, conv, expose, avg_iter, avg_epi, l15_floor, out_t, out_pro, out_st,
                out_epi, out_it, out_waves, out_tail, out_util, want_util, lo, hi):
     R = work_iter.shape[1] if want_util else 0
     for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: no wraparound check per access
@@ -621,7 +658,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
                                           tiles[i], sms, p[i], ksteps[i], stages[i],
                                           warps_tile[i], warps_full, lat[i], ovh_iter[i],
                                           ovh_tile[i], persistent[i], share_eff[i], sync[i],
-                                          chain[i], streams[i], terms, conv[i])
+                                          chain[i], streams[i], terms, conv[i], expose[i])
         total = t + launch[i]
         if l15_floor:
             fl = launch[i] + l15_chip_floor(avg_iter[i], avg_epi[i], rate[i, R_L15],
@@ -651,7 +688,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
 def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages, warps_tile,
                        warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff=None, sync=None,
                        latency_only=False, chain=None, streams=None, terms=None, conv=None,
-                       l15_avg=None):
+                       l15_avg=None, expose=None):
     """Batched :func:`wave_time` plus launch time and per-resource utilization.
 
     ``work_iter``, ``work_epi``, ``rate`` are ``(n, N_RES)``; rates in work
@@ -708,7 +745,7 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
             f(1.0 if share_eff is None else share_eff), f(0.0 if sync is None else sync),
             f(0.0 if chain is None else chain), f(1.0 if streams is None else streams),
             np.int64(MODEL_TERMS if terms is None else int(terms)),
-            f(0.0 if conv is None else conv), ai, ae, l15_avg is not None, out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
+            f(0.0 if conv is None else conv), f(0.0 if expose is None else expose), ai, ae, l15_avg is not None, out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
             out["t_steady_iter_us"], waves, tail, util, not latency_only)
     run_shares(_envelopes, args, even_bounds(n))
     out["waves"] = waves
