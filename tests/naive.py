@@ -51,22 +51,26 @@ def _edge(d: float, assoc: float, blocks: float):
     """The shared conventions of both SDCM forms, or ``None`` for the general case.
 
     A first touch (``d = inf``) always misses, a zero distance always hits,
-    a cache of no blocks always misses. A cache of ``B <= A`` blocks is a
-    single fully associative LRU set of ``B`` blocks (it cannot have more
-    ways than blocks): the block and the ``d`` blocks touched since must fit,
-    ``d + 1 <= B``.
+    a cache of less than one block holds none and always misses. A cache of
+    ``B <= A`` blocks is a single fully associative LRU set of ``floor(B)``
+    ways (tsbatch/kernels/sdcm.py, ``_edge``): the access hits iff fewer whole
+    blocks than ways were touched since, ``floor(d) < floor(B)``.
 
-    The kernels differ here (they keep ``A`` ways): see the single-set
-    xfails in ``test_kernels.py``. Outside that branch the twins are exact.
+    (Until session 11 this twin read the set as ``B`` fractional blocks, the
+    block and the ``d`` since fitting, ``d + 1 <= B``: a different rule where
+    ``d`` or ``B`` is fractional, and a rounding-dependent one where ``d + 1 =
+    B`` exactly, e.g. ``2560 / 1536 + 1.0 > 4096 / 1536`` in floats. The
+    one-column twin test met it: docs/gemm_accuracy.md, "A cache-column
+    mismatch, session 11".)
     """
     if d == INF:
         return 0.0
     if d <= 0.0:
         return 1.0
-    if blocks <= 0.0:
+    if blocks < 1.0:
         return 0.0
-    if assoc / blocks >= 1.0:
-        return 1.0 if d + 1.0 <= blocks else 0.0
+    if assoc >= blocks:
+        return 1.0 if math.floor(d) < math.floor(blocks) else 0.0
     return None
 
 

@@ -113,8 +113,8 @@ def cache_problems(draw, max_grid: int = 6, max_g2: int = 2, max_k: int = 4,
     """A small GEMM-shaped cache problem.
 
     Capacities are drawn strictly above ``assoc`` blocks (``A / B < 1``), the
-    range where the SDCM's Eq. 7 is defined (see the single-set xfails in
-    ``test_kernels.py``). With ``exact_layout`` the wave size is chosen so
+    range where the SDCM's Eq. 7 is defined (the single-set rule below it is
+    checked on its own: ``test_kernels.py``, ``test_single_set_matches_twin``). With ``exact_layout`` the wave size is chosen so
     that the union approximation of ``reuse.py`` is exact (see
     :func:`union_exact`).
     """

@@ -25,7 +25,7 @@ from closed_forms import close as _close
 from closed_forms import rates as _rates
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_array_equal
 
@@ -35,6 +35,16 @@ from tsbatch.kernels.order import ORDER_NAMES
 #: closed form vs the simulation: a wave's L1.5 sum reassociated
 COL_RTOL = 1e-12
 COL_ATOL = 1e-12
+
+#: the case hypothesis found (session 11): two programs of one wave on one SM, an
+#: L1.5 group of that SM with 4096 B, the shared block (tensor 2, 2048 B) re-touched
+#: at distance 512 + 2048 B = 5/3 units of 1536 B in a cache of 8/3 units, 8 ways:
+#: one set of 2 ways, 1 whole block since, an L1.5 hit (tsbatch/kernels/sdcm.py,
+#: ``_edge``). The twin's old rule ``d + 1 <= B`` read it as a miss by one ulp
+SINGLE_SET_CASE = ([2], [1], [1], [1], [1], [2], [1], [[0, 0, 1, 0]], [[1, 1, 1, 0]],
+                   [[512.0, 2048.0, 2048.0, 0.0]], [52428800.0], [1.0], [1], [1], [4096.0],
+                   [8.0])
+SINGLE_SET_SAMPLING = {"k_samples": 4, "max_waves": 8, "max_lookback": 4}
 
 
 @st.composite
@@ -57,6 +67,7 @@ def column_problem(draw) -> tuple:
 
 @settings(max_examples=300, deadline=None)
 @given(column_problem(), st.sampled_from(SAMPLINGS), st.booleans(), st.booleans())
+@example(SINGLE_SET_CASE, SINGLE_SET_SAMPLING, False, False)
 def test_column_equals_the_simulation(args, sampling, drop_zero, weights):
     kw = dict(sampling, drop_zero=drop_zero, interior_weights=weights)
     col = _rates(args, **kw)
@@ -66,6 +77,7 @@ def test_column_equals_the_simulation(args, sampling, drop_zero, weights):
 
 @settings(max_examples=200, deadline=None)
 @given(column_problem(), st.sampled_from(SAMPLINGS), st.booleans(), st.booleans())
+@example(SINGLE_SET_CASE, SINGLE_SET_SAMPLING, False, False)
 def test_column_equals_its_twin(args, sampling, drop_zero, weights):
     col = _rates(args, drop_zero=drop_zero, interior_weights=weights, **sampling)
     one = [a[0] for a in args]
@@ -76,6 +88,22 @@ def test_column_equals_its_twin(args, sampling, drop_zero, weights):
                                   max_waves=sampling["max_waves"], weights=weights,
                                   drop_zero=drop_zero)
     _close([c[0] for c in col], [np.array(w) for w in want], COL_RTOL, COL_ATOL)
+
+
+def test_column_single_set_case():
+    """The single-set case by value: tensor 2's two accesses, program 0's cold,
+    program 1's an L1.5 hit (``floor(5/3) = 1`` block since, ``floor(8/3) = 2``
+    ways); the private tensors miss. The kernel's three paths and the twin alike."""
+    want = ([0.0, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.5, 1.0])
+    for kw in ({}, {"column": False}, {"general": True}):
+        got = _rates(SINGLE_SET_CASE, drop_zero=False, interior_weights=False,
+                     **SINGLE_SET_SAMPLING, **kw)
+        for x, y in zip(got, want):
+            assert_array_equal(x[0], y)
+    one = [a[0] for a in SINGLE_SET_CASE]
+    twin = naive.cache_column_one(*one[:1], *one[5:], k_samples=4, max_waves=8, weights=False,
+                                  drop_zero=False)
+    assert [list(x) for x in twin] == [list(y) for y in want]
 
 
 def _rowwise(g0, conc, ksteps, tb, g15=8):

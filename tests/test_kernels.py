@@ -188,6 +188,34 @@ def test_single_set_forms_agree_for_fractional_distance():
     assert sdcm.hit_prob_gauss(7.5, 8.0, 7.9) == sdcm.hit_prob_exact(7.5, 8.0, 7.9)
 
 
+@settings(max_examples=300, deadline=None)
+@given(assoc_ways, st.integers(1, 4), st.sampled_from([64, 96, 128, 512, 1536, 2048, 16384]),
+       st.integers(0, 40), st.integers(1, 40))
+def test_single_set_matches_twin(a, n, unit_b, dk, ck):
+    """A cache of at most ``A`` blocks (one set of ``floor(B)`` ways) as the
+    cache models reach it: distance and capacity in bytes over a mean block of
+    ``unit_b / n`` bytes (fractional units, exact integer ratios and ties of
+    ``d + 1 = B``), kernel and twin to the bit."""
+    unit = unit_b / n
+    d, blocks = dk * 64.0 / unit, ck * 64.0 / unit
+    if blocks > a:
+        return
+    for fn, twin in ((sdcm.hit_prob_gauss, naive.hit_prob_gauss),
+                     (sdcm.hit_prob_exact, naive.hit_prob_exact)):
+        assert fn(d, float(a), blocks) == twin(d, float(a), blocks), (fn.__name__, d, blocks)
+
+
+def test_single_set_tie_by_hand():
+    """``d + 1 = B`` in exact arithmetic, ``2560 / 1536 + 1 > 4096 / 1536`` in
+    floats (the column case of session 11): one whole block since, two ways, a hit."""
+    d, blocks = 2560.0 / 1536.0, 4096.0 / 1536.0
+    for fn in (sdcm.hit_prob_gauss, sdcm.hit_prob_exact, naive.hit_prob_gauss,
+               naive.hit_prob_exact):
+        assert fn(d, 8.0, blocks) == 1.0
+    assert naive.hit_prob_gauss(1.9, 8.0, 2.5) == sdcm.hit_prob_gauss(1.9, 8.0, 2.5) == 1.0
+    assert naive.hit_prob_gauss(2.0, 8.0, 2.5) == sdcm.hit_prob_gauss(2.0, 8.0, 2.5) == 0.0
+
+
 distances = st.one_of(st.just(0.0), st.floats(MIN_DISTANCE, 4e5))
 
 
