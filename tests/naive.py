@@ -35,13 +35,16 @@ def norm_pdf(x: float) -> float:
 
 
 def norm_cdf_zs(x: float) -> float:
-    """Zelen-Severo: ``Phi(x) = 1 - phi(x) (a1 t + a2 t^2 + a3 t^3)``, ``t = 1/(1 + p x)``
-    for ``x >= 0``, and by symmetry ``Phi(x) = 1 - Phi(-x)`` below zero."""
+    """Zelen-Severo: ``Phi(x) = 1 - c phi(x) (a1 t + a2 t^2 + a3 t^3)``, ``t = 1/(1 + p x)``
+    for ``x >= 0``, and by symmetry ``Phi(x) = 1 - Phi(-x)`` below zero; ``c``
+    makes the tail exactly 1/2 at 0 (``c (a1 + a2 + a3) / sqrt(2 pi) = 1/2``), so
+    the two sides meet there."""
     if x < 0.0:
         return 1.0 - norm_cdf_zs(-x)
     t = 1.0 / (1.0 + _ZS_P * x)
     a1, a2, a3 = _ZS_A
-    return 1.0 - norm_pdf(x) * (a1 * t + a2 * t ** 2 + a3 * t ** 3)
+    c = 0.5 / (norm_pdf(0.0) * (a1 + a2 + a3))
+    return 1.0 - c * norm_pdf(x) * (a1 * t + a2 * t ** 2 + a3 * t ** 3)
 
 
 # ----------------------------------------------------------------------

@@ -114,6 +114,18 @@ def test_zelen_severo_error_on_a_dense_grid():
     assert err.max() > 1.1e-5  # a real approximation, and the bound is tight
 
 
+def test_zelen_severo_is_continuous_at_zero():
+    """A&S 26.2.16's tail at 0 is 0.4999999452, so the plain formula jumped by
+    1.1e-7 there; with the tail scaled to 1/2 the two sides meet, and a z that
+    rounds to a tiny negative gives the probability a zero one does."""
+    assert sdcm.ZS_Q0_SCALE - 1.0 == pytest.approx(1.1e-7, rel=0.01)
+    assert sdcm.norm_cdf_zs(0.0) == 0.5
+    for tiny in (1e-300, 1e-17, 1e-12):
+        assert abs(sdcm.norm_cdf_zs(tiny) - sdcm.norm_cdf_zs(-tiny)) <= 1e-12
+    # the case hypothesis found: d = 2.4, 2 ways, 3.2 blocks -> z = 0
+    assert sdcm.hit_prob_gauss(2.4, 2.0, 3.2) == pytest.approx(0.5, abs=1e-15)
+
+
 def test_zelen_severo_within_published_error():
     x = 0.52609
     assert abs(sdcm.norm_cdf_zs(x) - naive.norm_cdf(x)) <= ZS_MAX_ABS_ERROR

@@ -53,15 +53,25 @@ ZS_A3 = 0.9372980
 #: found by a dense scan in tests/test_kernels.py; we state the measured bound
 ZS_MAX_ABS_ERROR = 1.2e-5
 _INV_SQRT_2PI = 0.3989422804014327
+#: A&S 26.2.16's coefficients give the upper tail at 0 as
+#: (a1 + a2 + a3) / sqrt(2 pi) = 0.4999999452, not 1/2, so the formula with its
+#: symmetry Phi(x) = 1 - Phi(-x) jumps by 1.1e-7 at x = 0 (0.5000000548 just
+#: above, 0.4999999452 below): two evaluations of the same hit probability whose
+#: z rounds to either side of 0 differed by that (docs/gemm_accuracy.md, "A
+#: cache-column mismatch, session 11", seed 6). The tail is scaled by this
+#: factor (1 + 1.1e-7) so that it is exactly 1/2 at 0 and the CDF continuous;
+#: the measured error bound below holds as before
+ZS_Q0_SCALE = 0.5 / (_INV_SQRT_2PI * (ZS_A1 + ZS_A2 + ZS_A3))
 
 
 @jit_scalar
 def norm_cdf_zs(x):
-    """Standard normal CDF by Zelen-Severo (Eq. 10), valid for every real ``x``."""
+    """Standard normal CDF by Zelen-Severo (Eq. 10), valid for every real ``x``,
+    its tail scaled to 1/2 at 0 (:data:`ZS_Q0_SCALE`: continuous at 0)."""
     ax = abs(x)
     t = 1.0 / (1.0 + ZS_P * ax)
     pdf = _INV_SQRT_2PI * math.exp(-0.5 * ax * ax)
-    upper = pdf * t * (ZS_A1 + t * (ZS_A2 + t * ZS_A3))  # Q(|x|)
+    upper = ZS_Q0_SCALE * pdf * t * (ZS_A1 + t * (ZS_A2 + t * ZS_A3))  # Q(|x|)
     if x >= 0.0:
         return 1.0 - upper
     return upper
