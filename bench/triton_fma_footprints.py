@@ -158,9 +158,10 @@ def _source(values: list):
         return ASTSource(_mm, sig, constants=dict(zip(names[3:], values)), attrs=attrs)
 
 
-def compile_one(job: tuple) -> dict:
-    """Compile one tile and layout for one architecture; the compiler's figures."""
-    bm, bn, bk, warps, a_rm, b_rm, arch, stages, tf32 = job
+def compile_sass(bm: int, bn: int, bk: int, warps: int, a_rm: bool, b_rm: bool, arch: int,
+                 stages: int, tf32: bool = False) -> tuple[str, int, int, int]:
+    """Compile one tile and layout for one architecture: its SASS, registers,
+    spill-store bytes and shared-memory bytes."""
     from triton.backends.compiler import GPUTarget
 
     sam, sak = (PROBLEM, 1) if a_rm else (1, PROBLEM)
@@ -180,11 +181,18 @@ def compile_one(job: tuple) -> dict:
         sass = subprocess.run([str(bindir / "cuobjdump"), "-sass", str(cubin)],
                               capture_output=True, text=True, check=True).stdout
     spill = re.search(r"(\d+) bytes spill stores", err)
+    return (sass, int(re.search(r"Used (\d+) registers", err).group(1)),
+            int(spill.group(1)) if spill else 0, int(k.metadata.shared))
+
+
+def compile_one(job: tuple) -> dict:
+    """Compile one tile and layout for one architecture; the compiler's figures."""
+    bm, bn, bk, warps, a_rm, b_rm, arch, stages, tf32 = job
+    sass, regs, spill, shared = compile_sass(bm, bn, bk, warps, a_rm, b_rm, arch, stages, tf32)
     extra = dict(num_stages=stages, triton=triton.__version__) if tf32 else {}
     return dict(block_m=bm, block_n=bn, block_k=bk, **extra, num_warps=warps, a_row_major=a_rm,
-                b_row_major=b_rm, arch=arch, shared=int(k.metadata.shared),
-                regs=int(re.search(r"Used (\d+) registers", err).group(1)),
-                spill_stores=int(spill.group(1)) if spill else 0, **_loop_counts(sass))
+                b_row_major=b_rm, arch=arch, shared=shared, regs=regs, spill_stores=spill,
+                **_loop_counts(sass))
 
 
 def tiles() -> pl.DataFrame:

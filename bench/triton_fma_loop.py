@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -37,26 +35,8 @@ import triton_fma_footprints as T  # noqa: E402
 def sass(bm: int, bn: int, bk: int, warps: int, a_rm: bool, b_rm: bool, arch: int,
          stages: int) -> tuple[str, int, int]:
     """The cubin's SASS, registers and spill-store bytes of one compiled tile."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    p = T.PROBLEM
-    sam, sak = (p, 1) if a_rm else (1, p)
-    sbk, sbn = (p, 1) if b_rm else (1, p)
-    src = T._source([p, p, p, sam, sak, sbk, sbn, bm, bn, bk, 8, False])
-    k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                       options={"num_warps": warps, "num_stages": stages})
-    bindir = Path(triton.__file__).parent / "backends/nvidia/bin"
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
-        ptx.write_text(k.asm["ptx"])
-        target = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
-        err = subprocess.run([str(bindir / "ptxas"), f"-arch={target}", "-v", str(ptx), "-o",
-                              str(cubin)], capture_output=True, text=True, check=True).stderr
-        out = subprocess.run([str(bindir / "cuobjdump"), "-sass", str(cubin)],
-                             capture_output=True, text=True, check=True).stdout
-    spill = re.search(r"(\d+) bytes spill stores", err)
-    return out, int(re.search(r"Used (\d+) registers", err).group(1)), int(spill.group(1)) if spill else 0
+    out, regs, spill, _shared = T.compile_sass(bm, bn, bk, warps, a_rm, b_rm, arch, stages)
+    return out, regs, spill
 
 
 def loop_body(text: str) -> list[str]:
