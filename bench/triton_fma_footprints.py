@@ -106,9 +106,9 @@ if triton is not None:
 _MULTIPLY = ("FFMA", "HMMA", "HGMMA")
 
 
-def _loop_counts(sass: str) -> dict:
-    """Instruction counts of the main loop: the backward branch whose body
-    holds the most multiplies (FFMA, HMMA or HGMMA)."""
+def loop_body(sass: str, ops: tuple = _MULTIPLY) -> list[str]:
+    """The instructions of the main loop: the backward branch whose body holds
+    the most of ``ops`` (by default the multiplies: FFMA, HMMA or HGMMA)."""
     ins = []
     for line in sass.splitlines():
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
@@ -119,11 +119,16 @@ def _loop_counts(sass: str) -> dict:
         b = re.search(r"BRA\s+(?:`\()?[^0x]*0x([0-9a-f]+)", txt)
         if b and int(b.group(1), 16) < addr:
             body = [t for a, t in ins if int(b.group(1), 16) <= a <= addr]
-            nf = sum(any(op in t for op in _MULTIPLY) for t in body)
+            nf = sum(any(op in t for op in ops) for t in body)
             if nf > best[0]:
                 best = (nf, body)
+    return best[1]
+
+
+def _loop_counts(sass: str) -> dict:
+    """Instruction counts of the main loop (:func:`loop_body`)."""
     c = collections.Counter()
-    for t in best[1]:
+    for t in loop_body(sass):
         op = t.split()[1] if t.startswith("@") else t.split()[0]
         c[op] += 1
     pick = lambda pre: sum(v for k, v in c.items() if k.startswith(pre))  # noqa: E731

@@ -41,20 +41,7 @@ def sass(bm: int, bn: int, bk: int, warps: int, a_rm: bool, b_rm: bool, arch: in
 
 def loop_body(text: str) -> list[str]:
     """The instructions of the backward branch whose body holds the most FFMAs."""
-    ins = []
-    for line in text.splitlines():
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-        if m:
-            ins.append((int(m.group(1), 16), m.group(2).strip()))
-    best = (0, [])
-    for addr, txt in ins:
-        b = re.search(r"BRA\s+(?:`\()?[^0x]*0x([0-9a-f]+)", txt)
-        if b and int(b.group(1), 16) < addr:
-            body = [t for a, t in ins if int(b.group(1), 16) <= a <= addr]
-            nf = sum("FFMA" in t for t in body)
-            if nf > best[0]:
-                best = (nf, body)
-    return best[1]
+    return T.loop_body(text, ("FFMA",))
 
 
 def _op(t: str) -> str:
