@@ -1742,9 +1742,9 @@ def library_stream_k_points(cols: dict, is_lib: np.ndarray, arch: str, sms: int)
     the most tile columns ``b = min(ceil(n / bn), h // a)`` with ``h = (sms - 1) //
     2``, the point ``(min(m, a bm), min(n, b bn))``, kept where the next ``a`` has
     fewer columns. Not for float8 rows (no split tiles) nor IEEE FP32 ones (``tf32``
-    false: CUDA-core kernels, where neither the rule's source nor the traces apply,
-    and whose split tiles carry the older per-clock fall of the sub-wave rule,
-    docs/gemm_accuracy.md "Where issue 35 stands at the end of session 10").
+    false: CUDA-core kernels, where neither the rule's source nor the traces apply;
+    their split tiles also carried the per-clock fall of the sub-wave rule, since
+    fixed: ``HwSpec.fp32_clock_mhz``).
 
     Returns ``(parent, points)``: ``points`` holds ``cols``' columns for one row per
     point with ``m`` and ``n`` replaced, ``parent`` the input row each stands for.

@@ -501,3 +501,6 @@ def test_library_stream_k_floor(hw, monkeypatch):
     assert (lat >= base * (1 - 1e-12)).all()
     assert lat[on] > base[on]
     assert lat[on + 1] == base[on + 1] and lat[on + 2] == base[on + 2]
+    # the output marks the rows the floor, not the named tile, prices
+    marked = [t.endswith(" +stream-K floor") for t in out["library_tile"].to_list()]
+    assert marked == list(lat > base) and marked[on] and not marked[on + 1]

@@ -63,7 +63,9 @@ RESULT_COLUMNS = {
     **{f"util_{r}": f"fraction of the kernel time the {r} resource is busy" for r in R_NAMES},
     "bottleneck": "the resource with the highest utilization ('latency' when none "
                   "exceeds 60 %: fill/latency bound; 'launch' when launch dominates)",
-    "library_tile": "for library rows, the catalog tile that won (BMxBNxBK/stages/warps/split)",
+    "library_tile": "for library rows, the catalog tile that won (BMxBNxBK/stages/warps/split); "
+                    "'+stream-K floor' where the row is priced at the split-K kernel of the "
+                    "stream-K rule instead (its excess in t_epilogue_us)",
     "steady_order": "the legal issue order of the loop body that won (its synchronous actions, "
                     "Eq. 5)",
     "t_chain_us": "that order's chain: one iteration of one issue stream at full rates (us)",
@@ -620,7 +622,10 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
                  ("block_m", "block_n", "block_k", "num_stages", "num_warps", "split_k")}
         tile = pl.DataFrame(parts).select(pl.format(
             "{}x{}x{}/s{}/w{}/k{}", *[pl.col(c) for c in parts])).to_series()
-        data["library_tile"] = np.where(is_lib, tile.to_numpy(), "").astype(object)
+        tile = tile.to_numpy().astype(object)
+        if sk_excess is not None:  # the row is priced at the stream-K floor, not at this tile
+            tile = np.where(sk_excess > 0, tile + " +stream-K floor", tile)
+        data["library_tile"] = np.where(is_lib, tile, "").astype(object)
     else:
         data["library_tile"] = pl.repeat("", n, dtype=pl.String, eager=True)
     out = pl.DataFrame({k: v for k, v in data.items()})
