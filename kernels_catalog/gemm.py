@@ -976,17 +976,15 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
                 rate[i, R_TC] *= _clock_factor(rounds, busy, sms, 1.0 / tc_eff)
                 # the CUDA-core and shared-memory rates are per-clock figures at
                 # the measured clock: they rise with the clock up to its maximum
-                # (clk_cap = max_clock_mhz / measured clock, cuda_cap the same
-                # over the clock the FP32 rate is stated at: HwSpec.fp32_clock_mhz;
-                # 0: no maximum given); an FMA row's full-grid rate is its
-                # per-clock peak at the measured clock, not a power-limited one,
-                # so no headroom is claimed for its last round
+                # (clk_cap = HwSpec.clock_cap, max_clock_mhz over the measured
+                # clock, cuda_cap = HwSpec.fp32_clock_cap, over the clock the FP32
+                # rate is stated at; inf: no maximum given); an FMA row's
+                # full-grid rate is its per-clock peak at the measured clock, not
+                # a power-limited one, so no headroom is claimed for its last round
                 if rounds == 1 or tc:
                     cap = 1.0 / tc_eff
-                    cap_s = min(cap, clk_cap if clk_cap > 1.0 else 1.0) if clk_cap > 0.0 else cap
-                    cap_c = min(cap, cuda_cap if cuda_cap > 1.0 else 1.0) if cuda_cap > 0.0 else cap
-                    rate[i, R_CUDA] *= _clock_factor(rounds, busy, sms, cap_c)
-                    rate[i, R_SMEM] *= _clock_factor(rounds, busy, sms, cap_s)
+                    rate[i, R_CUDA] *= _clock_factor(rounds, busy, sms, min(cap, cuda_cap))
+                    rate[i, R_SMEM] *= _clock_factor(rounds, busy, sms, min(cap, clk_cap))
 
 
 #: Triton's largest tensor, in elements (``triton.language.TRITON_MAX_TENSOR_NUMEL``)
@@ -1211,8 +1209,6 @@ def lower(cols: dict, hw) -> TilePlan:
     # is (docs/gemm_accuracy.md, session 3 continued)
     a_rm = b8(np.where(b8(cols["a_row_major"]), True, m == 1))
     b_rm = b8(np.where(b8(cols["b_row_major"]), n != 1, False))
-    # the power-limited boost's ceiling on the per-clock rates (below)
-    clk_cap = hw.clock_cap
     # rows in shares on the thread pool (the kernel releases the GIL)
     run_shares(_lower_rows, (
                 m, n, k, i64(cols["block_m"]), i64(cols["block_n"]), i64(cols["block_k"]),
@@ -1225,7 +1221,7 @@ def lower(cols: dict, hw) -> TilePlan:
                 threads, regs, spill, use_wgmma, on_tc, t_bytes, t_foot, t_crit, work_iter, work_epi, rate,
                 share_eff, useful_flops, float(hw.smem_bytes_per_clk), _DTYPE_CODE["float8"],
                 _DTYPE_CODE["float16"], scode, b8(fast), lib, hw.mma == "wgmma", b8(staged_mn),
-                pipe_stages, copy_smem, sms, g_dram, t_dram_scale, clk_cap, hw.fp32_clock_cap,
+                pipe_stages, copy_smem, sms, g_dram, t_dram_scale, hw.clock_cap, hw.fp32_clock_cap,
                 hw.mma not in ("wgmma", "tcgen05")), even_bounds(rows))
 
     lse = hw.cal("library_store_efficiency")

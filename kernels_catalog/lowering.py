@@ -675,7 +675,8 @@ def power_clock(tiles, sms: int, tc_eff: float, clk_cap: float, cuda_cap: float)
     boost capped at the maximum clock over the clock each is stated at: shared
     memory's ``clk_cap = max_clock_mhz / clock_mhz``, the CUDA cores' ``cuda_cap``
     over the clock ``fp32_tflops`` is stated at (:attr:`HwSpec.fp32_clock_cap`,
-    so that a slower clock alone never runs them faster); 0: no cap.
+    so that a slower clock alone never runs them faster); both at least 1, ``inf``
+    where the GPU file gives no maximum clock.
 
     GEMM's last-round rule (a grid of more tiles than SMs has its last
     ``tiles - (rounds - 1) sms`` tiles at their SMs' clock) is not applied here:
@@ -695,9 +696,7 @@ def power_clock(tiles, sms: int, tc_eff: float, clk_cap: float, cuda_cap: float)
         return None, None, None, None
     t = np.maximum(tiles[sub].astype(np.float64), 1.0)
     tc_f = np.minimum(sms / t, 1.0 / tc_eff)
-    cuda_f = np.minimum(tc_f, cuda_cap if cuda_cap > 1.0 else 1.0) if cuda_cap > 0.0 else tc_f
-    smem_f = np.minimum(tc_f, clk_cap if clk_cap > 1.0 else 1.0) if clk_cap > 0.0 else tc_f
-    return sub, tc_f, cuda_f, smem_f
+    return sub, tc_f, np.minimum(tc_f, cuda_cap), np.minimum(tc_f, clk_cap)
 
 
 def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:

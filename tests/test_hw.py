@@ -458,6 +458,11 @@ def test_max_clock_is_optional_and_checked(tmp_path):
     p = tmp_path / "x.toml"
     p.write_text(without)
     assert load_hw_file(p).max_clock_mhz == 0.0
+    # no maximum: no boost ceiling; with one, the ratios over the clocks read
+    none = load_hw_file(p)
+    assert none.clock_cap == math.inf and none.fp32_clock_cap == math.inf
+    a100 = load_hw_file(hw_dir() / "a100.toml")
+    assert a100.clock_cap == a100.fp32_clock_cap == 1410.0 / 1387.0
     p.write_text(text.replace("max_clock_mhz = { value = 1410", "max_clock_mhz = { value = 1300"))
     with pytest.raises(HwFileError, match="max_clock_mhz"):
         load_hw_file(p)

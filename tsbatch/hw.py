@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -307,18 +308,17 @@ class HwSpec:
     @property
     def clock_cap(self) -> float:
         """The per-clock rates' (shared memory's) boost ceiling: ``max_clock_mhz``
-        over the measured clock; 0 where the file gives no maximum."""
-        return self.max_clock_mhz / self.rate("clock_mhz") if self.max_clock_mhz > 0 else 0.0
+        over the measured clock, at least 1; ``inf`` where the file gives no
+        maximum."""
+        return _clock_ceiling(self.max_clock_mhz, self.rate("clock_mhz"))
 
     @property
     def fp32_clock_cap(self) -> float:
         """The CUDA cores' boost ceiling: ``max_clock_mhz`` over the clock
-        ``fp32_tflops`` is stated at (:attr:`fp32_clock_mhz`); 0 where the file
-        gives no maximum."""
-        if not self.max_clock_mhz > 0:
-            return 0.0
-        return self.max_clock_mhz / (self.fp32_clock_mhz if self.fp32_clock_mhz > 0
-                                     else self.rate("clock_mhz"))
+        ``fp32_tflops`` is stated at (:attr:`fp32_clock_mhz`), at least 1; ``inf``
+        where the file gives no maximum."""
+        return _clock_ceiling(self.max_clock_mhz, self.fp32_clock_mhz if self.fp32_clock_mhz > 0
+                              else self.rate("clock_mhz"))
 
     @property
     def launch_us(self) -> float:
@@ -498,6 +498,12 @@ def load_hw_file(path: str | Path) -> HwSpec:
         fp32_clock_mhz=fp32_clock,
         **kwargs,
     )
+
+
+def _clock_ceiling(max_clock: float, clock: float) -> float:
+    """A rate's power-limited boost ceiling: the maximum clock over the clock the
+    rate is stated at, never below 1 (no ceiling: ``inf`` where no maximum is given)."""
+    return max(max_clock / clock, 1.0) if max_clock > 0 else math.inf
 
 
 @lru_cache(maxsize=None)
