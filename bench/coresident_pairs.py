@@ -1,0 +1,130 @@
+"""Co-resident tiles against sequential waves: matched Triton configuration pairs.
+
+    python bench/coresident_pairs.py [FILE ...] [--min-ksteps 32]
+
+Issue 35 (docs/gemm_accuracy.md, "Small-kernel Triton top-5 and bias against
+ca279d0, session 12", section 5). For each measured GEMM file (default: the
+A100 and H100 files of ``../shared/data/gemm`` and the H200 files of
+``bench/measured``), every fp16/bf16 Triton row with at least
+``--min-ksteps`` K steps (medians of repeats) is predicted with
+:func:`tsbatch.engine.evaluate.evaluate` on the file's GPU. Rows are then paired
+when they share the problem, layout, tile, warps and group_m and differ in
+stages so that:
+
+* the co-resident one holds ``p >= 2`` resident tiles and its busiest SM's
+  ``T = ceil(tiles / sms)`` tiles all at once (``2 <= T <= p``: one wave);
+* the sequential one holds ``p = 1`` and runs the same ``T`` tiles one after
+  another (``T`` waves).
+
+Both give the busiest SM the same tensor work at the same fill. The script prints,
+per GPU and ``T``: the pairs, the problems, the median of co-resident ÷
+sequential time measured and predicted, and how often the two agree on which
+is faster; then every Hopper pair's problem with both times.
+
+Nothing is fitted or written; it prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import polars as pl
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SHARED = Path(os.environ.get("TSBATCH_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+#: problem, layout and configuration columns a pair shares (all but the stages)
+PAIR_KEYS = ("m", "n", "k", "dtype", "a_row_major", "b_row_major",
+             "block_m", "block_n", "block_k", "num_warps", "group_m")
+CONFIG = ("m", "n", "k", "dtype", "a_row_major", "b_row_major", "tf32", "backend",
+          "block_m", "block_n", "block_k", "num_stages", "num_warps", "group_m")
+
+
+def default_files() -> list[Path]:
+    out = [SHARED / "gemm" / "a100_triton_mm.parquet", SHARED / "gemm" / "h100_triton_mm.parquet"]
+    out += sorted((ROOT / "bench" / "measured").glob("h200-*/gemm.parquet"))
+    out += sorted((ROOT / "bench" / "measured").glob("h200-*/more/gemm.parquet"))
+    return [p for p in out if p.exists()]
+
+
+def rows_of(path: Path, min_ksteps: int) -> tuple[str, pl.DataFrame]:
+    """The file's GPU and its fp16/bf16 Triton configurations (median of repeats,
+    ``meas`` in µs) with at least ``min_ksteps`` K steps."""
+    d = pl.read_parquet(path)
+    gpu = d["gpu"][0]
+    d = d.filter((pl.col("backend") == "triton") & pl.col("dtype").is_in(["float16", "bfloat16"]))
+    d = d.group_by(list(CONFIG)).agg(meas=pl.col("time_ms").median() * 1000.0)
+    d = d.filter((pl.col("k") + pl.col("block_k") - 1) // pl.col("block_k") >= min_ksteps)
+    return gpu, d
+
+
+def predict(gpu: str, d: pl.DataFrame) -> pl.DataFrame:
+    from tsbatch.engine.evaluate import evaluate, resolve_hw
+
+    spec = resolve_hw(gpu)
+    r = evaluate(d.select(list(CONFIG)), spec)
+    return d.with_columns(pred=r["latency_us"], p=r["resident_tiles"], sms=pl.lit(spec.sm_count))
+
+
+def pairs(d: pl.DataFrame) -> pl.DataFrame:
+    """Matched pairs of a predicted frame (columns ``meas``, ``pred``, ``p``,
+    ``sms`` and :data:`PAIR_KEYS`, ``num_stages``): one row per co-resident /
+    sequential pair, with ``T``, ``tiles``, both sides' times and the ratios
+    ``meas_ratio`` and ``pred_ratio`` (co-resident ÷ sequential)."""
+    d = d.with_columns(
+        tiles=((pl.col("m") + pl.col("block_m") - 1) // pl.col("block_m"))
+        * ((pl.col("n") + pl.col("block_n") - 1) // pl.col("block_n")))
+    d = d.with_columns(T=(pl.col("tiles") + pl.col("sms") - 1) // pl.col("sms"))
+    keys = list(PAIR_KEYS)
+    co = d.filter((pl.col("p") >= 2) & (pl.col("T") >= 2) & (pl.col("T") <= pl.col("p"))).select(
+        *keys, "T", "tiles", stages_co="num_stages", meas_co="meas", pred_co="pred", p_co="p")
+    seq = d.filter((pl.col("p") == 1) & (pl.col("T") >= 2)).select(
+        *keys, stages_seq="num_stages", meas_seq="meas", pred_seq="pred")
+    return co.join(seq, on=keys).with_columns(
+        meas_ratio=pl.col("meas_co") / pl.col("meas_seq"),
+        pred_ratio=pl.col("pred_co") / pl.col("pred_seq"))
+
+
+def summary(p: pl.DataFrame) -> pl.DataFrame:
+    return p.group_by("gpu", "T").agg(
+        pairs=pl.len(),
+        problems=pl.struct("m", "n", "k").n_unique(),
+        measured=pl.col("meas_ratio").median(),
+        model=pl.col("pred_ratio").median(),
+        same_order=((pl.col("meas_ratio") < 1.0) == (pl.col("pred_ratio") < 1.0)).mean(),
+    ).sort("gpu", "T")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("files", nargs="*", type=Path)
+    ap.add_argument("--min-ksteps", type=int, default=32)
+    args = ap.parse_args(argv)
+    parts = []
+    for path in args.files or default_files():
+        gpu, d = rows_of(path, args.min_ksteps)
+        if d.is_empty():
+            continue
+        parts.append(pairs(predict(gpu, d)).with_columns(gpu=pl.lit(gpu), file=pl.lit(path.name)))
+    if not parts:
+        print("no pairs")
+        return 0
+    p = pl.concat(parts, how="diagonal_relaxed")
+    with pl.Config(tbl_rows=200, tbl_cols=30, tbl_width_chars=250, float_precision=3):
+        print(summary(p))
+        hop = p.filter(pl.col("gpu") != "a100").group_by(
+            "gpu", "file", "m", "n", "k", "tiles", "block_m", "block_n", "block_k", "num_warps",
+            "stages_co", "stages_seq", "T").agg(
+            pl.len(), pl.col("meas_co").median(), pl.col("pred_co").median(),
+            pl.col("meas_seq").median(), pl.col("pred_seq").median()).sort("gpu", "tiles")
+        print(hop)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,45 @@
+"""bench/coresident_pairs.py: which configurations it pairs, on synthetic predicted rows."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import coresident_pairs  # noqa: E402
+
+
+def _row(m, stages, p, meas, pred, *, warps=4, sms=4):
+    # 128 x 128 tiles over n = 256: two tile columns, m / 128 tile rows
+    return {"m": m, "n": 256, "k": 8192, "dtype": "float16", "a_row_major": True,
+            "b_row_major": False, "block_m": 128, "block_n": 128, "block_k": 64,
+            "num_warps": warps, "group_m": 8, "num_stages": stages, "p": p,
+            "meas": meas, "pred": pred, "sms": sms}
+
+
+def test_pairs_match_one_wave_coresident_with_sequential_waves_only():
+    rows = [
+        # 6 tiles on 4 SMs: T = 2; p = 2 holds both at once, p = 1 runs two waves
+        _row(384, 3, 2, 80.0, 110.0), _row(384, 5, 1, 100.0, 100.0),
+        # 12 tiles: T = 3 > p = 2 for the 3-stage row: not co-resident, no pair
+        _row(768, 3, 2, 150.0, 160.0), _row(768, 5, 1, 160.0, 150.0),
+        # 4 tiles: T = 1, one tile an SM either way: no pair
+        _row(256, 3, 2, 50.0, 60.0), _row(256, 5, 1, 40.0, 45.0),
+        # the same problem at 8 warps: its own pair
+        _row(384, 3, 2, 90.0, 120.0, warps=8), _row(384, 4, 1, 95.0, 100.0, warps=8),
+    ]
+    p = coresident_pairs.pairs(pl.DataFrame(rows)).sort("num_warps")
+    assert p.height == 2
+    assert p["T"].to_list() == [2, 2]
+    assert p["tiles"].to_list() == [6, 6]
+    assert p["stages_co"].to_list() == [3, 3] and p["stages_seq"].to_list() == [5, 4]
+    assert p["meas_ratio"].to_list() == pytest.approx([0.8, 90.0 / 95.0])
+    assert p["pred_ratio"].to_list() == pytest.approx([1.1, 1.2])
+    s = coresident_pairs.summary(p.with_columns(gpu=pl.lit("h100")))
+    assert s["pairs"].to_list() == [2] and s["problems"].to_list() == [1]
+    assert s["same_order"].to_list() == [0.0]
