@@ -1411,6 +1411,18 @@ def pos_key_tensor_one(per_step, mask, koff, P: int, conc: int) -> int:
     return -1
 
 
+def streams_and_tile_one(clen, koff, P: int) -> tuple[int, int, int]:
+    """Twin of ``reuse._streams_and_tile``: where exactly three tensors have
+    candidates (``clen[t] > 0``), one of them with a block per tile (an id span
+    ``koff[t + 1] - koff[t]`` of ``P``), the other two in order and that one;
+    else (-1, -1, -1)."""
+    have = [t for t in range(len(koff) - 1) if clen[t] > 0]
+    tile = [t for t in have if koff[t + 1] - koff[t] == P]
+    rest = [t for t in have if t not in tile]
+    if len(have) != 3 or len(tile) != 1:
+        return -1, -1, -1
+    return rest[0], rest[1], tile[0]
+
 def pair_tensors_one(per_step, tbytes, mask, g0: int, g1: int, g2: int) -> tuple[int, int]:
     """Twin of ``reuse._pair_tensors``: the first two per-step tensors next to
     each other in a tile's step with equal masks and equal bytes above 0,

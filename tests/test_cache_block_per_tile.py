@@ -164,3 +164,39 @@ def test_block_per_tile_tensor_against_the_twin(p, extra_mask, extra_bytes):
         per_step, tb, q["cap2"], q["assoc2"], q["nsm"], q["g15"], q["cap15"], q["assoc15"]))
     assert_allclose(np.array([h15[0], h2[0], dram[0]]), want, rtol=0, atol=EXACT_ATOL)
     assert_array_equal([h15[0, 3], h2[0, 3], dram[0, 3]], [0.0, 0.0, 1.0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 6), st.data())
+def test_streams_and_tile_against_the_twin(T, data):
+    """The test of the per-block paths' three-stream case (two pointer streams and
+    a block-per-tile tensor: MoE's A, W and W_other), against its plain-Python twin."""
+    P = data.draw(st.integers(1, 40))
+    clen = data.draw(st.lists(st.sampled_from([0, 0, 1, 3, P]), min_size=T, max_size=T))
+    spans = [P if data.draw(st.booleans()) else data.draw(st.integers(0, 40)) for _ in range(T)]
+    koff = np.cumsum([0] + spans).astype(np.int64)
+    got = reuse._streams_and_tile(T, np.array(clen + [0] * (3 * T), dtype=np.int64), koff, P)
+    assert tuple(got) == naive.streams_and_tile_one(clen, list(koff), P)
+
+
+def test_moe_problems_take_the_three_stream_case():
+    """MoE's persistent-raster problems (integer and fractional W / W_other split):
+    the per-block waves, which count W_other and walk A's and W's candidates with
+    one read pointer, agree with the per-access pass (``seq_book=False``) and the
+    general path, for every sampling."""
+    probs = []
+    for g0, g1, conc, share in ((16, 448, 528, 2.0 / 15.0), (135, 32, 264, 7.0 / 134.0),
+                                (40, 96, 396, 0.0), (9, 224, 132, 1.0 / 8.0)):
+        wb = 16384.0
+        probs.append(dict(g0=g0, g1=g1, g2=1, order=ORDER_NAMES["persistent"], group=8,
+                          conc=conc, ksteps=6, mask=[0, 2, 1, 0, 0], per_step=[0, 1, 1, 1, 0],
+                          tbytes=[256.0, 16384.0, wb * (1.0 - share), wb * share, 8192.0],
+                          cap2=52428800.0, assoc2=16.0, nsm=132, g15=8, cap15=184320.0,
+                          assoc15=8.0))
+    args = _args(probs)
+    for sampling in SAMPLINGS:
+        got = reuse.cache_hit_rates(*args, **sampling)
+        for other in (dict(seq_book=False), dict(general=True)):
+            want = reuse.cache_hit_rates(*args, **other, **sampling)
+            for a, b in zip(got, want):
+                assert_allclose(a, b, rtol=ORDER_RTOL, atol=ORDER_ATOL)

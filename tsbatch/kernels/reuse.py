@@ -1887,6 +1887,34 @@ def _two_streams(T, clen):
     return ta, tb
 
 
+@jit_scalar
+def _streams_and_tile(T, clen, koff, P):
+    """``(sa, sb, sp)`` where exactly three tensors have candidates (``clen[t] >
+    0``): one with a block per tile (``sp``: an id span ``koff[t + 1] - koff[t]``
+    of ``P``) and two others (``sa < sb``); else ``(-1, -1, -1)``. MoE's
+    persistent raster (A, W and W_other): the tails / heads of A's and W's
+    candidates then need one read pointer on the other stream and W_other's
+    closed-form count, not the general loop over every tensor."""
+    sa = -1
+    sb = -1
+    sp = -1
+    for t in range(T):
+        if clen[t] > 0:
+            if koff[t + 1] - koff[t] == P:
+                if sp >= 0:
+                    return -1, -1, -1
+                sp = t
+            elif sa < 0:
+                sa = t
+            elif sb < 0:
+                sb = t
+            else:
+                return -1, -1, -1
+    if sp < 0 or sb < 0:
+        return -1, -1, -1
+    return sa, sb, sp
+
+
 @separately_linked
 @jit_borrow_internal
 def _book_blocks(pb, bk, sc, w, valid_from, seq):
@@ -2072,6 +2100,11 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
             nbpt += 1
     if nbpt > 0:
         tb = -1  # (the general loop below reads the block-per-tile counts)
+    sa, sb, sp = _streams_and_tile(T, clen, koff, P)
+    qp = 0
+    for t2 in range(sp if sp > 0 else 0):
+        if per_step[t2] != 0:
+            qp += 1
     for t in range(T):
         nt = clen[t]
         if nt == 0:
@@ -2083,6 +2116,41 @@ def _book_blocks(pb, bk, sc, w, valid_from, seq):
             # later wave reads their tail_b or lastwave (left unset); each is new
             for _ in range(nt):
                 newb += wt
+            continue
+        if sp >= 0:
+            # two streams and a block-per-tile tensor (MoE's A, W, W_other): one
+            # read pointer on the other stream and the closed-form count, the
+            # general loop's terms in its tensor order (it adds 0 * bytes for
+            # the tensors without candidates); under fastmath the compiler may
+            # contract these two products otherwise (a rounding, ~1e-16)
+            t2 = sb if t == sa else sa
+            n2 = clen[t2]
+            w2 = tbytes[t2]
+            npt = clen[sp]
+            wp = tbytes[sp]
+            pmask = (1 << psh) - 1
+            a = 0
+            for i in range(nt):
+                pos = cp[t, i]
+                while a < n2 and cp[t2, a] > pos:
+                    a += 1
+                lo = (pos >> psh) + ((pos & pmask) > qp)
+                if lo < 0:
+                    lo = 0
+                if lo > npt:
+                    lo = npt
+                r = i * wt
+                if t2 < sp:
+                    r += a * w2
+                    r += (npt - lo) * wp
+                else:
+                    r += (npt - lo) * wp
+                    r += a * w2
+                k = ck[t, i]
+                tail_b[k] = r
+                if fresh_all or lastwave[k] != w - 1:
+                    newb += wt
+                lastwave[k] = w
             continue
         if tb >= 0:
             # two streams (a GEMM's A and B): one read pointer, no loop over tensors
@@ -2331,6 +2399,11 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
             nbpt += 1
     if nbpt > 0:
         tb = -1  # (the general loop below reads the block-per-tile counts)
+    sa, sb, sp = _streams_and_tile(T, clen, koff, P)
+    qp = 0
+    for t2 in range(sp if sp > 0 else 0):
+        if per_step[t2] != 0:
+            qp += 1
     for t in range(T):
         nt = clen[t]
         if nt == 0:
@@ -2342,6 +2415,43 @@ def _hits_blocks(pb, bk, sc, mm, w, valid_from, book, seq):
             # cross-wave hits are 0 (_cross_wave_hits' first test): no list entry
             for _ in range(nt):
                 newb += wt
+            continue
+        if sp >= 0:
+            # two streams and a block-per-tile tensor (MoE's A, W, W_other): one
+            # read pointer on the other stream and the closed-form count, the
+            # general loop's terms in its tensor order (it adds 0 * bytes for
+            # the tensors without candidates); under fastmath the compiler may
+            # contract these two products otherwise (a rounding, ~1e-16)
+            t2 = sb if t == sa else sa
+            n2 = clen[t2]
+            w2 = tbytes[t2]
+            npt = clen[sp]
+            wp = tbytes[sp]
+            pmask = (1 << psh) - 1
+            a = 0
+            for i in range(nt):
+                pos = cp[t, i]
+                while a < n2 and cp[t2, a] < pos:
+                    a += 1
+                hi = (pos >> psh) + ((pos & pmask) > qp)
+                if hi < 0:
+                    hi = 0
+                if hi > npt:
+                    hi = npt
+                r = i * wt
+                if t2 < sp:
+                    r += a * w2
+                    r += hi * wp
+                else:
+                    r += hi * wp
+                    r += a * w2
+                k = ck[t, i]
+                ids[nft] = k
+                head[nft] = r
+                fts[nft] = nft
+                nft += 1
+                if fresh_all or lastwave[k] != w - 1:
+                    newb += wt
             continue
         if tb >= 0:
             # two streams: one read pointer, no loop over tensors
