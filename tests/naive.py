@@ -1067,6 +1067,7 @@ def gemm_lower_one(row: dict, hw) -> dict:
         smem_boost = min(boost, max(hw.max_clock_mhz / hw.rate("clock_mhz"), 1.0))
     # more tiles than SMs (Triton rows; library rows on sm80-style GPUs): the last round of tiles at its busy SMs'
     # clock, the earlier rounds at the full grid's (the tensor cores only)
+    slot = hw.mma == "wgmma" and row.get("backend", "triton") != "cublas" and eff < 1.0
     rounds_boost = 1.0
     rounds_clk = rounds_smem = 1.0
     grid = g0 * g1 * split
@@ -1143,8 +1144,11 @@ def gemm_lower_one(row: dict, hw) -> dict:
         "l2_epi": l2_epi,
         "dram_epi": bm * bn * 4.0 if split > 1 else c_bytes,
         "cuda_epi": cuda_epi,
+        # warpgroup-MMA GPUs: a Triton row's tensor boost is left to the envelope,
+        # which counts its rounds in waves of resident slots (slot_clock below)
         "tc_rate": (hw.tc_tflops("float16" if emul8 else tc_key) * 1e6 / hw.sm_count * path
-                    * eff * boost * rounds_boost),
+                    * eff * (1.0 if slot else boost * rounds_boost)),
+        "tc_clock_cap": 1.0 / eff if slot else 0.0,
         "cuda_rate": hw.rate("fp32_tflops") * 1e6 / hw.sm_count * cuda_boost * rounds_clk,
         "smem_rate": hw.smem_bytes_per_clk * hw.rate("clock_mhz") * smem_boost * rounds_smem,
         "share_eff": hw.cal("wgmma_share_efficiency") if wgmma else 1.0,
@@ -1440,3 +1444,20 @@ def pair_tensors_one(per_step, tbytes, mask, g0: int, g1: int, g2: int) -> tuple
         if mask[ta] == mask[tb] and tbytes[ta] == tbytes[tb] and tbytes[tb] > 0 and mask[tb] & span:
             return ta, tb
     return -1, -1
+
+
+def slot_clock(tiles: int, sms: int, p: int, cap: float) -> float:
+    """The power-limited clock's factor on a tensor-core rate, counted in waves of
+    the ``sms * p`` resident slots (tsbatch.kernels.envelope.slot_clock): every
+    wave but the last fills every slot and runs at the full-grid rate; the last,
+    with ``busy`` slots filled, at ``min(cap, sms * p / busy)`` times it; the
+    busiest SM's tensor time is then ``waves - 1 + 1 / boost`` waves."""
+    if cap <= 0.0 or p <= 0:
+        return 1.0
+    slots = sms * p
+    waves = max(-(-tiles // slots), 1)
+    busy = tiles - (waves - 1) * slots
+    boost = min(cap, slots / max(busy, 1))
+    if waves == 1:
+        return boost
+    return waves / ((waves - 1) + 1.0 / boost)

@@ -115,6 +115,7 @@ __all__ = [
     "envelope_one",
     "wave_time",
     "l15_chip_floor",
+    "slot_clock",
     "evaluate_envelopes",
 ]
 
@@ -639,10 +640,16 @@ def l15_chip_floor(avg_iter, avg_epi, rate_l15, tiles, sms, ksteps, lat):
 @jit_borrow
 def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
                warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff, sync,
-               chain, streams, terms, conv, expose, avg_iter, avg_epi, l15_floor, out_t, out_pro, out_st,
-               out_epi, out_it, out_waves, out_tail, out_util, want_util, lo, hi):
+               chain, streams, terms, conv, expose, avg_iter, avg_epi, l15_floor, scaled, tc_scale,
+               out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util, lo,
+               hi):
     R = work_iter.shape[1] if want_util else 0
     for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: no wraparound check per access
+        # the row's tensor-core rate times its power-limited clock (slot_clock),
+        # in place while this row runs (each row is one thread's), put back below
+        r_tc = rate[i, R_TC]
+        if scaled:
+            rate[i, R_TC] = r_tc * tc_scale[i]
         if p[i] <= 0 or tiles[i] <= 0:
             out_t[i] = math.nan
             out_pro[i] = math.nan
@@ -653,6 +660,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
             out_tail[i] = 0
             for r in range(R):
                 out_util[i, r] = math.nan
+            rate[i, R_TC] = r_tc
             continue
         t, a, b, c, s, wv, tl = wave_time(work_iter[i], work_epi[i], rate[i], shared, compute,
                                           tiles[i], sms, p[i], ksteps[i], stages[i],
@@ -683,12 +691,45 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
                 busy = tiles[i] * (ksteps[i] * work_iter[i, r] + work_epi[i, r]) / chip
                 u = busy / total
                 out_util[i, r] = u if u < 1.0 else 1.0
+        rate[i, R_TC] = r_tc
+
+
+def slot_clock(tiles, sms, p, cap):
+    """The power-limited clock's factor on the tensor-core rate, counted in waves
+    of resident slots (numpy, per row; the IEEE operations of
+    ``kernels_catalog.gemm._clock_factor`` in its order, so that for ``p = 1``
+    the two agree to the bit).
+
+    ``tc_efficiency`` is the tensor rate the chip sustains at its power limit
+    with every resident slot of every SM busy. A grid of ``tiles`` tiles with
+    ``p`` resident per SM runs in ``waves = ceil(tiles / (sms p))`` waves of the
+    ``sms p`` slots; every wave but the last fills them all and runs at that
+    rate, the last keeps ``busy`` slots busy, draws their share of the power and
+    runs ``boost = min(cap, sms p / busy)`` faster (``cap``: the measured peak
+    over the power-limited rate, ``1 / tc_efficiency``). The busiest SM's tensor
+    time is ``waves - 1 + 1 / boost`` waves at the full-grid rate: the factor
+    ``waves / (waves - 1 + 1 / boost)`` (one wave: the boost). With ``p = 1``
+    this is the lowering's rounds of tiles per SM; with ``p >= 2`` a grid whose
+    busiest SMs hold two tiles at once (one wave of slots) is boosted where the
+    same tiles in two rounds of one are not, and full waves of slots are not.
+    ``cap <= 0`` or ``p <= 0``: 1 (no boost)."""
+    tiles = np.asarray(tiles, dtype=np.int64)
+    p = np.asarray(p, dtype=np.int64)
+    cap = np.asarray(cap, dtype=np.float64)
+    slots = int(sms) * np.maximum(p, 1)
+    waves = np.maximum((tiles + slots - 1) // slots, 1)
+    busy = (tiles - (waves - 1) * slots).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        b = slots / np.where(busy > 1.0, busy, 1.0)
+        b = np.where(b > cap, cap, b)
+        f = np.where(waves == 1, b, waves / ((waves - 1) + 1.0 / b))
+    return np.where((cap > 0.0) & (p > 0), f, 1.0)
 
 
 def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages, warps_tile,
                        warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff=None, sync=None,
                        latency_only=False, chain=None, streams=None, terms=None, conv=None,
-                       l15_avg=None, expose=None):
+                       l15_avg=None, expose=None, tc_cap=None):
     """Batched :func:`wave_time` plus launch time and per-resource utilization.
 
     ``work_iter``, ``work_epi``, ``rate`` are ``(n, N_RES)``; rates in work
@@ -713,8 +754,22 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
     tile's work (``(n, N_RES)``, as ``work_iter`` where the grid has no edge
     tiles): each row's latency is raised to :func:`l15_chip_floor` plus its
     launch (the raise in ``t_steady_us``); it only adds time.
+    ``tc_cap`` (per row, default None: none): the cap of the power-limited
+    clock's boost of a row's tensor-core rate where the lowering left that boost
+    to the envelope (0: the rate is final); the rate is multiplied by
+    :func:`slot_clock` of the row's tiles and resident tiles (in place while the
+    kernel runs the row; the caller's ``rate`` is as it was on return).
     """
     n = np.shape(tiles)[0]
+    tc_scale = None
+    if tc_cap is not None:
+        # the tensor-core rate's power-limited clock, which needs the resident
+        # tiles (slot_clock); the kernel scales each row's rate while it runs
+        # the row and puts it back (a copy of the rates cost 2-3 % of an
+        # evaluate of a million rows)
+        cap = np.broadcast_to(np.asarray(tc_cap, dtype=np.float64), (n,))
+        if (cap > 0.0).any():
+            tc_scale = slot_clock(np.broadcast_to(tiles, (n,)), sms, np.broadcast_to(p, (n,)), cap)
 
     def col(a, dt):
         # a column already as the kernel takes it is passed as it is (the same
@@ -738,14 +793,17 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
     else:
         ai = wi if l15_avg[0] is work_iter else np.ascontiguousarray(l15_avg[0], dtype=np.float64)
         ae = we if l15_avg[1] is work_epi else np.ascontiguousarray(l15_avg[1], dtype=np.float64)
-    args = (wi, we,
-            np.ascontiguousarray(rate, dtype=np.float64), SHARED, COMPUTE,
+    rc = np.ascontiguousarray(rate, dtype=np.float64)
+    if not rc.flags.writeable:  # the kernel scales a row's tensor rate in place
+        rc = rc.copy()
+    args = (wi, we, rc, SHARED, COMPUTE,
             i(tiles), int(sms), i(p), i(ksteps), i(stages), f(warps_tile), float(warps_full),
             f(lat), f(ovh_iter), f(ovh_tile), i(persistent), f(launch),
             f(1.0 if share_eff is None else share_eff), f(0.0 if sync is None else sync),
             f(0.0 if chain is None else chain), f(1.0 if streams is None else streams),
             np.int64(MODEL_TERMS if terms is None else int(terms)),
-            f(0.0 if conv is None else conv), f(0.0 if expose is None else expose), ai, ae, l15_avg is not None, out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
+            f(0.0 if conv is None else conv), f(0.0 if expose is None else expose), ai, ae, l15_avg is not None,
+            tc_scale is not None, f(1.0 if tc_scale is None else tc_scale), out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
             out["t_steady_iter_us"], waves, tail, util, not latency_only)
     run_shares(_envelopes, args, even_bounds(n))
     out["waves"] = waves
