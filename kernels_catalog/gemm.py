@@ -38,7 +38,7 @@ from tsbatch.kernels._config import jit_exact
 from tsbatch.kernels._threads import even_bounds, run_shares
 from tsbatch.kernels.occupancy import resident_tiles
 from tsbatch.kernels.envelope import (
-    N_RES, R_CUDA, R_DRAM, R_L15, R_L2, R_SMEM, R_TC,
+    N_RES, R_CUDA, R_DRAM, R_L15, R_L2, R_SMEM, R_TC, clock_factor,
 )
 from tsbatch.kernels.order import ORDER_GROUPED, ORDER_NAMES, ORDER_PERSISTENT
 
@@ -594,21 +594,6 @@ def wgmma_smem_reads(bm, bn, bk, eb, wg_m, wg_n, per_instruction):
 
 
 @jit_exact
-def _clock_factor(rounds, busy, sms, cap):
-    """Rate factor of the power-limited clock (:func:`lower`'s comment): the
-    busiest SMs run ``rounds`` rounds of tiles, the last keeping ``busy`` SMs
-    busy at ``boost = min(cap, sms / busy)``, the earlier ones at the full
-    grid's rate; one round is the boost itself, more the rounds' harmonic mean
-    ``rounds / (rounds - 1 + 1 / boost)``."""
-    b = sms / (busy if busy > 1.0 else 1.0)
-    if b > cap:
-        b = cap
-    if rounds == 1:
-        return b
-    return rounds / ((rounds - 1) + 1.0 / b)
-
-
-@jit_exact
 def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_rm, eb_tab,
                 ob_tab, tc_tab, f32_code, wgmma_ok, wgmma_min, max_regs, sm_regs, sync_frac,
                 tc_eff, wg_share, g0, g1, ksteps, tiles, smem_block, threads, regs, spill, use_wg,
@@ -984,7 +969,7 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
                     # lower()'s comment), here only its cap
                     tc_cap[i] = 1.0 / tc_eff
                 else:
-                    rate[i, R_TC] *= _clock_factor(rounds, busy, sms, 1.0 / tc_eff)
+                    rate[i, R_TC] *= clock_factor(rounds, busy, sms, 1.0 / tc_eff)
                 # the CUDA-core and shared-memory rates are per-clock figures at
                 # the measured clock: they rise with the clock up to its maximum
                 # (clk_cap = HwSpec.clock_cap, max_clock_mhz over the measured
@@ -994,8 +979,8 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
                 # a power-limited one, so no headroom is claimed for its last round
                 if rounds == 1 or tc:
                     cap = 1.0 / tc_eff
-                    rate[i, R_CUDA] *= _clock_factor(rounds, busy, sms, min(cap, cuda_cap))
-                    rate[i, R_SMEM] *= _clock_factor(rounds, busy, sms, min(cap, clk_cap))
+                    rate[i, R_CUDA] *= clock_factor(rounds, busy, sms, min(cap, cuda_cap))
+                    rate[i, R_SMEM] *= clock_factor(rounds, busy, sms, min(cap, clk_cap))
 
 
 #: Triton's largest tensor, in elements (``triton.language.TRITON_MAX_TENSOR_NUMEL``)

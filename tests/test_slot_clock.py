@@ -3,7 +3,7 @@
 docs/gemm_accuracy.md, "Hopper co-resident tiles, session 12":
 :func:`tsbatch.kernels.envelope.slot_clock` against its plain-Python twin
 (``naive.slot_clock``) and against the lowering's rounds of tiles per SM
-(``kernels_catalog.gemm._clock_factor``) for one resident tile; the matched
+(``kernels_catalog.gemm.clock_factor``) for one resident tile; the matched
 pair's property: at the same tiles per SM, a grid whose busiest SMs hold two
 tiles at once gets a faster tensor rate than the same tiles in two rounds of
 one, and full waves of pairs none.
@@ -40,11 +40,11 @@ def test_slot_clock_matches_twin(rows):
 @given(st.integers(1, 50_000), st.integers(1, 200), st.sampled_from([1.0 / 0.75, 1.0 / 0.853]))
 def test_one_slot_is_the_lowerings_rounds_to_the_bit(tiles, sms, cap):
     """With one resident tile the waves of slots are the lowering's rounds of
-    tiles per SM, and the factor equals ``gemm._clock_factor`` bit for bit (so
+    tiles per SM, and the factor equals ``gemm.clock_factor`` bit for bit (so
     that every p = 1 row keeps its prediction)."""
     rounds = -(-tiles // sms) if tiles > sms else 1
     busy = float(tiles - (rounds - 1) * sms if rounds > 1 else min(tiles, sms))
-    want = gemm._clock_factor(rounds, busy, sms, cap)
+    want = gemm.clock_factor(rounds, busy, sms, cap)
     assert slot_clock(np.array([tiles]), sms, np.array([1]), np.array([cap]))[0] == want
 
 

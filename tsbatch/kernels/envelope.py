@@ -95,7 +95,7 @@ import math
 
 import numpy as np
 
-from tsbatch.kernels._config import jit_borrow, jit_scalar
+from tsbatch.kernels._config import jit_borrow, jit_exact, jit_scalar
 from tsbatch.kernels._threads import even_bounds, run_shares
 
 __all__ = [
@@ -115,6 +115,7 @@ __all__ = [
     "envelope_one",
     "wave_time",
     "l15_chip_floor",
+    "clock_factor",
     "slot_clock",
     "evaluate_envelopes",
 ]
@@ -694,11 +695,41 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
         rate[i, R_TC] = r_tc
 
 
+@jit_exact
+def clock_factor(rounds, busy, sms, cap):
+    """Rate factor of the power-limited clock: the busiest SMs (or slots) run
+    ``rounds`` rounds of tiles, the last keeping ``busy`` of the ``sms`` busy at
+    ``boost = min(cap, sms / busy)``, the earlier ones at the full grid's rate;
+    one round is the boost itself, more the rounds' harmonic mean
+    ``rounds / (rounds - 1 + 1 / boost)``. GEMM's lowering takes it over rounds
+    of tiles per SM (``kernels_catalog.gemm._lower_rows``), :func:`slot_clock`
+    over waves of resident slots."""
+    b = sms / (busy if busy > 1.0 else 1.0)
+    if b > cap:
+        b = cap
+    if rounds == 1:
+        return b
+    return rounds / ((rounds - 1) + 1.0 / b)
+
+
+@jit_exact
+def _slot_factors(tiles, sms, p, cap, out):
+    """:func:`slot_clock`'s rows: :func:`clock_factor` over waves of the
+    ``sms x p`` slots; 1 where ``cap <= 0`` or ``p <= 0``."""
+    for i in range(tiles.shape[0]):
+        out[i] = 1.0
+        if cap[i] > 0.0 and p[i] > 0:
+            slots = sms * p[i]
+            waves = (tiles[i] + slots - 1) // slots
+            if waves < 1:
+                waves = 1
+            out[i] = clock_factor(waves, float(tiles[i] - (waves - 1) * slots), slots, cap[i])
+
+
 def slot_clock(tiles, sms, p, cap):
     """The power-limited clock's factor on the tensor-core rate, counted in waves
-    of resident slots (numpy, per row; the IEEE operations of
-    ``kernels_catalog.gemm._clock_factor`` in its order, so that for ``p = 1``
-    the two agree to the bit).
+    of resident slots (per row: :func:`clock_factor`, the lowering's factor, so
+    that for ``p = 1`` the two agree to the bit).
 
     ``tc_efficiency`` is the tensor rate the chip sustains at its power limit
     with every resident slot of every SM busy. A grid of ``tiles`` tiles with
@@ -713,17 +744,11 @@ def slot_clock(tiles, sms, p, cap):
     busiest SMs hold two tiles at once (one wave of slots) is boosted where the
     same tiles in two rounds of one are not, and full waves of slots are not.
     ``cap <= 0`` or ``p <= 0``: 1 (no boost)."""
-    tiles = np.asarray(tiles, dtype=np.int64)
-    p = np.asarray(p, dtype=np.int64)
-    cap = np.asarray(cap, dtype=np.float64)
-    slots = int(sms) * np.maximum(p, 1)
-    waves = np.maximum((tiles + slots - 1) // slots, 1)
-    busy = (tiles - (waves - 1) * slots).astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        b = slots / np.where(busy > 1.0, busy, 1.0)
-        b = np.where(b > cap, cap, b)
-        f = np.where(waves == 1, b, waves / ((waves - 1) + 1.0 / b))
-    return np.where((cap > 0.0) & (p > 0), f, 1.0)
+    tiles = np.ascontiguousarray(tiles, dtype=np.int64)
+    out = np.empty(tiles.shape[0], dtype=np.float64)
+    _slot_factors(tiles, np.int64(sms), np.ascontiguousarray(np.broadcast_to(p, tiles.shape), dtype=np.int64),
+                  np.ascontiguousarray(np.broadcast_to(cap, tiles.shape), dtype=np.float64), out)
+    return out
 
 
 def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages, warps_tile,
