@@ -85,11 +85,13 @@ class TilePlan:
     share_eff: np.ndarray | None = None
     #: per-row barrier stall per loop iteration (us), hidden by other resident tiles
     sync_us: np.ndarray | None = None
-    #: per-row cap of the power-limited clock's boost of the tensor-core rate,
-    #: which the envelope applies with the row's resident tiles
-    #: (:func:`tsbatch.kernels.envelope.slot_clock`); 0 or None: the lowered rate
-    #: is final
+    #: per-row caps of the power-limited clock's boost of the tensor-core,
+    #: shared-memory and CUDA-core rates, which the envelope applies to the last,
+    #: partly filled wave of resident slots (:func:`tsbatch.kernels.envelope.wave_time`,
+    #: ``tail_tc``); tc_clock_cap 0 or None: the lowered rates are final
     tc_clock_cap: np.ndarray | None = None
+    smem_clock_cap: np.ndarray | None = None
+    cuda_clock_cap: np.ndarray | None = None
     #: per-row chain of one iteration's best issue order (us, one issue stream at
     #: the SM's full rates; :mod:`tsbatch.kernels.dag`), None: no chain
     chain_us: np.ndarray | None = None

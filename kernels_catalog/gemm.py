@@ -600,7 +600,7 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
                 on_tc, t_bytes, t_foot, t_crit, work_iter, work_epi, rate, share_eff, useful_flops, smem_bpc,
                 f8_code, f16_code, scode, fast, lib, hopper_wg, staged_mn, pipe_stages,
                 copy_smem, sms, g_dram, t_dram_scale, clk_cap, cuda_cap, lib_rounds, slot_tc, tc_cap,
-                lo, hi):
+                smem_capr, cuda_capr, lo, hi):
     """One pass over rows ``lo:hi`` (a share; :func:`lower` runs the shares on the
     thread pool): every per-row quantity of :func:`lower` (the
     docstring there); ``tc_tab[d]`` is dtype ``d``'s tensor-core rate per SM
@@ -619,8 +619,10 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
     library's kernels on this GPU are grids of tiles run in rounds (sm80-style
     kernels: GPUs without warpgroup or tcgen05 MMA), so its rows take the last
     round's clock as Triton's do; ``slot_tc`` (warpgroup MMA) leaves a Triton
-    row's tensor-core boost to the envelope, which counts its rounds in waves of
-    resident slots, and ``tc_cap`` receives the boost's cap (0 elsewhere)."""
+    tensor-core row's clock to the envelope, which takes it by waves of resident
+    slots (envelope.wave_time's tail wave), and ``tc_cap``, ``smem_capr`` and
+    ``cuda_capr`` receive the caps of its tensor, shared-memory and CUDA-core
+    rates (0 elsewhere)."""
     for i in range(lo, hi):
         bmi = bm[i]
         bni = bn[i]
@@ -949,6 +951,8 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         share_eff[i] = wg_share if wg else 1.0
         useful_flops[i] = 2.0 * m[i] * n[i] * k[i]
         tc_cap[i] = 0.0
+        smem_capr[i] = 0.0
+        cuda_capr[i] = 0.0
         if tc_eff < 1.0:
             # the power-limited clock (lower()'s comment): a grid that keeps fewer
             # SMs busy runs them faster, up to the full measured rate. A grid of
@@ -962,14 +966,18 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
             if rounds == 1 or lib_rounds or not lib[i]:
                 busy = float(tiles[i] - (rounds - 1) * sms if rounds > 1
                              else (tiles[i] if tiles[i] < sms else sms))
-                if slot_tc and not lib[i]:
-                    # warpgroup MMA (``slot_tc``): the tensor rate's rounds are
-                    # waves of the sms x p resident slots, so the boost needs the
-                    # residency; the envelope applies it (envelope.slot_clock,
-                    # lower()'s comment), here only its cap
-                    tc_cap[i] = 1.0 / tc_eff
-                else:
-                    rate[i, R_TC] *= clock_factor(rounds, busy, sms, 1.0 / tc_eff)
+                cap = 1.0 / tc_eff
+                if slot_tc and not lib[i] and tc:
+                    # warpgroup-MMA GPUs (``slot_tc``): the clock is taken by
+                    # waves of the sms x p resident slots, which needs the
+                    # residency: the envelope runs the full waves at these rates
+                    # and the last wave at the rates times these caps
+                    # (envelope.wave_time, lower()'s comment)
+                    tc_cap[i] = cap
+                    smem_capr[i] = min(cap, clk_cap)
+                    cuda_capr[i] = min(cap, cuda_cap)
+                    continue
+                rate[i, R_TC] *= clock_factor(rounds, busy, sms, cap)
                 # the CUDA-core and shared-memory rates are per-clock figures at
                 # the measured clock: they rise with the clock up to its maximum
                 # (clk_cap = HwSpec.clock_cap, max_clock_mhz over the measured
@@ -978,7 +986,6 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
                 # full-grid rate is its per-clock peak at the measured clock, not
                 # a power-limited one, so no headroom is claimed for its last round
                 if rounds == 1 or tc:
-                    cap = 1.0 / tc_eff
                     rate[i, R_CUDA] *= clock_factor(rounds, busy, sms, min(cap, cuda_cap))
                     rate[i, R_SMEM] *= clock_factor(rounds, busy, sms, min(cap, clk_cap))
 
@@ -1180,6 +1187,8 @@ def lower(cols: dict, hw) -> TilePlan:
     rate[:, R_DRAM] = hw.rate("dram_bw_tbps") * 1e6 * hw.cal("dram_efficiency")
     share_eff = np.empty(rows, dtype=np.float64)
     tc_cap = np.empty(rows, dtype=np.float64)
+    smem_capr = np.empty(rows, dtype=np.float64)
+    cuda_capr = np.empty(rows, dtype=np.float64)
     useful_flops = np.empty(rows, dtype=np.float64)
     pipe_stages = np.empty(rows, dtype=np.int64)
     copy_smem = np.empty(rows, dtype=np.float64)
@@ -1219,7 +1228,8 @@ def lower(cols: dict, hw) -> TilePlan:
                 share_eff, useful_flops, float(hw.smem_bytes_per_clk), _DTYPE_CODE["float8"],
                 _DTYPE_CODE["float16"], scode, b8(fast), lib, hw.mma == "wgmma", b8(staged_mn),
                 pipe_stages, copy_smem, sms, g_dram, t_dram_scale, hw.clock_cap, hw.fp32_clock_cap,
-                hw.mma not in ("wgmma", "tcgen05"), hw.mma == "wgmma", tc_cap), even_bounds(rows))
+                hw.mma not in ("wgmma", "tcgen05"), hw.mma == "wgmma", tc_cap, smem_capr, cuda_capr),
+               even_bounds(rows))
 
     lse = hw.cal("library_store_efficiency")
     if lse != 1.0 and lib.any():
@@ -1284,18 +1294,20 @@ def lower(cols: dict, hw) -> TilePlan:
     # kernels: a grid of the SMs, with stream-K decompositions that even out
     # the last round), so the round count of the model's guessed tile does not
     # describe their tail.
-    # On GPUs with warpgroup MMA (sm_90) the tensor rate's rounds are counted in
-    # waves of resident slots instead, ceil(tiles / (sms p)), the last keeping
-    # `busy` of the sms x p slots busy at boost min(1 / tc_efficiency, sms p /
-    # busy) (envelope.slot_clock, applied with the residency; the same factor
-    # for p = 1). The power limit binds where every slot of every SM runs a tile:
-    # measured on the H100 Triton rows, the same 128x128x64 tile at the same
-    # tiles per SM runs 16-19 % faster when the busiest SMs hold two tiles at
-    # once (one wave of two resident slots, 144 or 160 tiles on 132 SMs) than
+    # On GPUs with warpgroup MMA (sm_90) a Triton tensor-core row's clock is taken
+    # by waves of resident slots instead (envelope.wave_time's tail_tc, applied
+    # with the residency): the full waves of sms x p slots run at the full grid's
+    # rates (tc_efficiency, the measured clock), the last, partly filled wave at
+    # the measured tensor peak and the shared memory's and CUDA cores' maximum
+    # clock (the caps below), never faster than its share of the slots of a full
+    # wave (the chip's power over that wave), with its L1.5 requests shared over
+    # its busy SMs. The power limit binds where every slot of every SM runs a
+    # tile: measured on the H100 Triton rows, the same 128x128x64 tile at the
+    # same tiles per SM runs 16-19 % faster when the busiest SMs hold two tiles
+    # at once (one wave of two resident slots, 144 or 160 tiles on 132 SMs) than
     # when they run them in two rounds of one, while full waves of pairs run 5 %
     # slower than full waves of single tiles (docs/gemm_accuracy.md, "Hopper
-    # co-resident tiles, session 12"). The CUDA-core and shared-memory rates
-    # keep the rounds of tiles per SM
+    # co-resident tiles, session 12", "The power-limited clock by waves, session 13")
 
     # a Triton FMA-dot warp's own shared loads per iteration: the shared-memory
     # work less the stores of the A and B tiles and the spills' local traffic
@@ -1400,6 +1412,8 @@ def lower(cols: dict, hw) -> TilePlan:
         share_eff=share_eff,
         sync_us=np.full(rows, hw.cal("iter_sync_cycles") * cyc),
         tc_clock_cap=tc_cap if (tc_cap > 0.0).any() else None,
+        smem_clock_cap=smem_capr if (tc_cap > 0.0).any() else None,
+        cuda_clock_cap=cuda_capr if (tc_cap > 0.0).any() else None,
         blocked=blocked if blocked.any() else None,
         rules=ADMIT_RULES if blocked.any() else (),
         unlowered=(blocked > 0) if blocked.any() else None,

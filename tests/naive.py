@@ -463,12 +463,15 @@ def ring_queue_floor(z: float, dem: float, n: int, steps: int) -> float:
 
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0,
-                 sync=0.0, chain=0.0, streams=1.0, ring=1, expose=0.0):
-    """``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store, T_own)`` of one SM's share."""
+                 sync=0.0, chain=0.0, streams=1.0, ring=1, expose=0.0, l15_share=1.0):
+    """``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store, T_own)`` of one SM's share.
+    ``l15_share``: the L1.5 (resource 4) time divided by it in the bandwidth
+    bound, the ring's queue and the floor, not in the latency bound or the first load."""
     frac = min(1.0, p * warps_tile / warps_full)  # compute issue-slot fraction
     groups_share = p * warps_tile > warps_full  # several issue groups on the tensor cores
     comp_times = [0.0]
     mem_times = [0.0]
+    mem_l_times = [0.0]
     epi_times = [0.0]
     rates = [0.0] * len(work_iter)  # each resource's rate on this SM (0: absent)
     for r in range(len(work_iter)):
@@ -487,7 +490,11 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         if persist_tiles > 0 and not compute[r]:
             per_iter = per_iter + per_epi / ksteps  # stores drain inside the loop
             per_epi = 0.0
-        (comp_times if compute[r] else mem_times).append(per_iter)
+        if compute[r]:
+            comp_times.append(per_iter)
+        else:
+            mem_l_times.append(per_iter)
+            mem_times.append(per_iter / (l15_share if r == 4 else 1.0))
         epi_times.append(per_epi)
     # the loop's bookkeeping: on the busiest resource, or a segment of the chain
     comp = max(comp_times) + (ovh_iter if chain <= 0.0 else 0.0)
@@ -496,11 +503,12 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     if chain > 0.0:  # the p tiles' issue streams interleave their iteration chains
         comp = max(comp, (chain + ovh_iter) / (p * streams))
     mem = max(mem_times)
+    mem_l = max(mem_l_times)
     epi = max(epi_times)
     tiles = persist_tiles if persist_tiles > 0 else p
     N = tiles * ksteps
     d = max(p * (stages - 1), 0)
-    lat_bound = (lat + mem) / d if d > 0 else (lat + mem + comp) / p
+    lat_bound = (lat + mem_l) / d if d > 0 else (lat + mem_l + comp) / p
     steady = max(comp, mem, lat_bound)
     if expose > 0.0:
         # a loop that does not prefetch (Triton's 2-stage FMA dot): a tile's own
@@ -517,13 +525,14 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     # first load: latency + transfer; last compute ends the loop; between them
     # N - 1 steady iterations (no latency bound when every load is in flight)
     step = max(comp, mem) if 0 < N <= d else steady
-    t_pro = lat + mem
+    t_pro = lat + mem_l
     t_steady = max(N - 1, 0) * step
     # out of step, the other resident tiles' once-per-tile work runs under the loop
     hide = min((p - 1) * epi, t_steady) if persist_tiles <= 0 and p > 1 else 0.0
     t_epi = comp + p * epi - hide + tiles * ovh_tile
     # never below the busiest resource's time for the SM's tiles (plus one latency)
-    floor = tiles * max([0.0] + [(w * ksteps + e) / r for w, e, r in zip(work_iter, work_epi, rates)
+    floor = tiles * max([0.0] + [(w * ksteps + e) / r / (l15_share if i == 4 else 1.0)
+                                 for i, (w, e, r) in enumerate(zip(work_iter, work_epi, rates))
                                  if r > 0.0])
     total = t_pro + t_steady + t_epi
     # still in flight when the last compute step ends: the exposed stores, and the
@@ -597,7 +606,8 @@ def queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, stag
 
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
-              chain=0.0, streams=1.0, terms=11, conv=0.0, expose=0.0):
+              chain=0.0, streams=1.0, terms=11, conv=0.0, expose=0.0, tail_tc=0.0, tail_smem=1.0,
+              tail_cuda=1.0):
     """``(T, T_pro, T_steady, T_epi, steady_iter, waves, tail_tiles)``: full waves
     of ``sms * p`` tiles, then a tail of fewer tiles on fewer SMs (recomputed);
     a persistent grid is one run of ``ceil(tiles / sms)`` tiles per SM.
@@ -606,7 +616,11 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     between waves (the model: 11; the screen's bound: 4). ``conv``: a tile's
     layout conversion, serial at each turnover between full waves (``p`` of
     them, pipelined with the C stores' issue out of the SM at its L2 share): a
-    later wave takes at least its time less its stores' drain plus them."""
+    later wave takes at least its time less its stores' drain plus them.
+    ``tail_tc > 0``: the tail runs at the tensor (0), shared-memory (3) and
+    CUDA-core (1) rates times ``tail_tc``, ``tail_smem``, ``tail_cuda`` and its
+    busiest SMs' L1.5 rate (4) times their tiles over the mean tiles of its busy
+    SMs, and takes at least ``tail / (sms p)`` of a full wave at ``rate``."""
     conc = sms * p
     ring = 1 if terms & 2 else (2 if terms & 4 else 0)
     args = (work_iter, work_epi, rate, shared, compute)
@@ -658,16 +672,33 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
         total[2] += res[2] + (full - 1) * (res[2] - (hf - hf_c))
         total[3] += res[3] + (full - 1) * (res[3] - hf_c + turn)
     if tail:
-        res = envelope_one(*args, math.ceil(tail / sms), min(tail, sms), ksteps, stages,
-                           warps_tile, warps_full, lat, ovh_iter, ovh_tile, 0, share_eff, sync,
-                           chain, streams, ring=ring, expose=expose)
+        pt = math.ceil(tail / sms)
+        trate = list(rate)
+        if tail_tc > 0.0:
+            trate[0] = rate[0] * tail_tc
+            trate[3] = rate[3] * tail_smem
+            trate[1] = rate[1] * tail_cuda
+        sh15 = pt * min(tail, sms) / tail if tail_tc > 0.0 and pt > 1 else 1.0
+        targs = (work_iter, work_epi, trate, shared, compute)
+        res = list(envelope_one(*targs, pt, min(tail, sms), ksteps, stages,
+                                warps_tile, warps_full, lat, ovh_iter, ovh_tile, 0, share_eff, sync,
+                                chain, streams, ring=ring, expose=expose, l15_share=sh15))
+        frate = list(trate)
+        frate[4] = trate[4] * sh15
+        if tail_tc > 0.0:
+            one = envelope_one(*args, p, sms, ksteps, stages, warps_tile, warps_full, lat,
+                               ovh_iter, ovh_tile, 0, share_eff, sync, chain, streams, ring=ring,
+                               expose=expose)[0]
+            power = one * tail / conc
+            if power > res[0]:
+                res[2] += power - res[0]
+                res[0] = power
         for i in range(4):
             total[i] += res[i]
         if not full:
             steady_iter = res[4]
-        pt = math.ceil(tail / sms)
         hidden, hf = seam(res, store, pt * ovh_tile, resource_floor(
-            work_iter, work_epi, rate, shared, compute, pt, min(tail, sms), ksteps, warps_tile,
+            work_iter, work_epi, frate, shared, compute, pt, min(tail, sms), ksteps, warps_tile,
             warps_full, share_eff) if terms & 8 else 0.0)
         hf_c = min(hf, res[3])
         total[0] -= hidden + hf
@@ -1067,12 +1098,22 @@ def gemm_lower_one(row: dict, hw) -> dict:
         smem_boost = min(boost, max(hw.max_clock_mhz / hw.rate("clock_mhz"), 1.0))
     # more tiles than SMs (Triton rows; library rows on sm80-style GPUs): the last round of tiles at its busy SMs'
     # clock, the earlier rounds at the full grid's (the tensor cores only)
-    slot = hw.mma == "wgmma" and row.get("backend", "triton") != "cublas" and eff < 1.0
+    # warpgroup-MMA GPUs: a Triton tensor-core row's clock is the envelope's, by
+    # waves of resident slots (the full waves at these unboosted rates, the last
+    # at the rates times the caps below: wave_time's tail)
+    slot = hw.mma == "wgmma" and row.get("backend", "triton") != "cublas" and eff < 1.0 and on_tc
+    s_cap = min(1.0 / eff, max(hw.max_clock_mhz / hw.rate("clock_mhz"), 1.0)) \
+        if hw.max_clock_mhz > 0 else 1.0 / eff
+    c_cap = min(1.0 / eff, max(hw.max_clock_mhz / (hw.fp32_clock_mhz or hw.rate("clock_mhz")), 1.0)) \
+        if hw.max_clock_mhz > 0 else 1.0 / eff
+    if slot:
+        boost = cuda_boost = smem_boost = 1.0
     rounds_boost = 1.0
     rounds_clk = rounds_smem = 1.0
     grid = g0 * g1 * split
     lib_rounds = hw.mma not in ("wgmma", "tcgen05")  # sm80-style library grids
-    if eff < 1.0 and grid > hw.sm_count and (lib_rounds or row.get("backend") != "cublas"):
+    if eff < 1.0 and grid > hw.sm_count and (lib_rounds or row.get("backend") != "cublas") \
+            and not slot:
         rounds = -(-grid // hw.sm_count)
         last = grid - (rounds - 1) * hw.sm_count
         tail = min(1.0 / eff, hw.sm_count / last)
@@ -1144,11 +1185,11 @@ def gemm_lower_one(row: dict, hw) -> dict:
         "l2_epi": l2_epi,
         "dram_epi": bm * bn * 4.0 if split > 1 else c_bytes,
         "cuda_epi": cuda_epi,
-        # warpgroup-MMA GPUs: a Triton row's tensor boost is left to the envelope,
-        # which counts its rounds in waves of resident slots (slot_clock below)
         "tc_rate": (hw.tc_tflops("float16" if emul8 else tc_key) * 1e6 / hw.sm_count * path
-                    * eff * (1.0 if slot else boost * rounds_boost)),
+                    * eff * boost * rounds_boost),
         "tc_clock_cap": 1.0 / eff if slot else 0.0,
+        "smem_clock_cap": s_cap if slot else 0.0,
+        "cuda_clock_cap": c_cap if slot else 0.0,
         "cuda_rate": hw.rate("fp32_tflops") * 1e6 / hw.sm_count * cuda_boost * rounds_clk,
         "smem_rate": hw.smem_bytes_per_clk * hw.rate("clock_mhz") * smem_boost * rounds_smem,
         "share_eff": hw.cal("wgmma_share_efficiency") if wgmma else 1.0,
@@ -1444,20 +1485,3 @@ def pair_tensors_one(per_step, tbytes, mask, g0: int, g1: int, g2: int) -> tuple
         if mask[ta] == mask[tb] and tbytes[ta] == tbytes[tb] and tbytes[tb] > 0 and mask[tb] & span:
             return ta, tb
     return -1, -1
-
-
-def slot_clock(tiles: int, sms: int, p: int, cap: float) -> float:
-    """The power-limited clock's factor on a tensor-core rate, counted in waves of
-    the ``sms * p`` resident slots (tsbatch.kernels.envelope.slot_clock): every
-    wave but the last fills every slot and runs at the full-grid rate; the last,
-    with ``busy`` slots filled, at ``min(cap, sms * p / busy)`` times it; the
-    busiest SM's tensor time is then ``waves - 1 + 1 / boost`` waves."""
-    if cap <= 0.0 or p <= 0:
-        return 1.0
-    slots = sms * p
-    waves = max(-(-tiles // slots), 1)
-    busy = tiles - (waves - 1) * slots
-    boost = min(cap, slots / max(busy, 1))
-    if waves == 1:
-        return boost
-    return waves / ((waves - 1) + 1.0 / boost)

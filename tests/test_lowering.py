@@ -64,6 +64,8 @@ def _check(rows: list[dict], hw) -> None:
             "conv_us": 0.0 if plan.conv_us is None else plan.conv_us[i],
             "expose_us": 0.0 if plan.expose_us is None else plan.expose_us[i],
             "tc_clock_cap": 0.0 if plan.tc_clock_cap is None else plan.tc_clock_cap[i],
+            "smem_clock_cap": 0.0 if plan.smem_clock_cap is None else plan.smem_clock_cap[i],
+            "cuda_clock_cap": 0.0 if plan.cuda_clock_cap is None else plan.cuda_clock_cap[i],
         }
         for key, w in want.items():
             g = got[key]

@@ -309,6 +309,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
                              plan.launch_us, share_eff=plan.share_eff, sync=plan.sync_us,
                              chain=plan.chain_us, streams=plan.streams, conv=plan.conv_us,
                              expose=plan.expose_us, tc_cap=plan.tc_clock_cap,
+                             smem_cap=plan.smem_clock_cap, cuda_cap=plan.cuda_clock_cap,
                              latency_only=latency_only,
                              l15_avg=(work_avg, plan.work_epi) if hw.has_l15 else None)
     serial = plan.extra.get("serial_us")
@@ -379,7 +380,8 @@ def _serial_bound(env: dict, serial: np.ndarray, plan: TilePlan, work_iter: np.n
                               share_eff=take(plan.share_eff), sync=take(plan.sync_us),
                               chain=take(plan.chain_us), streams=take(plan.streams),
                               conv=take(plan.conv_us), expose=take(plan.expose_us),
-                              tc_cap=take(plan.tc_clock_cap), latency_only=True)
+                              tc_cap=take(plan.tc_clock_cap), smem_cap=take(plan.smem_clock_cap),
+                              cuda_cap=take(plan.cuda_clock_cap), latency_only=True)
     lat = env["latency_us"]
     add = np.maximum(wave["latency_us"] + serial[idx] - lat[idx], 0.0)
     lat = lat.copy()

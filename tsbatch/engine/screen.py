@@ -219,7 +219,8 @@ def lower_bound(plan: TilePlan, p: np.ndarray, hw: HwSpec, *, own: bool = False,
     # prune evaluated more of them
     kw = {"share_eff": plan.share_eff, "sync": plan.sync_us, "chain": plan.chain_us,
           "streams": plan.streams, "conv": plan.conv_us, "expose": plan.expose_us,
-          "tc_cap": plan.tc_clock_cap}
+          "tc_cap": plan.tc_clock_cap, "smem_cap": plan.smem_clock_cap,
+          "cuda_cap": plan.cuda_clock_cap}
     env = evaluate_envelopes(work_iter, plan.work_epi, plan.rate, plan.g0 * plan.g1 * plan.g2,
                              hw.sm_count, p, plan.ksteps, plan.stages, plan.warps,
                              plan.warps_full, plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us,

@@ -116,7 +116,6 @@ __all__ = [
     "wave_time",
     "l15_chip_floor",
     "clock_factor",
-    "slot_clock",
     "evaluate_envelopes",
 ]
 
@@ -246,7 +245,7 @@ def _exposed_copy(c0, f, warps_tile, warps_full, chain, ovh_iter, sync, expose, 
 @jit_borrow
 def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, stages,
                  warps_tile, warps_full, lat, ovh_iter, ovh_tile, persist_tiles, share_eff=1.0, sync=0.0,
-                 chain=0.0, streams=1.0, ring=1, expose=0.0):
+                 chain=0.0, streams=1.0, ring=1, expose=0.0, l15_share=1.0):
     """Envelope of one SM's share of one wave (or of a persistent run).
 
     Returns ``(T, T_pro, T_steady_total, T_epi, T_steady_iter, T_store,
@@ -268,6 +267,10 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     the iteration's last shared load and waited for at once): that copy's latency
     and transfer, which each iteration exposes (:func:`_exposed_copy`); the loop's
     steady iteration is at least :func:`_exposed_copy`'s.
+    ``l15_share`` (1: none) divides the L1.5 tier's time where it is a rate over
+    the wave (the loop's bandwidth bound, the ring's queue at the memory, the
+    wave's busiest-resource floor), not where it is one request's transfer (the
+    latency bound, the first load): :func:`_l15_share`.
     """
     f = p * warps_tile / warps_full
     shared_units = f > 1.0  # several issue groups share the tensor cores
@@ -275,6 +278,7 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         f = 1.0
     comp = 0.0
     mem = 0.0
+    mem_l = 0.0  # the memory time of one iteration's requests, unshared
     epi = 0.0
     floor = 0.0
     for r in range(work_iter.shape[0]):
@@ -287,15 +291,18 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         if persist_tiles > 0 and compute[r] == 0:
             u += e / ksteps
             e = 0.0
+        sh = l15_share if r == R_L15 else 1.0
         if compute[r] != 0:
             if u > comp:
                 comp = u
         else:
-            if u > mem:
-                mem = u
+            if u > mem_l:
+                mem_l = u
+            if u / sh > mem:
+                mem = u / sh
         if e > epi:
             epi = e
-        fl = (work_iter[r] * ksteps + work_epi[r]) / rr
+        fl = (work_iter[r] * ksteps + work_epi[r]) / rr / sh
         if fl > floor:
             floor = fl
     floor *= persist_tiles if persist_tiles > 0 else p
@@ -329,11 +336,11 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
         # the load for iteration i + stages - 1 is issued as iteration i starts
         # and must land before that iteration: (stages - 1) iterations hide
         # one latency, and p tiles interleave
-        lat_bound = (lat + mem) / d
+        lat_bound = (lat + mem_l) / d
     else:
         # no prefetch: each tile's load, wait and compute run back to back
         # (p tiles interleave)
-        lat_bound = (lat + mem + comp) / p
+        lat_bound = (lat + mem_l + comp) / p
     if lat_bound > steady:
         steady = lat_bound
     if expose > 0.0:
@@ -361,7 +368,7 @@ def envelope_one(work_iter, work_epi, rate, shared, compute, p, active, ksteps, 
     step = steady
     if d > 0 and n_it <= d:
         step = comp if comp > mem else mem
-    t_pro = lat + mem
+    t_pro = lat + mem_l
     t_st = (n_it - 1) * step if n_it > 1 else 0.0
     hide = 0.0
     if persist_tiles <= 0 and p > 1:
@@ -477,10 +484,38 @@ def _queued_wave(work_iter, work_epi, rate, shared, compute, p, sms, ksteps, sta
 
 
 @jit_scalar
+def _l15_share(tail, sms, pt):
+    """The L1.5 rate factor of the busiest SMs of a wave of ``tail`` tiles (``pt``
+    on the busiest SMs, ``ceil(tail / sms)``): the tier is a path of a group of
+    SMs (``l15_group_sms``) whose rate the model gives per SM as the chip's share;
+    where a wave leaves some busy SMs one tile fewer than the busiest, their
+    share goes to the tiles of the others, so the busiest SMs' tiles get the
+    mean share of the busy SMs' tiles: ``pt`` over the mean tiles of a busy SM,
+    ``pt min(tail, sms) / tail`` (1 for an even wave, below 2 always)."""
+    if pt <= 1:
+        return 1.0
+    active = tail if tail < sms else sms
+    return pt * active / tail
+
+
+@jit_scalar
 def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
               warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, share_eff=1.0, sync=0.0,
-              chain=0.0, streams=1.0, terms=MODEL_TERMS, conv=0.0, expose=0.0):
+              chain=0.0, streams=1.0, terms=MODEL_TERMS, conv=0.0, expose=0.0, tail_tc=0.0,
+              tail_smem=1.0, tail_cuda=1.0):
     """Whole-grid time by waves (Algorithm 2): full waves plus a recomputed tail.
+
+    ``tail_tc > 0`` (the power-limited clock by waves of resident slots, GEMM's
+    Triton tensor-core rows on warpgroup-MMA GPUs; docs/gemm_accuracy.md, "The
+    power-limited clock by waves, session 13"): the full waves run at ``rate``
+    (the rates of a grid whose every slot is busy: ``tc_efficiency``, the
+    measured clock) and the tail, the last wave of fewer than ``sms * p``
+    tiles, which draws the power of its busy slots only, at the tensor rate
+    times ``tail_tc``, the shared-memory and CUDA-core rates times ``tail_smem``
+    and ``tail_cuda`` (their maximum clock), with its busiest SMs' L1.5 time
+    shared over the wave's busy SMs (:func:`_l15_share`); never faster than its
+    share of the slots, ``tail / (sms p)``, of a full wave at ``rate`` (the
+    chip's power over the wave). 0: every wave at ``rate``.
 
     ``conv`` (us, 0: none) is a tile's epilogue layout conversion through shared
     memory before its stores can issue (Triton's Hopper wgmma tiles): between
@@ -529,11 +564,13 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     te = 0.0
     s_it = 0.0
     store = 0.0
+    t_full = 0.0
     if full > 0:
         t, a, b, c, s, store, own = envelope_one(work_iter, work_epi, rate, shared, compute,
                                                  p, sms, ksteps, stages, warps_tile, warps_full,
                                                  lat, ovh_iter, ovh_tile, np.int64(0), share_eff,
                                                  sync, chain, streams, ring, expose)
+        t_full = t
         # stores retire asynchronously: the next wave's prologue (load latency
         # and pipeline fill) runs under the previous wave's output stores. Written
         # as one wave plus (full - 1) waves less the hidden part, not full waves
@@ -595,20 +632,51 @@ def wave_time(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps,
     if tail > 0:
         active = tail if tail < sms else sms
         pt = (tail + sms - 1) // sms
+        r_tc = rate[R_TC]
+        r_smem = rate[R_SMEM]
+        r_cuda = rate[R_CUDA]
+        r_l15 = rate[R_L15]
+        if tail_tc > 0.0:
+            # the tail wave's rates (the docstring's tail_tc), in place while it
+            # runs, put back below
+            rate[R_TC] = r_tc * tail_tc
+            rate[R_SMEM] = r_smem * tail_smem
+            rate[R_CUDA] = r_cuda * tail_cuda
+            sh15 = _l15_share(tail, sms, pt)
+        else:
+            sh15 = 1.0
         t, a, b, c, s, _, own_t = envelope_one(work_iter, work_epi, rate, shared, compute, pt,
                                                active, ksteps, stages, warps_tile, warps_full, lat,
                                                ovh_iter, ovh_tile, np.int64(0), share_eff, sync,
-                                               chain, streams, ring, expose)
+                                               chain, streams, ring, expose, sh15)
+        floor = 0.0
+        if (terms & TERM_WAVE_FLOOR) != 0:
+            rate[R_L15] = r_l15 * sh15
+            floor = resource_floor(work_iter, work_epi, rate, shared, compute, pt, active, ksteps,
+                                   warps_tile, warps_full, share_eff)
+            rate[R_L15] = r_l15
+        if tail_tc > 0.0:
+            rate[R_TC] = r_tc
+            rate[R_SMEM] = r_smem
+            rate[R_CUDA] = r_cuda
+            rate[R_L15] = r_l15
+            # the chip's power over the tail: its share of the slots of a full
+            # wave at the full grid's rates (that wave's time is t_full)
+            if full == 0:
+                t_full = envelope_one(work_iter, work_epi, rate, shared, compute, p, sms, ksteps,
+                                      stages, warps_tile, warps_full, lat, ovh_iter, ovh_tile,
+                                      np.int64(0), share_eff, sync, chain, streams, ring,
+                                      expose)[0]
+            pf = t_full * tail / conc
+            if pf > t:
+                b += pf - t  # the raise is the loop's
+                t = pf
         T += t
         tp += a
         ts += b
         te += c
         if full == 0:
             s_it = s
-        floor = 0.0
-        if (terms & TERM_WAVE_FLOOR) != 0:
-            floor = resource_floor(work_iter, work_epi, rate, shared, compute, pt, active, ksteps,
-                                   warps_tile, warps_full, share_eff)
         hidden, hf, hf_c = _seam(a, b, c, t, store, pt * ovh_tile, own_t, floor)
         T -= hidden + hf
         tp -= hidden
@@ -641,16 +709,11 @@ def l15_chip_floor(avg_iter, avg_epi, rate_l15, tiles, sms, ksteps, lat):
 @jit_borrow
 def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps, stages,
                warps_tile, warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff, sync,
-               chain, streams, terms, conv, expose, avg_iter, avg_epi, l15_floor, scaled, tc_scale,
-               out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util, lo,
+               chain, streams, terms, conv, expose, avg_iter, avg_epi, l15_floor, tail_tc, tail_smem,
+               tail_cuda, out_t, out_pro, out_st, out_epi, out_it, out_waves, out_tail, out_util, want_util, lo,
                hi):
     R = work_iter.shape[1] if want_util else 0
     for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: no wraparound check per access
-        # the row's tensor-core rate times its power-limited clock (slot_clock),
-        # in place while this row runs (each row is one thread's), put back below
-        r_tc = rate[i, R_TC]
-        if scaled:
-            rate[i, R_TC] = r_tc * tc_scale[i]
         if p[i] <= 0 or tiles[i] <= 0:
             out_t[i] = math.nan
             out_pro[i] = math.nan
@@ -661,13 +724,13 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
             out_tail[i] = 0
             for r in range(R):
                 out_util[i, r] = math.nan
-            rate[i, R_TC] = r_tc
             continue
         t, a, b, c, s, wv, tl = wave_time(work_iter[i], work_epi[i], rate[i], shared, compute,
                                           tiles[i], sms, p[i], ksteps[i], stages[i],
                                           warps_tile[i], warps_full, lat[i], ovh_iter[i],
                                           ovh_tile[i], persistent[i], share_eff[i], sync[i],
-                                          chain[i], streams[i], terms, conv[i], expose[i])
+                                          chain[i], streams[i], terms, conv[i], expose[i],
+                                          tail_tc[i], tail_smem[i], tail_cuda[i])
         total = t + launch[i]
         if l15_floor:
             fl = launch[i] + l15_chip_floor(avg_iter[i], avg_epi[i], rate[i, R_L15],
@@ -692,7 +755,6 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
                 busy = tiles[i] * (ksteps[i] * work_iter[i, r] + work_epi[i, r]) / chip
                 u = busy / total
                 out_util[i, r] = u if u < 1.0 else 1.0
-        rate[i, R_TC] = r_tc
 
 
 @jit_exact
@@ -702,8 +764,8 @@ def clock_factor(rounds, busy, sms, cap):
     ``boost = min(cap, sms / busy)``, the earlier ones at the full grid's rate;
     one round is the boost itself, more the rounds' harmonic mean
     ``rounds / (rounds - 1 + 1 / boost)``. GEMM's lowering takes it over rounds
-    of tiles per SM (``kernels_catalog.gemm._lower_rows``), :func:`slot_clock`
-    over waves of resident slots."""
+    of tiles per SM (``kernels_catalog.gemm._lower_rows``) where the envelope
+    does not take the clock by waves (:func:`wave_time`'s ``tail_tc``)."""
     b = sms / (busy if busy > 1.0 else 1.0)
     if b > cap:
         b = cap
@@ -712,49 +774,10 @@ def clock_factor(rounds, busy, sms, cap):
     return rounds / ((rounds - 1) + 1.0 / b)
 
 
-@jit_exact
-def _slot_factors(tiles, sms, p, cap, out):
-    """:func:`slot_clock`'s rows: :func:`clock_factor` over waves of the
-    ``sms x p`` slots; 1 where ``cap <= 0`` or ``p <= 0``."""
-    for i in range(tiles.shape[0]):
-        out[i] = 1.0
-        if cap[i] > 0.0 and p[i] > 0:
-            slots = sms * p[i]
-            waves = (tiles[i] + slots - 1) // slots
-            if waves < 1:
-                waves = 1
-            out[i] = clock_factor(waves, float(tiles[i] - (waves - 1) * slots), slots, cap[i])
-
-
-def slot_clock(tiles, sms, p, cap):
-    """The power-limited clock's factor on the tensor-core rate, counted in waves
-    of resident slots (per row: :func:`clock_factor`, the lowering's factor, so
-    that for ``p = 1`` the two agree to the bit).
-
-    ``tc_efficiency`` is the tensor rate the chip sustains at its power limit
-    with every resident slot of every SM busy. A grid of ``tiles`` tiles with
-    ``p`` resident per SM runs in ``waves = ceil(tiles / (sms p))`` waves of the
-    ``sms p`` slots; every wave but the last fills them all and runs at that
-    rate, the last keeps ``busy`` slots busy, draws their share of the power and
-    runs ``boost = min(cap, sms p / busy)`` faster (``cap``: the measured peak
-    over the power-limited rate, ``1 / tc_efficiency``). The busiest SM's tensor
-    time is ``waves - 1 + 1 / boost`` waves at the full-grid rate: the factor
-    ``waves / (waves - 1 + 1 / boost)`` (one wave: the boost). With ``p = 1``
-    this is the lowering's rounds of tiles per SM; with ``p >= 2`` a grid whose
-    busiest SMs hold two tiles at once (one wave of slots) is boosted where the
-    same tiles in two rounds of one are not, and full waves of slots are not.
-    ``cap <= 0`` or ``p <= 0``: 1 (no boost)."""
-    tiles = np.ascontiguousarray(tiles, dtype=np.int64)
-    out = np.empty(tiles.shape[0], dtype=np.float64)
-    _slot_factors(tiles, np.int64(sms), np.ascontiguousarray(np.broadcast_to(p, tiles.shape), dtype=np.int64),
-                  np.ascontiguousarray(np.broadcast_to(cap, tiles.shape), dtype=np.float64), out)
-    return out
-
-
 def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages, warps_tile,
                        warps_full, lat, ovh_iter, ovh_tile, persistent, launch, share_eff=None, sync=None,
                        latency_only=False, chain=None, streams=None, terms=None, conv=None,
-                       l15_avg=None, expose=None, tc_cap=None):
+                       l15_avg=None, expose=None, tc_cap=None, smem_cap=None, cuda_cap=None):
     """Batched :func:`wave_time` plus launch time and per-resource utilization.
 
     ``work_iter``, ``work_epi``, ``rate`` are ``(n, N_RES)``; rates in work
@@ -779,22 +802,16 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
     tile's work (``(n, N_RES)``, as ``work_iter`` where the grid has no edge
     tiles): each row's latency is raised to :func:`l15_chip_floor` plus its
     launch (the raise in ``t_steady_us``); it only adds time.
-    ``tc_cap`` (per row, default None: none): the cap of the power-limited
-    clock's boost of a row's tensor-core rate where the lowering left that boost
-    to the envelope (0: the rate is final); the rate is multiplied by
-    :func:`slot_clock` of the row's tiles and resident tiles (in place while the
-    kernel runs the row; the caller's ``rate`` is as it was on return).
+    ``tc_cap``, ``smem_cap``, ``cuda_cap`` (per row, default None: none): where
+    ``tc_cap > 0`` the lowering left the power-limited clock to the envelope, which
+    takes it by waves of resident slots (:func:`wave_time`'s ``tail_tc``,
+    ``tail_smem``, ``tail_cuda``): the full waves at the rates given, the last,
+    partly filled one at the tensor, shared-memory and CUDA-core rates times
+    these caps (``smem_cap`` / ``cuda_cap`` default 1), never below its share of
+    a full wave (the kernel scales a row's rates in place while it runs the
+    tail and puts them back: the caller's ``rate`` is as it was on return).
     """
     n = np.shape(tiles)[0]
-    tc_scale = None
-    if tc_cap is not None:
-        # the tensor-core rate's power-limited clock, which needs the resident
-        # tiles (slot_clock); the kernel scales each row's rate while it runs
-        # the row and puts it back (a copy of the rates cost 2-3 % of an
-        # evaluate of a million rows)
-        cap = np.broadcast_to(np.asarray(tc_cap, dtype=np.float64), (n,))
-        if (cap > 0.0).any():
-            tc_scale = slot_clock(np.broadcast_to(tiles, (n,)), sms, np.broadcast_to(p, (n,)), cap)
 
     def col(a, dt):
         # a column already as the kernel takes it is passed as it is (the same
@@ -828,7 +845,8 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
             f(0.0 if chain is None else chain), f(1.0 if streams is None else streams),
             np.int64(MODEL_TERMS if terms is None else int(terms)),
             f(0.0 if conv is None else conv), f(0.0 if expose is None else expose), ai, ae, l15_avg is not None,
-            tc_scale is not None, f(1.0 if tc_scale is None else tc_scale), out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
+            f(0.0 if tc_cap is None else tc_cap), f(1.0 if smem_cap is None else smem_cap),
+            f(1.0 if cuda_cap is None else cuda_cap), out["latency_us"], out["t_prologue_us"], out["t_steady_us"], out["t_epilogue_us"],
             out["t_steady_iter_us"], waves, tail, util, not latency_only)
     run_shares(_envelopes, args, even_bounds(n))
     out["waves"] = waves
