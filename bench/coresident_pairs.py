@@ -1,6 +1,6 @@
 """Co-resident tiles against sequential waves: matched Triton configuration pairs.
 
-    python bench/coresident_pairs.py [FILE ...] [--min-ksteps 32]
+    python bench/coresident_pairs.py [FILE ...] [--min-ksteps 32] [--steps 128x128x64]
 
 Issue 35 (docs/gemm_accuracy.md, "Small-kernel Triton top-5 and bias against
 ca279d0, session 12", section 5). For each measured GEMM file (default: the
@@ -19,7 +19,19 @@ stages so that:
 Both give the busiest SM the same tensor work at the same fill. The script prints,
 per GPU and ``T``: the pairs, the problems, the median of co-resident ÷
 sequential time measured and predicted, and how often the two agree on which
-is faster; then every Hopper pair's problem with both times.
+is faster; then every Hopper pair's problem with both times, and per GPU and
+configuration (tile, warps, stages) the pairs' medians with both sides' median
+measured ÷ predicted.
+
+``--steps BMxBNxBK`` (issue 35, session 13, wip46a) adds, for that tile, the
+time of one tile's K step on the busiest SMs: (time − the model's launch) ÷
+(``ceil(tiles / sms)`` × K steps), measured and predicted, medians over the
+problems (fastest group_m by measured time), per GPU, warps, stages, resident
+tiles ``p`` and tiles per SM (≤ 1: a sub-wave grid; 1-2; 2-4; > 4), with the
+step at the measured tensor peak and at ``tc_efficiency`` for reference. A
+co-resident pair's gain that comes from the clock of a partly filled wave
+shows in the 1-2 row only; one that comes from the second tile hiding the
+first one's latency shows in the > 4 row (full waves) too.
 
 Nothing is fitted or written; it prints.
 """
@@ -90,6 +102,40 @@ def pairs(d: pl.DataFrame) -> pl.DataFrame:
         pred_ratio=pl.col("pred_co") / pl.col("pred_seq"))
 
 
+#: tiles per SM bins of :func:`steps`
+STEP_BINS = ((1.0, "<= 1"), (2.0, "1-2"), (4.0, "2-4"))
+
+
+def steps(d: pl.DataFrame, launch_us: float) -> pl.DataFrame:
+    """Per-step times of a predicted frame (one tile shape; columns ``meas``,
+    ``pred``, ``p``, ``sms`` and :data:`CONFIG`): the fastest group_m of each
+    problem and configuration by measured time, then per warps, stages, ``p``
+    and tiles-per-SM bin the problems and the median of ``(time - launch_us) /
+    (ceil(tiles / sms) * K steps)``, measured (``step``) and predicted
+    (``pred_step``), and of measured ÷ predicted (``bias``)."""
+    d = d.with_columns(
+        tiles=((pl.col("m") + pl.col("block_m") - 1) // pl.col("block_m"))
+        * ((pl.col("n") + pl.col("block_n") - 1) // pl.col("block_n")),
+        ks=(pl.col("k") + pl.col("block_k") - 1) // pl.col("block_k"))
+    d = d.with_columns(per_sm=pl.col("tiles") / pl.col("sms"),
+                       rounds=(pl.col("tiles") + pl.col("sms") - 1) // pl.col("sms"))
+    b = pl.lit("> 4")
+    for hi, name in reversed(STEP_BINS):
+        b = pl.when(pl.col("per_sm") <= hi).then(pl.lit(name)).otherwise(b)
+    d = d.with_columns(tiles_per_sm=b)
+    d = d.sort("meas").group_by(
+        [c for c in CONFIG if c != "group_m"], maintain_order=True).first()
+    den = pl.col("rounds") * pl.col("ks")
+    order = {name: i for i, (_, name) in enumerate(STEP_BINS)}
+    return d.group_by("num_warps", "num_stages", "p", "tiles_per_sm").agg(
+        problems=pl.struct("m", "n", "k").n_unique(),
+        step=((pl.col("meas") - launch_us) / den).median(),
+        pred_step=((pl.col("pred") - launch_us) / den).median(),
+        bias=(pl.col("meas") / pl.col("pred")).median(),
+    ).with_columns(_o=pl.col("tiles_per_sm").replace_strict(order, default=len(order))
+                   ).sort("num_warps", "num_stages", "p", "_o").drop("_o")
+
+
 def summary(p: pl.DataFrame) -> pl.DataFrame:
     return p.group_by("gpu", "T").agg(
         pairs=pl.len(),
@@ -104,13 +150,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="*", type=Path)
     ap.add_argument("--min-ksteps", type=int, default=32)
+    ap.add_argument("--steps", metavar="BMxBNxBK", default=None,
+                    help="also print the per-step table of this tile (e.g. 128x128x64)")
     args = ap.parse_args(argv)
     parts = []
+    step_tables = []
     for path in args.files or default_files():
         gpu, d = rows_of(path, args.min_ksteps)
         if d.is_empty():
             continue
-        parts.append(pairs(predict(gpu, d)).with_columns(gpu=pl.lit(gpu), file=pl.lit(path.name)))
+        pd = predict(gpu, d)
+        parts.append(pairs(pd).with_columns(gpu=pl.lit(gpu), file=pl.lit(path.name)))
+        if args.steps:
+            step_tables.append((gpu, path.name, step_table(gpu, pd, args.steps)))
     if not parts:
         print("no pairs")
         return 0
@@ -123,7 +175,31 @@ def main(argv=None) -> int:
             pl.len(), pl.col("meas_co").median(), pl.col("pred_co").median(),
             pl.col("meas_seq").median(), pl.col("pred_seq").median()).sort("gpu", "tiles")
         print(hop)
+        print(p.group_by("gpu", "block_m", "block_n", "block_k", "num_warps", "stages_co",
+                         "stages_seq", "p_co").agg(
+            pl.len(), problems=pl.struct("m", "n", "k").n_unique(),
+            measured=pl.col("meas_ratio").median(), model=pl.col("pred_ratio").median(),
+            bias_co=(pl.col("meas_co") / pl.col("pred_co")).median(),
+            bias_seq=(pl.col("meas_seq") / pl.col("pred_seq")).median(),
+        ).sort("gpu", "len", descending=[False, True]))
+        for gpu, name, t in step_tables:
+            print(f"{gpu} {name} {args.steps}: step at the measured tensor peak "
+                  f"{t[1]:.3f} us, at tc_efficiency {t[2]:.3f} us")
+            print(t[0])
     return 0
+
+
+def step_table(gpu: str, pd: pl.DataFrame, tile: str):
+    """:func:`steps` of one tile (``BMxBNxBK``) of a predicted frame, with the
+    K step's time at the GPU's measured 16-bit tensor peak and at
+    ``tc_efficiency`` of it."""
+    from tsbatch.engine.evaluate import resolve_hw
+
+    bm, bn, bk = (int(x) for x in tile.lower().split("x"))
+    spec = resolve_hw(gpu)
+    t = pd.filter((pl.col("block_m") == bm) & (pl.col("block_n") == bn) & (pl.col("block_k") == bk))
+    peak = 2.0 * bm * bn * bk / (spec.tc_tflops("float16") * 1e12 / spec.sm_count) * 1e6
+    return steps(t, spec.launch_us), peak, peak / spec.cal("tc_efficiency")
 
 
 if __name__ == "__main__":

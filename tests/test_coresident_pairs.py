@@ -43,3 +43,34 @@ def test_pairs_match_one_wave_coresident_with_sequential_waves_only():
     s = coresident_pairs.summary(p.with_columns(gpu=pl.lit("h100")))
     assert s["pairs"].to_list() == [2] and s["problems"].to_list() == [1]
     assert s["same_order"].to_list() == [0.0]
+
+
+def _step_row(m, stages, p, meas, pred, *, group_m=8, warps=4, sms=4, k=8192):
+    r = _row(m, stages, p, meas, pred, warps=warps, sms=sms)
+    r.update(k=k, group_m=group_m, tf32=False, backend="triton")
+    return r
+
+
+def test_steps_bins_tiles_per_sm_and_takes_the_fastest_group_m():
+    # 128 x 128 tiles over n = 256 on 4 SMs; k = 8192: 128 K steps of 64
+    rows = [
+        # 4 tiles: one per SM (sub-wave bin "<= 1"), one round
+        _step_row(256, 5, 1, 2.0 + 128 * 1.0, 0.0 + 2.0 + 128 * 2.0),
+        # 6 tiles: 1.5 per SM ("1-2"), two rounds; the slower group_m is dropped
+        _step_row(384, 3, 2, 2.0 + 2 * 128 * 0.5, 2.0 + 2 * 128 * 0.25),
+        _step_row(384, 3, 2, 2.0 + 2 * 128 * 0.9, 2.0 + 2 * 128 * 0.1, group_m=1),
+        # 12 tiles: 3 per SM ("2-4"), three rounds
+        _step_row(768, 3, 2, 2.0 + 3 * 128 * 0.75, 2.0 + 3 * 128 * 1.5),
+        # 40 tiles: 10 per SM ("> 4"), ten rounds
+        _step_row(2560, 3, 2, 2.0 + 10 * 128 * 2.0, 2.0 + 10 * 128 * 1.0),
+    ]
+    s = coresident_pairs.steps(pl.DataFrame(rows), launch_us=2.0)
+    three = s.filter(pl.col("num_stages") == 3)
+    assert three["tiles_per_sm"].to_list() == ["1-2", "2-4", "> 4"]
+    assert three["step"].to_list() == pytest.approx([0.5, 0.75, 2.0])
+    assert three["pred_step"].to_list() == pytest.approx([0.25, 1.5, 1.0])
+    assert three["problems"].to_list() == [1, 1, 1]
+    one = s.filter(pl.col("num_stages") == 5)
+    assert one["tiles_per_sm"].to_list() == ["<= 1"]
+    assert one["step"].to_list() == pytest.approx([1.0])
+    assert one["bias"].to_list() == pytest.approx([130.0 / 258.0])
