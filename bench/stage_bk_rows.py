@@ -13,7 +13,8 @@ iteration is taken apart (:func:`steady_terms`, the terms of
 the compute bound ``comp`` (``c0`` plus the loop's bookkeeping ``ovh_iter``, at
 least ``(comp + sync) / p``), the memory time ``mem``, the latency bound ``lb``
 (``(L + mem) / (p (stages - 1))``, or ``(L + mem + comp) / p`` without prefetch)
-and which of them is largest (``setter``). Tables: median measured / predicted
+and which of them is largest (``setter``; on the FMA path, whose rows carry an
+iteration chain, the bookkeeping is a segment of that chain instead). Tables: median measured / predicted
 and MAPE by GPU, one stage or more, BK 16 or more; and for the rows of at least
 ``--min-waves`` waves (a steady loop), per GPU, configuration and setter, the
 measured time of one iteration on the busiest SM (``(measured - launch) /
@@ -42,9 +43,11 @@ from latency_bound_rows import CONFIG, default_files, with_shape  # noqa: E402
 
 
 def steady_terms(work_iter, rate, p, sms, stages, warps, warps_full, lat, ovh, sync,
-                 share_eff=1.0):
+                 share_eff=1.0, chain=0.0, streams=1.0):
     """Per row, the full-wave steady iteration's terms of ``envelope_one`` (all SMs
-    active, no L1.5 share, GEMM: no chain): ``(c0, comp, mem, lb)`` as arrays."""
+    active, no L1.5 share, no exposed copy): ``(c0, comp, mem, lb)`` as arrays.
+    Where a row has a ``chain`` (the FMA path's iteration chain) the bookkeeping is
+    a segment of it, ``(chain + ovh) / (p streams)``, not work on ``c0``."""
     from tsbatch.kernels.envelope import COMPUTE, SHARED, R_TC
 
     p = np.asarray(p, dtype=np.float64)
@@ -54,17 +57,19 @@ def steady_terms(work_iter, rate, p, sms, stages, warps, warps_full, lat, ovh, s
     rr = np.where(SHARED[None, :] == 1, rate / sms, rate)
     rr = rr * np.where(COMPUTE[None, :] == 1, f[:, None], 1.0)
     rr[:, R_TC] *= np.where(shared_units, share_eff, 1.0)
-    return _terms(work_iter, rr, p, stages, lat, ovh, sync, COMPUTE)
+    return _terms(work_iter, rr, p, stages, lat, ovh, sync, COMPUTE, chain, streams)
 
 
-def _terms(work_iter, rr, p, stages, lat, ovh, sync, compute):
+def _terms(work_iter, rr, p, stages, lat, ovh, sync, compute, chain, streams):
     t = np.where(rr > 0.0, work_iter / np.where(rr > 0.0, rr, 1.0), 0.0)
     is_c = compute[None, :] == 1
     c0 = np.where(is_c, t, 0.0).max(axis=1)
     mem = np.where(is_c, 0.0, t).max(axis=1)
-    comp = c0 + ovh
+    comp = np.where(chain > 0.0, c0, c0 + ovh)
     with np.errstate(divide="ignore", invalid="ignore"):
         comp = np.where(sync > 0.0, np.maximum(comp, (comp + sync) / np.maximum(p, 1.0)), comp)
+        comp = np.where(chain > 0.0,
+                        np.maximum(comp, (chain + ovh) / np.maximum(p * streams, 1e-300)), comp)
         d = p * (np.asarray(stages, dtype=np.float64) - 1.0)
         lb = np.where(d > 0, (lat + mem) / np.where(d > 0, d, 1.0),
                       (lat + mem + comp) / np.maximum(p, 1.0))
@@ -112,12 +117,17 @@ def predicted_terms(path: Path, dtypes: tuple[str, ...]) -> pl.DataFrame:
     (a, k), = calls
     work_iter, rate, sms, p, stages, warps, wf, lat, ovh = (
         a[0], a[2], a[4], a[5], a[7], a[8], a[9], a[10], a[11])
+    chain = _or(k.get("chain"), 0.0)
     c0, comp, mem, lb = steady_terms(work_iter, rate, p, sms, stages, warps, wf, lat, ovh,
-                                     _or(k.get("sync"), 0.0), _or(k.get("share_eff"), 1.0))
+                                     _or(k.get("sync"), 0.0), _or(k.get("share_eff"), 1.0),
+                                     chain, _or(k.get("streams"), 1.0))
     r = r.with_columns(meas=d["meas"], gpu=pl.lit(gpu), sms=pl.lit(spec.sm_count),
-                       c0=c0, comp=comp, mem=mem, lb=lb, ovh=ovh, lat=lat)
+                       c0=c0, comp=comp, mem=mem, lb=lb, ovh=ovh, lat=lat,
+                       chain=np.broadcast_to(chain, c0.shape))
     r = r.with_columns(setter=pl.when(pl.col("lb") >= pl.max_horizontal("comp", "mem"))
                        .then(pl.lit("latency bound"))
+                       .when((pl.col("comp") >= pl.col("mem")) & (pl.col("chain") > 0.0))
+                       .then(pl.lit("compute (chain)"))
                        .when(pl.col("comp") >= pl.col("mem")).then(pl.lit("compute + ovh"))
                        .otherwise(pl.lit("memory")))
     return with_shape(r.filter(pl.col("feasible")))

@@ -27,19 +27,23 @@ def _row(rng):
 @pytest.mark.parametrize("stages", [1, 2, 4])
 @pytest.mark.parametrize("seed", range(6))
 def test_terms_are_the_envelopes_steady_iteration(stages, seed):
-    """With the ring's queue left out (and none for one stage), no chain, no exposed
-    copy, all SMs active: envelope_one's steady iteration is max(comp, mem, lb)."""
+    """With the ring's queue left out (and none for one stage), no exposed copy, all
+    SMs active, with and without a chain: envelope_one's steady iteration is
+    max(comp, mem, lb)."""
     rng = np.random.default_rng(seed)
     work, rate = _row(rng)
     p = int(rng.integers(1, 13))
     warps = float(rng.choice([1, 2, 4, 8]))
     lat, ovh, sync, share = 0.6, rng.uniform(0.0, 0.1), rng.uniform(0.0, 0.2), 0.95
     ring = int(rng.integers(0, 2)) if stages == 1 else 0
+    chain = rng.uniform(0.0, 0.5) if seed % 2 else 0.0  # the FMA path's chain
+    streams = float(rng.choice([1, 2]))
     out = envelope_one(work, np.zeros_like(work), rate, SHARED, COMPUTE, p, SMS, 64, stages,
-                       warps, 4.0, lat, ovh, 0.0, 0, share, sync, 0.0, 1.0, ring, 0.0, 1.0)
+                       warps, 4.0, lat, ovh, 0.0, 0, share, sync, chain, streams, ring, 0.0,
+                       1.0)
     c0, comp, mem, lb = steady_terms(work[None, :], rate[None, :], np.array([p]), SMS,
                                      np.array([stages]), np.array([warps]), 4.0, lat, ovh,
-                                     sync, share)
+                                     sync, share, np.array([chain]), np.array([streams]))
     assert out[4] == pytest.approx(max(comp[0], mem[0], lb[0]), rel=1e-12)
     assert comp[0] >= c0[0]
 
