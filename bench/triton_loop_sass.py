@@ -21,6 +21,12 @@ session 11".
 
     python bench/triton_loop_sass.py [--k 4096] [--config 64x128x64/s3/w4 ...]
     python bench/triton_loop_sass.py --arch 80 [--config 16x32x16/s3/w2 ...]
+    python bench/triton_loop_sass.py --arch 80 --order --config 32x32x16/s1/w2
+
+``--order`` (with ``--arch 80``) prints instead the loop body's global loads,
+async copies, shared stores and loads, HMMAs and barriers in issue order (runs
+folded): where the next K step's loads issue against this step's MMAs
+(docs/gemm_accuracy.md, "One-stage loops and BK 16, session 13").
 """
 from __future__ import annotations
 
@@ -75,6 +81,27 @@ def fold(body: list[str]) -> list[str]:
     return [f"{lab} x{n}" if n > 1 else lab for lab, n in out]
 
 
+#: the opcodes :func:`memory_order` keeps: global loads and async copies, shared
+#: stores and loads, the MMAs and the waits / barriers between them
+ORDER_KEEP = ("LDG", "LDGSTS", "LDGDEPBAR", "STS", "LDSM", "LDS", "HMMA", "BAR", "DEPBAR")
+
+
+def memory_order(body: list[str]) -> list[str]:
+    """The loop body's memory, MMA and barrier opcodes (no suffixes) in issue
+    order, runs of one opcode folded: where the next K step's global loads issue
+    relative to this step's MMAs."""
+    out: list[list] = []
+    for t in body:
+        op = (t.split()[1] if t.startswith("@") else t.split()[0]).split(".")[0]
+        if op not in ORDER_KEEP:
+            continue
+        if out and out[-1][0] == op:
+            out[-1][1] += 1
+        else:
+            out.append([op, 1])
+    return [f"{lab} x{n}" if n > 1 else lab for lab, n in out]
+
+
 SM80_DEFAULT = ["16x32x16/s3/w2", "16x32x32/s4/w2", "128x64x32/s2/w2", "64x64x32/s3/w4",
                 "128x128x32/s3/w4"]
 SM80_CLASSES = (("hmma", ("HMMA",)), ("shared loads", ("LDSM", "LDS")), ("ldgsts", ("LDGSTS",)),
@@ -113,6 +140,9 @@ def main_sm80(args) -> int:
                 print(f"{cfg} {lay} K={args.k}: no loop (no backward branch around HMMAs: unrolled)",
                       flush=True)
                 continue
+            if args.order:
+                print(f"{cfg} {lay} K={args.k}: " + " | ".join(memory_order(body)), flush=True)
+                continue
             c = classes(body)
             # K steps the body runs: its HMMAs over one step's per warp (m16n8k16)
             steps = c["hmma"] / (bm * bn * bk / (16 * 8 * 16) / w) if c["hmma"] else 0.0
@@ -128,6 +158,8 @@ def main(argv=None) -> int:
     ap.add_argument("--config", nargs="*", default=None, help="BMxBNxBK/sS/wW")
     ap.add_argument("--arch", type=int, default=90, choices=[80, 90],
                     help="sm_90a (default: the HGMMA loop in issue order) or sm_80 (instructions by class)")
+    ap.add_argument("--order", action="store_true",
+                    help="with --arch 80: the loop's loads, stores, MMAs and barriers in issue order")
     args = ap.parse_args(argv)
     if args.arch == 80:
         return main_sm80(args)
