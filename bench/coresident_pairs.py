@@ -23,7 +23,10 @@ is faster; then every Hopper pair's problem with both times, and per GPU and
 configuration (tile, warps, stages) the pairs' medians with both sides' median
 measured ÷ predicted.
 
-``--steps BMxBNxBK`` (issue 35, session 13, wip46a) adds, for that tile, the
+``--steps BMxBNxBK`` (issue 35, session 13, wip46a; ``--steps all``: every
+tile shape with data, wip46s, with the step over the shape's step at the
+measured tensor peak, the model's steady iteration ``model_iter`` and its
+most common bottleneck) adds, for that tile, the
 time of one tile's K step on the busiest SMs: (time − the model's launch) ÷
 (``ceil(tiles / sms)`` × K steps), measured and predicted, medians over the
 problems (fastest group_m by measured time), per GPU, warps, stages, resident
@@ -80,7 +83,8 @@ def predict(gpu: str, d: pl.DataFrame) -> pl.DataFrame:
 
     spec = resolve_hw(gpu)
     r = evaluate(d.select(list(CONFIG)), spec)
-    return d.with_columns(pred=r["latency_us"], p=r["resident_tiles"], sms=pl.lit(spec.sm_count))
+    return d.with_columns(pred=r["latency_us"], p=r["resident_tiles"], sms=pl.lit(spec.sm_count),
+                          t_iter=r["t_steady_iter_us"], bottleneck=r["bottleneck"])
 
 
 def pairs(d: pl.DataFrame) -> pl.DataFrame:
@@ -127,11 +131,19 @@ def steps(d: pl.DataFrame, launch_us: float) -> pl.DataFrame:
         [c for c in CONFIG if c != "group_m"], maintain_order=True).first()
     den = pl.col("rounds") * pl.col("ks")
     order = {name: i for i, (_, name) in enumerate(STEP_BINS)}
+    # the model's steady iteration of the busiest SM and its bottleneck, where
+    # the frame carries them (predict() does)
+    more = []
+    if "t_iter" in d.columns:
+        more.append(pl.col("t_iter").median().alias("model_iter"))
+    if "bottleneck" in d.columns:
+        more.append(pl.col("bottleneck").mode().sort().first().alias("bottleneck"))
     return d.group_by("num_warps", "num_stages", "p", "tiles_per_sm").agg(
         problems=pl.struct("m", "n", "k").n_unique(),
         step=((pl.col("meas") - launch_us) / den).median(),
         pred_step=((pl.col("pred") - launch_us) / den).median(),
         bias=(pl.col("meas") / pl.col("pred")).median(),
+        *more,
     ).with_columns(_o=pl.col("tiles_per_sm").replace_strict(order, default=len(order))
                    ).sort("num_warps", "num_stages", "p", "_o").drop("_o")
 
@@ -151,7 +163,8 @@ def main(argv=None) -> int:
     ap.add_argument("files", nargs="*", type=Path)
     ap.add_argument("--min-ksteps", type=int, default=32)
     ap.add_argument("--steps", metavar="BMxBNxBK", default=None,
-                    help="also print the per-step table of this tile (e.g. 128x128x64)")
+                    help="also print the per-step table of this tile (e.g. 128x128x64), "
+                         "or of every tile shape with data ('all')")
     args = ap.parse_args(argv)
     parts = []
     step_tables = []
@@ -167,7 +180,7 @@ def main(argv=None) -> int:
         print("no pairs")
         return 0
     p = pl.concat(parts, how="diagonal_relaxed")
-    with pl.Config(tbl_rows=200, tbl_cols=30, tbl_width_chars=250, float_precision=3):
+    with pl.Config(tbl_rows=2000, tbl_cols=30, tbl_width_chars=250, float_precision=3):
         print(summary(p))
         hop = p.filter(pl.col("gpu") != "a100").group_by(
             "gpu", "file", "m", "n", "k", "tiles", "block_m", "block_n", "block_k", "num_warps",
@@ -183,8 +196,12 @@ def main(argv=None) -> int:
             bias_seq=(pl.col("meas_seq") / pl.col("pred_seq")).median(),
         ).sort("gpu", "len", descending=[False, True]))
         for gpu, name, t in step_tables:
-            print(f"{gpu} {name} {args.steps}: step at the measured tensor peak "
-                  f"{t[1]:.3f} us, at tc_efficiency {t[2]:.3f} us")
+            if t[1] == t[1]:
+                print(f"{gpu} {name} {args.steps}: step at the measured tensor peak "
+                      f"{t[1]:.3f} us, at tc_efficiency {t[2]:.3f} us")
+            else:
+                print(f"{gpu} {name} every tile: step_pk / pred_pk = step / the step at the "
+                      "measured tensor peak")
             print(t[0])
     return 0
 
@@ -195,8 +212,20 @@ def step_table(gpu: str, pd: pl.DataFrame, tile: str):
     ``tc_efficiency`` of it."""
     from tsbatch.engine.evaluate import resolve_hw
 
-    bm, bn, bk = (int(x) for x in tile.lower().split("x"))
     spec = resolve_hw(gpu)
+    if tile.lower() == "all":
+        # every tile shape with data, each step also over its step at the
+        # measured tensor peak (step_pk, pred_pk) so that shapes compare
+        parts = []
+        for (bm, bn, bk), t in pd.group_by("block_m", "block_n", "block_k"):
+            peak = 2.0 * bm * bn * bk / (spec.tc_tflops("float16") * 1e12 / spec.sm_count) * 1e6
+            parts.append(steps(t, spec.launch_us).with_columns(
+                tile=pl.lit(f"{bm}x{bn}x{bk}"), step_pk=pl.col("step") / peak,
+                pred_pk=pl.col("pred_step") / peak))
+        out = pl.concat(parts, how="diagonal_relaxed").sort(
+            "tile", "num_warps", "num_stages", "p", maintain_order=True)
+        return out.select("tile", *[c for c in out.columns if c != "tile"]), float("nan"), float("nan")
+    bm, bn, bk = (int(x) for x in tile.lower().split("x"))
     t = pd.filter((pl.col("block_m") == bm) & (pl.col("block_n") == bn) & (pl.col("block_k") == bk))
     peak = 2.0 * bm * bn * bk / (spec.tc_tflops("float16") * 1e12 / spec.sm_count) * 1e6
     return steps(t, spec.launch_us), peak, peak / spec.cal("tc_efficiency")

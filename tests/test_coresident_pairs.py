@@ -74,3 +74,32 @@ def test_steps_bins_tiles_per_sm_and_takes_the_fastest_group_m():
     assert one["tiles_per_sm"].to_list() == ["<= 1"]
     assert one["step"].to_list() == pytest.approx([1.0])
     assert one["bias"].to_list() == pytest.approx([130.0 / 258.0])
+
+
+def test_steps_all_tiles_per_shape_over_the_peak_step_with_the_model_columns():
+    # two tile shapes on A100 (108 SMs); the model's iteration and bottleneck ride along
+    from tsbatch.engine.evaluate import resolve_hw
+
+    spec = resolve_hw("a100")
+    rows = []
+    for bk, meas, it, bneck in ((64, 100.0, 0.9, "tensor_core"), (32, 60.0, 0.5, "l2")):
+        for j, b in enumerate((bneck, bneck, "latency")):
+            r = _step_row(256, 3, 2, meas + j, meas, sms=spec.sm_count)
+            r.update(block_k=bk, m=256 + 128 * j, t_iter=it + j, bottleneck=b)
+            rows.append(r)
+    out, peak, eff = coresident_pairs.step_table("a100", pl.DataFrame(rows), "all")
+    assert peak != peak and eff != eff  # no single shape's peak step
+    assert sorted(out["tile"].to_list()) == ["128x128x32", "128x128x64"]
+    for bk in (32, 64):
+        row = out.filter(pl.col("tile") == f"128x128x{bk}")
+        pk = 2.0 * 128 * 128 * bk / (spec.tc_tflops("float16") * 1e12 / spec.sm_count) * 1e6
+        assert row["step_pk"][0] == pytest.approx(row["step"][0] / pk)
+        assert row["pred_pk"][0] == pytest.approx(row["pred_step"][0] / pk)
+        assert row["problems"][0] == 3
+    # the median of the model's iteration and the most common bottleneck
+    assert out.filter(pl.col("tile") == "128x128x64")["model_iter"][0] == pytest.approx(1.9)
+    assert out.filter(pl.col("tile") == "128x128x64")["bottleneck"][0] == "tensor_core"
+    assert out.filter(pl.col("tile") == "128x128x32")["bottleneck"][0] == "l2"
+    # one shape alone keeps its peak step and step at tc_efficiency
+    one, pk1, eff1 = coresident_pairs.step_table("a100", pl.DataFrame(rows), "128x128x64")
+    assert "model_iter" in one.columns and eff1 == pytest.approx(pk1 / spec.cal("tc_efficiency"))
