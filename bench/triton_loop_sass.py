@@ -26,7 +26,18 @@ session 11".
 ``--order`` (with ``--arch 80``) prints instead the loop body's global loads,
 async copies, shared stores and loads, HMMAs and barriers in issue order (runs
 folded): where the next K step's loads issue against this step's MMAs
-(docs/gemm_accuracy.md, "One-stage loops and BK 16, session 13").
+(docs/gemm_accuracy.md, "One-stage loops and BK 16, session 13"). With
+``--order``, ``--arch 89`` or ``90`` compile for those targets; tiles of fewer
+than 4 warps are mma.sync there too (warpgroup MMA needs 4). ``--dtype``
+picks the operands: fp16 (default), bf16, tf32, ieee (FP32 without tensor
+cores: the loop is the one holding the most FFMAs), fp8e4nv, fp8e5
+(docs/gemm_accuracy.md, "The one-stage loop's prefetch by dtype, session 13").
+``--overlap`` (with ``--order``) prints instead, per layout, how many of the
+K step's HMMAs issue between each global load and the shared store of its
+registers (:func:`load_overlap`): the MMAs under the load's flight.
+
+    python bench/triton_loop_sass.py --arch 90 --order --dtype tf32 --config 32x32x16/s1/w2
+    python bench/triton_loop_sass.py --arch 80 --order --overlap --dtype tf32 --config 32x32x16/s1/w2
 """
 from __future__ import annotations
 
@@ -83,7 +94,7 @@ def fold(body: list[str]) -> list[str]:
 
 #: the opcodes :func:`memory_order` keeps: global loads and async copies, shared
 #: stores and loads, the MMAs and the waits / barriers between them
-ORDER_KEEP = ("LDG", "LDGSTS", "LDGDEPBAR", "STS", "LDSM", "LDS", "HMMA", "BAR", "DEPBAR")
+ORDER_KEEP = ("LDG", "LDGSTS", "LDGDEPBAR", "STS", "LDSM", "LDS", "HMMA", "FFMA", "BAR", "DEPBAR")
 
 
 def memory_order(body: list[str]) -> list[str]:
@@ -100,6 +111,39 @@ def memory_order(body: list[str]) -> list[str]:
         else:
             out.append([op, 1])
     return [f"{lab} x{n}" if n > 1 else lab for lab, n in out]
+
+
+def _op(t: str) -> str:
+    return (t.split()[1] if t.startswith("@") else t.split()[0]).split(".")[0]
+
+
+def load_overlap(body: list[str]) -> list[int]:
+    """For each shared store (STS) of the loop body that writes a register a
+    global load (LDG) of the body filled, the HMMAs issued between that load and
+    the store, following the loop round its back edge where the store comes
+    first (the load then belongs to the iteration before): the MMAs that run
+    while the load is in flight. A store right behind its load (0) waits the
+    whole load latency with nothing of the K step's MMAs under it."""
+    ops = [(_op(t), t) for t in body]
+    n = len(ops)
+    out = []
+    for i, (op, t) in enumerate(ops):
+        if op != "STS":
+            continue
+        src = re.search(r",\s*(R\d+)\s*$", t)
+        if not src:
+            continue
+        hmma = 0
+        for d in range(1, n + 1):  # back from the store, round the back edge
+            op2, t2 = ops[(i - d) % n]
+            if op2 == "HMMA":
+                hmma += 1
+            elif op2 == "LDG":
+                dst = re.search(r"LDG\S*\s+(R\d+)", t2)
+                if dst and dst.group(1) == src.group(1):
+                    out.append(hmma)
+                    break
+    return out
 
 
 SM80_DEFAULT = ["16x32x16/s3/w2", "16x32x32/s4/w2", "128x64x32/s2/w2", "64x64x32/s3/w4",
@@ -133,12 +177,26 @@ def main_sm80(args) -> int:
         for a_rm, b_rm in ((True, False), (True, True), (False, False), (False, True)):
             with tempfile.TemporaryDirectory() as tmp:
                 dump = Path(tmp) / "k.sass"
-                tns.run(args.k, a_rm, b_rm, bm, bn, bk, w, s, dump=dump, arch=80)
-                body = loop_body(dump.read_text(), "HMMA")
+                tns.run(args.k, a_rm, b_rm, bm, bn, bk, w, s, dump=dump, arch=args.arch,
+                        dtype=args.dtype)
+                body = loop_body(dump.read_text(), "FFMA" if args.dtype == "ieee" else "HMMA")
             lay = f"A:{'row' if a_rm else 'col'} B:{'row' if b_rm else 'col'}"
+            if args.arch != 80 or args.dtype != "fp16":
+                lay = f"sm_{args.arch} {args.dtype} {lay}"
             if not body:  # a short constant K: the compiler unrolls the whole loop
                 print(f"{cfg} {lay} K={args.k}: no loop (no backward branch around HMMAs: unrolled)",
                       flush=True)
+                continue
+            if args.overlap:
+                ov = load_overlap(body)
+                kmma = {"tf32": 8, "fp8e4nv": 32, "fp8e5": 32}.get(args.dtype, 16)
+                per = bm * bn * bk / (16 * 8 * kmma) / w  # HMMAs per warp and K step
+                fr = sorted(v / per for v in ov)
+                print(f"{cfg} {lay} K={args.k}: {len(ov)} stores of loaded registers; "
+                      f"HMMAs between load and store, over the step's {per:g}: "
+                      + (f"mean {sum(fr) / len(fr):.3g}, min {fr[0]:.3g}, median {fr[len(fr) // 2]:.3g}, "
+                         f"max {fr[-1]:.3g}"
+                         if fr else "no store of a loaded register"), flush=True)
                 continue
             if args.order:
                 print(f"{cfg} {lay} K={args.k}: " + " | ".join(memory_order(body)), flush=True)
@@ -156,12 +214,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--config", nargs="*", default=None, help="BMxBNxBK/sS/wW")
-    ap.add_argument("--arch", type=int, default=90, choices=[80, 90],
+    ap.add_argument("--arch", type=int, default=90, choices=[80, 89, 90],
                     help="sm_90a (default: the HGMMA loop in issue order) or sm_80 (instructions by class)")
     ap.add_argument("--order", action="store_true",
-                    help="with --arch 80: the loop's loads, stores, MMAs and barriers in issue order")
+                    help="the mma.sync loop's loads, stores, MMAs and barriers in issue order")
+    ap.add_argument("--overlap", action="store_true",
+                    help="with --order: the HMMAs issued between each global load and its shared store")
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "tf32", "ieee", "fp8e4nv", "fp8e5"],
+                    help="operand dtype (fp16 default)")
     args = ap.parse_args(argv)
-    if args.arch == 80:
+    if args.arch == 89 and not args.order:
+        ap.error("--arch 89 needs --order")
+    if args.arch == 80 or args.order:
         return main_sm80(args)
     args.config = args.config or DEFAULT
     import triton_narrow_sass as tns  # needs triton

@@ -23,7 +23,8 @@ from triton.compiler import ASTSource
 @triton.jit
 def _mm(A, B, C, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
         sam: tl.constexpr, sak: tl.constexpr, sbk: tl.constexpr, sbn: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+        PREC: tl.constexpr):
     pid = tl.program_id(0)
     grid_m = (M + BM - 1) // BM
     grid_n = (N + BN - 1) // BN
@@ -53,7 +54,7 @@ def _mm(A, B, C, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
         else:
             a = tl.load(A, mask=rk[None, :] < k, other=0.)
             b = tl.load(B, mask=rk[:, None] < k, other=0.)
-        acc += tl.dot(a, b)
+        acc += tl.dot(a, b, input_precision=PREC)
         A += BK * sak
         B += BK * sbk
     rm = pid_m * BM + tl.arange(0, BM)
@@ -61,13 +62,20 @@ def _mm(A, B, C, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     tl.store(C + rm[:, None] * N + rn[None, :], acc.to(tl.float16), mask=mask)
 
-def run(k, a_rm, b_rm, bm, bn, bk, warps, stages, dump=None, arch=90):
+#: operand dtypes of :func:`run`: Triton pointer type and ``tl.dot`` input precision
+#: (``tf32`` is Triton's default for every dtype, so fp16 compiles as before)
+DTYPES = {"fp16": ("*fp16", "tf32"), "bf16": ("*bf16", "tf32"), "tf32": ("*fp32", "tf32"),
+          "ieee": ("*fp32", "ieee"), "fp8e4nv": ("*fp8e4nv", "tf32"), "fp8e5": ("*fp8e5", "tf32")}
+
+
+def run(k, a_rm, b_rm, bm, bn, bk, warps, stages, dump=None, arch=90, dtype="fp16"):
     M = N = 5376
+    ptr, prec = DTYPES[dtype]
     sam, sak = (k, 1) if a_rm else (1, M)
     sbk, sbn = (N, 1) if b_rm else (1, k)
     names = _mm.arg_names
-    sig = {nm: ("*fp16" if i < 3 else "constexpr") for i, nm in enumerate(names)}
-    vals = [M, N, k, sam, sak, sbk, sbn, bm, bn, bk, 8, k % bk == 0]
+    sig = {nm: ((ptr if i < 2 else "*fp16") if i < 3 else "constexpr") for i, nm in enumerate(names)}
+    vals = [M, N, k, sam, sak, sbk, sbn, bm, bn, bk, 8, k % bk == 0, prec]
     src = ASTSource(_mm, sig, constexprs=dict(zip(names[3:], vals)), attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
     kk = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
     bindir = Path(triton.__file__).parent / "backends/nvidia/bin"
