@@ -711,6 +711,22 @@ def _lower_rows(m, n, k, bm, bn, bk, stages, warps, split, dcode, tf32, a_rm, b_
         b_sync = vb < 4
         if (a_sync or b_sync) and not staged:
             pipe_stages[i] = 1
+        elif stages[i] == 1 and eb == 2 and tc and not wg and not lib[i] and not staged:
+            # Triton's one-stage mma.sync loop of 16-bit operands (fp16, bf16) loads
+            # each K step into registers and stores it to shared memory once the step
+            # before has read its operands; ptxas issues the next step's global loads
+            # ahead of this step's HMMAs, so one load of each tile is in flight under
+            # the step's MMAs: the envelope's two-stage ring (one load ahead), not its
+            # no-prefetch loop. A property of the compiled loop, by operand width
+            # (bench/triton_loop_sass.py --order --overlap, Triton 3.9, sm_80 and
+            # sm_90, 32x32x16, 16x32x16, 32x16x16 / 1 stage / 2 warps, all four
+            # layouts): with 16-bit operands 0.68-0.96 of the step's HMMAs issue
+            # between a load and the store that waits for it (mean over the loop's
+            # stores); with TF32 0-0.42 in 23 of 24 (32x32x16 on sm_80 0-0.26: ptxas
+            # puts the next step's loads into the registers the step's HMMAs read,
+            # so they issue after those HMMAs), and with FP8 (sm_90) none. TF32 and
+            # FP8 keep the no-prefetch loop
+            pipe_stages[i] = 2
         wg_m, wg_n = _warpgroup_grid(bmi, w)
         wm, wn = _warp_grid(bmi, bni, w)
         # per-block resources; Triton's software pipeliner keeps num_stages - 1 ring

@@ -1056,6 +1056,12 @@ def gemm_lower_one(row: dict, hw) -> dict:
     a_sync, b_sync = va < 4, vb < 4
     if (a_sync or b_sync) and not staged:
         pipe_stages = 1
+    elif (row["num_stages"] == 1 and eb == 2 and on_tc and not wgmma and not staged
+          and row.get("backend", "triton") != "cublas"):
+        # Triton's one-stage mma.sync loop of 16-bit operands: the next K step's
+        # global loads issue ahead of this step's HMMAs (SASS), one load in flight,
+        # as a 2-stage ring; TF32 and FP8 loops issue them after the HMMAs
+        pipe_stages = 2
     # a tensor-core Triton tile's loop-carried pointer tensors: 2 registers per
     # vector a thread loads, beyond what 16-byte vectors need (in REGS_BASE),
     # where the loop iterates; their spills are reloaded once per iteration

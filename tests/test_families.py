@@ -567,7 +567,15 @@ def test_gemm_lowering_agrees_with_its_tile_program(rows):
     cols, _ = validate(df, gemm.FAMILY)
     own = gemm.lower(cols, hw)
     gen = lower_program(gemm.PROGRAM, cols, hw)
-    for f in ("g0", "g1", "g2", "ksteps", "stages", "order", "group", "smem_block", "t_mask",
+    # a specialized rule the program does not have: Triton's one-stage mma.sync loop
+    # of 16-bit operands issues the next K step's loads ahead of the step's HMMAs
+    # (gemm._lower_rows, bench/triton_loop_sass.py --overlap), so the envelope
+    # pipelines it as two stages; A100 runs every 16-bit row on mma.sync
+    one16 = ((df["num_stages"] == 1) & df["dtype"].is_in(["float16", "bfloat16"])).to_numpy()
+    assert (own.stages[one16] == 2).all() and (gen.stages[one16] == 1).all()
+    own_stages = np.where(one16, 1, own.stages)
+    assert np.array_equal(own_stages, gen.stages), "stages"
+    for f in ("g0", "g1", "g2", "ksteps", "order", "group", "smem_block", "t_mask",
               "t_per_step", "persistent"):
         assert np.array_equal(getattr(own, f), getattr(gen, f)), f
     np.testing.assert_allclose(own.t_bytes, gen.t_bytes, rtol=1e-12)
