@@ -103,6 +103,14 @@ def hit_table(d: pl.DataFrame) -> pl.DataFrame:
     return table(lat, ["gpu", "one_tile_per_sm", "l2_hit_bucket"])
 
 
+def load_rows(loader, files, dtypes: tuple[str, ...]) -> pl.DataFrame | None:
+    """``loader(path, dtypes)`` over ``files`` (the measured files by default),
+    the non-empty results stacked; None when every file is empty."""
+    parts = [loader(p, dtypes) for p in (files or default_files())]
+    parts = [p for p in parts if not p.is_empty()]
+    return pl.concat(parts, how="diagonal_relaxed") if parts else None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="*", type=Path)
@@ -110,12 +118,10 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="float16,bfloat16")
     args = ap.parse_args(argv)
     dtypes = tuple(args.dtypes.split(","))
-    parts = [predicted(p, dtypes) for p in (args.files or default_files())]
-    parts = [p for p in parts if not p.is_empty()]
-    if not parts:
+    allrows = load_rows(predicted, args.files, dtypes)
+    if allrows is None:
         print("no rows")
         return 0
-    allrows = pl.concat(parts, how="diagonal_relaxed")
     rows = select(allrows, args.min_ksteps).with_columns(
         _bucket("ksteps", KSTEP_EDGES, "ksteps_bucket"))
     with pl.Config(tbl_rows=300, tbl_cols=30, tbl_width_chars=250, float_precision=3):

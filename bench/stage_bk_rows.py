@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from latency_bound_rows import CONFIG, default_files, with_shape  # noqa: E402
+from latency_bound_rows import CONFIG, load_rows, with_shape  # noqa: E402
 
 
 def steady_terms(work_iter, rate, p, sms, stages, warps, warps_full, lat, ovh, sync,
@@ -172,12 +172,10 @@ def main(argv=None) -> int:
     ap.add_argument("--min-waves", type=float, default=8.0)
     args = ap.parse_args(argv)
     dtypes = tuple(args.dtypes.split(","))
-    parts = [predicted_terms(p, dtypes) for p in (args.files or default_files())]
-    parts = [p for p in parts if not p.is_empty()]
-    if not parts:
+    rows = load_rows(predicted_terms, args.files, dtypes)
+    if rows is None:
         print("no rows")
         return 0
-    rows = pl.concat(parts, how="diagonal_relaxed")
     with pl.Config(tbl_rows=300, tbl_cols=30, tbl_width_chars=250, float_precision=3):
         print(f"every Triton row ({', '.join(dtypes)})")
         print(shape_table(rows))
