@@ -46,18 +46,24 @@ def default_files() -> list[Path]:
     return [p for p in out if p.exists()]
 
 
+def measured_triton(path: Path, dtypes: tuple[str, ...]) -> tuple[str, pl.DataFrame]:
+    """The file's GPU and its Triton configurations of ``dtypes``, one row each
+    (``meas``: the median of its repeats, us)."""
+    d = pl.read_parquet(path)
+    gpu = d["gpu"][0]
+    d = d.filter((pl.col("backend") == "triton") & pl.col("dtype").is_in(list(dtypes)))
+    return gpu, d.group_by(list(CONFIG)).agg(meas=pl.col("time_ms").median() * 1000.0)
+
+
 def predicted(path: Path, dtypes: tuple[str, ...]) -> pl.DataFrame:
     """The file's Triton configurations of ``dtypes`` (median of repeats, ``meas``
     in us) with every result column of ``evaluate`` on the file's GPU, and
     ``gpu``, ``file``, ``sms``, ``tiles``, ``ksteps``."""
     from tsbatch.engine.evaluate import evaluate, resolve_hw
 
-    d = pl.read_parquet(path)
-    gpu = d["gpu"][0]
-    d = d.filter((pl.col("backend") == "triton") & pl.col("dtype").is_in(list(dtypes)))
+    gpu, d = measured_triton(path, dtypes)
     if d.is_empty():
         return pl.DataFrame()
-    d = d.group_by(list(CONFIG)).agg(meas=pl.col("time_ms").median() * 1000.0)
     spec = resolve_hw(gpu)
     r = evaluate(d.select(list(CONFIG)), spec)
     r = r.with_columns(meas=d["meas"], gpu=pl.lit(gpu), file=pl.lit(str(path)),

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from latency_bound_rows import CONFIG, load_rows, with_shape  # noqa: E402
+from latency_bound_rows import CONFIG, load_rows, measured_triton, with_shape  # noqa: E402
 
 
 def steady_terms(work_iter, rate, p, sms, stages, warps, warps_full, lat, ovh, sync,
@@ -105,12 +105,9 @@ def predicted_terms(path: Path, dtypes: tuple[str, ...]) -> pl.DataFrame:
     terms ``c0``, ``comp``, ``mem``, ``lb``, ``ovh``, ``lat`` and ``setter``."""
     from tsbatch.engine.evaluate import evaluate, resolve_hw
 
-    d = pl.read_parquet(path)
-    gpu = d["gpu"][0]
-    d = d.filter((pl.col("backend") == "triton") & pl.col("dtype").is_in(list(dtypes)))
+    gpu, d = measured_triton(path, dtypes)
     if d.is_empty():
         return pl.DataFrame()
-    d = d.group_by(list(CONFIG)).agg(meas=pl.col("time_ms").median() * 1000.0)
     spec = resolve_hw(gpu)
     with _captured() as calls:
         r = evaluate(d.select(list(CONFIG)), spec, chunk_rows=0)
