@@ -1408,6 +1408,7 @@ def lower(cols: dict, hw) -> TilePlan:
     serial = _library_split_serial(hw, lib, split, m, n, i64(cols["block_m"]),
                                    i64(cols["block_n"]), i64(cols["num_warps"]), sm80, cyc)
     group = clamp_group(group, g0)
+    capped = bool((tc_cap > 0.0).any())  # rows whose clock the envelope takes by waves
     return TilePlan(
         g0=g0, g1=g1, g2=split, order=order, group=group, ksteps=ksteps,
         stages=pipe_stages, smem_block=smem_block, regs_thread=regs,
@@ -1427,9 +1428,9 @@ def lower(cols: dict, hw) -> TilePlan:
         useful_flops=useful_flops,
         share_eff=share_eff,
         sync_us=np.full(rows, hw.cal("iter_sync_cycles") * cyc),
-        tc_clock_cap=tc_cap if (tc_cap > 0.0).any() else None,
-        smem_clock_cap=smem_capr if (tc_cap > 0.0).any() else None,
-        cuda_clock_cap=cuda_capr if (tc_cap > 0.0).any() else None,
+        tc_clock_cap=tc_cap if capped else None,
+        smem_clock_cap=smem_capr if capped else None,
+        cuda_clock_cap=cuda_capr if capped else None,
         blocked=blocked if blocked.any() else None,
         rules=ADMIT_RULES if blocked.any() else (),
         unlowered=(blocked > 0) if blocked.any() else None,

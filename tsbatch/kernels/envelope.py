@@ -759,7 +759,7 @@ def _envelopes(work_iter, work_epi, rate, shared, compute, tiles, sms, p, ksteps
 
 @jit_exact
 def clock_factor(rounds, busy, sms, cap):
-    """Rate factor of the power-limited clock: the busiest SMs (or slots) run
+    """Rate factor of the power-limited clock: the busiest SMs run
     ``rounds`` rounds of tiles, the last keeping ``busy`` of the ``sms`` busy at
     ``boost = min(cap, sms / busy)``, the earlier ones at the full grid's rate;
     one round is the boost itself, more the rounds' harmonic mean
@@ -836,7 +836,7 @@ def evaluate_envelopes(work_iter, work_epi, rate, tiles, sms, p, ksteps, stages,
         ai = wi if l15_avg[0] is work_iter else np.ascontiguousarray(l15_avg[0], dtype=np.float64)
         ae = we if l15_avg[1] is work_epi else np.ascontiguousarray(l15_avg[1], dtype=np.float64)
     rc = np.ascontiguousarray(rate, dtype=np.float64)
-    if not rc.flags.writeable:  # the kernel scales a row's tensor rate in place
+    if not rc.flags.writeable:  # the kernel scales a row's tail-wave rates in place
         rc = rc.copy()
     args = (wi, we, rc, SHARED, COMPUTE,
             i(tiles), int(sms), i(p), i(ksteps), i(stages), f(warps_tile), float(warps_full),
