@@ -23,6 +23,7 @@ import math
 import re
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -46,6 +47,7 @@ try:
 except ModuleNotFoundError:  # pragma: no cover
     import tomli as tomllib  # type: ignore[no-redef]
 
+ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
 DATE = "2025-06-01T12:00:00+00:00"
 
@@ -715,3 +717,224 @@ def test_calibrate_keep_leaves_a_key_and_rebases_the_efficiency(tmp_path, capsys
     assert "kept as in the file (--keep)" in capsys.readouterr().out
     assert main(["calibrate", str(d), "--hw", "h200", "-o", str(out), "--keep", "clock"]) == 2
     assert "--keep: clock" in capsys.readouterr().err
+
+
+# ============================================================================ the library part
+def test_default_library_grid_is_the_decode_gemms_as_x_at_w_transposed():
+    g = ms.default_library_grid()
+    assert g.configs == () and g.layouts == ((True, False),)
+    shapes = set(g.shapes)
+    # every decode row count of every Llama-3 8B projection (x @ W.T, W of shape n x k)
+    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
+        assert {(m, n, k) for m in (1, 2, 4, 8, 16, 32, 64)} <= shapes
+    assert (8, 129792, 4096) in shapes                     # H100's TF32 skinny stream
+    assert all(min(s) > 0 for s in g.shapes) and len(shapes) == len(g.shapes)
+    q = ms.default_library_grid(True)
+    assert set(q.shapes) < shapes and q.name == "library-quick"
+    assert ms.library_grid("quick", False).shapes == q.shapes
+    assert ms.library_grid(None, True).shapes == q.shapes
+    assert "library" in ms.parse_parts(None) and ms.parse_parts("library") == ("library",)
+
+
+def test_load_library_grid_defaults_to_x_at_w_transposed(tmp_path):
+    f = tmp_path / "lib.toml"
+    f.write_text("shapes = [[16, 4096, 4096], [1, 28672, 4096]]\ndtypes = ['float32']\n")
+    g = ms.load_library_grid(f)
+    assert g.shapes == ((16, 4096, 4096), (1, 28672, 4096)) and g.dtypes == ("float32",)
+    assert g.layouts == ((True, False),) and g.configs == ()
+    f.write_text("shapes = [[16, 4096, 4096]]\na_row_major = [true, false]\nb_row_major = [true]\n")
+    assert ms.load_library_grid(f).layouts == ((True, True), (False, True))
+    assert ms.library_grid(str(f), False).layouts == ((True, True), (False, True))
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("dtypes = ['float16']", "'shapes'"),
+    ("shapes = [[16, 4096]]", "[m, n, k]"),
+    ("shapes = [[16, 4096, 4096]]\nblock_m = [64]", "unknown keys ['block_m']"),
+    ("shapes = [[16, 4096, 4096]]\nb_row_major = 'no'", "'b_row_major'"),
+    ("shapes = [[16, 4096, 4096", "invalid TOML"),
+])
+def test_load_library_grid_errors_name_the_problem(tmp_path, text, needle):
+    f = tmp_path / "lib.toml"
+    f.write_text(text)
+    with pytest.raises(InputError) as exc:
+        ms.load_library_grid(f)
+    assert needle in str(exc.value) and str(f) in str(exc.value)
+
+
+def test_kernel_summary_counts_per_call():
+    ev = [("gemm", 10.0), ("splitk_reduce", 2.0), ("gemm", 12.0), ("splitk_reduce", 2.0)]
+    got = ms.kernel_summary(ev, 2)
+    assert got["kernels_per_call"] == 2.0
+    assert got["kernel_ms"] == pytest.approx(0.013)
+    assert got["kernel_names"] == "gemm;splitk_reduce"
+    with pytest.raises(ValueError):
+        ms.kernel_summary(ev, 0)
+
+
+def test_library_rows_are_the_measured_schema_and_the_extra_columns():
+    p = ms.Problem(8, 4096, 4096, True, False, "float16")
+    recs = [{**ms.gemm_record(p, None, 0.012), "time_ms_warm": 0.009,
+             **ms.kernel_summary([("k", 8.0)], 1)},
+            ms.gemm_record(ms.Problem(1, 4096, 4096, True, False, "bfloat16"), None, 0.01)]
+    df = ms.library_rows(recs, "h100_sxm")
+    assert df.columns == [*ms.GEMM_COLUMNS, *ms.LIBRARY_EXTRA]
+    assert df["backend"].to_list() == ["cublas", "cublas"]
+    assert df["kernels_per_call"].to_list() == [1.0, None]
+    assert df["time_ms_warm"].to_list() == [0.009, None]
+    assert df["block_m"].is_null().all()
+    with pytest.raises(ValueError):
+        ms.library_rows([{**recs[0], "backend": "triton"}], "h100_sxm")
+
+
+class _FakeTensor:
+    def __init__(self, *shape):
+        self.shape = tuple(shape)
+
+    def t(self):
+        return _FakeTensor(*reversed(self.shape))
+
+    def mul_(self, x):
+        return self
+
+    def zero_(self):
+        return self
+
+
+def _fake_torch(kernels_per_call=2):
+    """Just enough of torch for run_library: a clock that advances 5 us a matmul call,
+    and a profiler that sees ``kernels_per_call`` kernels a call."""
+    clock = {"t": 0.0, "calls": 0}
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.at = None
+
+        def record(self):
+            self.at = clock["t"]
+
+        def elapsed_time(self, other):
+            return other.at - self.at
+
+    def matmul(a, b, out=None):
+        assert a.shape[1] == b.shape[0]
+        clock["t"] += 0.005
+        clock["calls"] += 1
+        return _FakeTensor(a.shape[0], b.shape[1])
+
+    class Prof:
+        def __init__(self, activities):
+            self.start = None
+
+        def __enter__(self):
+            self.start = clock["calls"]
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            n = clock["calls"] - self.start
+            ev = []
+            for i in range(n * kernels_per_call):
+                ev.append(types.SimpleNamespace(
+                    name=f"kernel{i % kernels_per_call}", device_type="CUDA",
+                    time_range=types.SimpleNamespace(elapsed_us=lambda: 2.0)))
+            ev.append(types.SimpleNamespace(name="aten::mm", device_type="CPU",
+                                            time_range=types.SimpleNamespace(elapsed_us=lambda: 9.0)))
+            return ev
+
+    torch = types.ModuleType("torch")
+    torch.float16, torch.bfloat16, torch.float32, torch.int8 = "f16", "bf16", "f32", "i8"
+    torch.backends = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        matmul=types.SimpleNamespace(allow_tf32=False)))
+    torch.cuda = types.SimpleNamespace(Event=Event, synchronize=lambda: None,
+                                       empty_cache=lambda: None)
+    torch.randn = lambda *shape, device=None, dtype=None: _FakeTensor(*shape)
+    torch.empty = lambda *shape, device=None, dtype=None: _FakeTensor(*shape)
+    torch.matmul = matmul
+    torch.autograd = types.SimpleNamespace(DeviceType=types.SimpleNamespace(CUDA="CUDA"))
+    prof = types.ModuleType("torch.profiler")
+    prof.ProfilerActivity = types.SimpleNamespace(CUDA="cuda")
+    prof.profile = Prof
+    return torch, prof
+
+
+def test_run_library_times_cold_warm_and_profiles_each_problem(monkeypatch, tmp_path):
+    """The library part end to end on a stand-in torch: one record per problem and
+    dtype with both timings and the profiler's kernels, written as library.parquet."""
+    torch, prof = _fake_torch(kernels_per_call=2)
+    monkeypatch.setitem(sys.modules, "torch.profiler", prof)
+    grid = ms.GemmGrid(((8, 4096, 4096), (1, 1024, 512)), (), ((True, False),), None, "t")
+    env = {"l2_bytes": 50 << 20, "gpu": "h100_sxm"}
+    seen = []
+    recs = ms.run_library(torch, env, grid, ("float16", "bfloat16"), quick=True, quiet=True,
+                          on_problem=lambda r, done, planned: seen.append((done, planned)))
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert [(r["m"], r["dtype"]) for r in recs] == [(8, "float16"), (8, "bfloat16"),
+                                                    (1, "float16"), (1, "bfloat16")]
+    for r in recs:
+        assert r["time_ms"] == pytest.approx(0.005) and r["time_ms_warm"] == pytest.approx(0.005)
+        assert r["kernels_per_call"] == 2.0 and r["kernel_ms"] == pytest.approx(0.004)
+        assert r["kernel_names"] == "kernel0;kernel1" and r["b_row_major"] is False
+    df = ms.library_rows(recs, env["gpu"])
+    assert df.height == 4 and df["tf32"].to_list() == [False] * 4
+
+
+def test_run_library_keeps_its_timings_when_the_profiler_fails(monkeypatch, capsys):
+    torch, prof = _fake_torch()
+
+    def broken(activities):
+        raise RuntimeError("CUPTI unavailable")
+
+    prof.profile = broken
+    monkeypatch.setitem(sys.modules, "torch.profiler", prof)
+    grid = ms.GemmGrid(((8, 64, 64),), (), ((True, False),), None, "t")
+    recs = ms.run_library(torch, {"l2_bytes": 1 << 20}, grid, ("float16",), quick=True,
+                          quiet=True)
+    assert recs[0]["time_ms"] > 0 and "kernel_ms" not in recs[0]
+    assert "CUPTI unavailable" in capsys.readouterr().err
+    assert ms.library_rows(recs, "a100")["kernel_ms"].is_null().all()
+
+
+def test_library_rows_evaluate_and_score(tmp_path):
+    """library.parquet is a measured file tsbatch accuracy reads (its extra columns ignored)."""
+    p = ms.Problem(8, 4096, 4096, True, False, "float16")
+    df = ms.library_rows([{**ms.gemm_record(p, None, 0.02), "time_ms_warm": 0.015}], "h100_sxm")
+    f = tmp_path / "library.parquet"
+    df.write_parquet(f)
+    assert main(["accuracy", str(f), "--hw", "h100_sxm", "--json", str(tmp_path / "r.json")]) == 0
+
+
+def test_measure_checks_the_library_arguments_before_the_gpu(tmp_path, capsys, monkeypatch):
+    _hide(monkeypatch)
+    bad = tmp_path / "lib.toml"
+    bad.write_text("shapes = [[1, 2]]\n")
+    assert main(["measure", "--out", str(tmp_path / "m"), "--library-grid", str(bad)]) == 2
+    assert "lib.toml: each shape must be [m, n, k]" in capsys.readouterr().err
+    assert main(["measure", "--out", str(tmp_path / "m"), "--library-budget-s", "0"]) == 2
+    assert "--library-budget-s 0" in capsys.readouterr().err
+    assert main(["measure", "--out", str(tmp_path / "m"), "--only", "library,cublas"]) == 2
+    assert "unknown part(s) ['cublas']" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+
+
+def test_library_calls_report_on_a_written_file(tmp_path):
+    """bench/library_calls.py: every problem predicted, the ratios and the per-call gap."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import library_calls as lc
+
+    recs = []
+    for m in (1, 8, 64, 128):
+        p = ms.Problem(m, 4096, 4096, True, False, "float16")
+        recs.append({**ms.gemm_record(p, None, 0.020), "time_ms_warm": 0.015,
+                     **ms.kernel_summary([("gemv", 16.0), ("reduce", 1.5)], 1)})
+    ms.library_rows(recs, "h100_sxm").write_parquet(tmp_path / "library.parquet")
+    df = lc.with_ratios(lc.predict(lc.load(tmp_path), None))
+    assert df.height == 4 and (df["pred_us"] > 0).all()
+    assert df["cold_over_pred"].to_list() == pytest.approx((20.0 / df["pred_us"]).to_list())
+    assert df["cold_minus_kernel_us"].to_list() == pytest.approx([2.5] * 4)
+    assert df["m_bucket"].to_list() == ["M<=16", "M<=16", "M 17-64", "M>64"]
+    s = lc.summary(df)
+    assert s["problems"].to_list() == [1, 2, 1] and s["kernels"].to_list() == [2.0] * 3
+    assert lc.main([str(tmp_path / "library.parquet"), "--json", str(tmp_path / "s.json")]) == 0
