@@ -938,3 +938,58 @@ def test_library_calls_report_on_a_written_file(tmp_path):
     s = lc.summary(df)
     assert s["problems"].to_list() == [1, 2, 1] and s["kernels"].to_list() == [2.0] * 3
     assert lc.main([str(tmp_path / "library.parquet"), "--json", str(tmp_path / "s.json")]) == 0
+
+
+def test_run_measure_writes_library_parquet_with_its_provenance(monkeypatch, tmp_path):
+    """run_measure's library block on the stand-in torch: the file, its rows and metadata."""
+    torch, prof = _fake_torch(kernels_per_call=1)
+    monkeypatch.setitem(sys.modules, "torch.profiler", prof)
+    monkeypatch.setattr(ms, "require_gpu", lambda: (torch, types.SimpleNamespace()))
+    env = {"device_name": "NVIDIA H100 80GB HBM3", "gpu": "h100_sxm", "driver": "x",
+           "cuda": "12.4", "torch": "2.5", "triton": "3.1", "date": DATE, "sm_count": 132,
+           "l2_bytes": 50 * MIB}
+    monkeypatch.setattr(ms, "_environment", lambda torch, triton: dict(env))
+    monkeypatch.setattr(ms, "_load_kernels", lambda workdir: None)
+    grid = ms.GemmGrid(((8, 4096, 4096), (64, 1024, 4096)), (), ((True, False),), None, "t")
+    res = ms.run_measure(tmp_path, quick=True, grid=ms.default_grid(True),
+                         dtypes=("float16",), parts=("library",), quiet=True,
+                         lib_grid=grid, lib_dtypes=("bfloat16", "float32"))
+    assert res["written"] == {"library.parquet": 4}
+    df = pl.read_parquet(tmp_path / "library.parquet")
+    assert df.columns == [*ms.GEMM_COLUMNS, *ms.LIBRARY_EXTRA]
+    assert sorted(set(df["dtype"])) == ["bfloat16", "float32"]
+    assert df["tf32"].to_list() == [False, True, False, True]
+    meta = read_metadata(tmp_path / "library.parquet")
+    assert meta["tsbatch.measure_kind"] == "library" and meta["tsbatch.complete"] == "true"
+    assert meta["tsbatch.gpu"] == "h100_sxm" and "L2 flushed" in meta["tsbatch.timing"]
+    assert not (tmp_path / "gemm.parquet").exists()
+
+
+def test_the_prepared_device_script_passes_tsbatch_measure_its_arguments(monkeypatch, capsys):
+    """Every ``tsbatch measure`` line of bench/device/measure.sh parses (the run then
+    stops at the missing GPU, not at an argument): a device's minutes are not spent
+    finding a typo."""
+    import shlex
+
+    _hide(monkeypatch)
+    text = (ROOT / "bench" / "device" / "measure.sh").read_text().replace("\\\n", " ")
+    subs = {'"$out"': "/tmp/tsbatch-test-out", '"$out/fp32"': "/tmp/tsbatch-test-out/fp32",
+            '"$here/': str(ROOT / "bench" / "device") + "/", '"$lib_budget"': "150",
+            '"$gemm_budget"': "180", '"$fp32_budget"': "60"}
+    calls = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("python3 -m tsbatch.front.cli measure"):
+            for k, v in subs.items():
+                line = line.replace(k, v)
+            args = shlex.split(line.replace('.toml"', ".toml"))[3:]
+            assert "$" not in " ".join(args), line
+            calls.append(args)
+    assert len(calls) >= 3 and calls[0][:1] == ["measure"]
+    for args in calls:
+        for i, a in enumerate(args):
+            if a.endswith(".toml"):
+                assert Path(a).exists(), a
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert "needs a CUDA GPU" in err, (args, err)
