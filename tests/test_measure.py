@@ -993,3 +993,16 @@ def test_the_prepared_device_script_passes_tsbatch_measure_its_arguments(monkeyp
         assert main(args) == 2
         err = capsys.readouterr().err
         assert "needs a CUDA GPU" in err, (args, err)
+
+
+def test_a_spent_budget_stops_the_library_loop_and_counts_what_was_done(monkeypatch):
+    torch, prof = _fake_torch()
+    monkeypatch.setitem(sys.modules, "torch.profiler", prof)
+    grid = ms.GemmGrid(((8, 64, 64), (16, 64, 64)), (), ((True, False),), None, "t")
+    stats: dict = {}
+    assert ms.run_library(torch, {"l2_bytes": 1 << 20}, grid, ("float16",), quick=True,
+                          quiet=True, budget_s=1e-12, stats=stats) == []
+    assert stats == {"problems_planned": 2, "problems_done": 0}
+    recs = ms.run_library(torch, {"l2_bytes": 1 << 20}, grid, ("float16",), quick=True,
+                          quiet=True, stats=stats)
+    assert len(recs) == 2 and stats == {"problems_planned": 2, "problems_done": 2}

@@ -958,6 +958,51 @@ def run_matmul(torch, env: dict, dtypes: Sequence[str], *, quick: bool,
     return records
 
 
+class _Timer:
+    """Per-call times (ms) of a timing loop's calls: ``cold`` with the L2 flushed
+    before each call (a buffer twice the L2, at least 256 MiB, zeroed), ``warm``
+    back to back; about ``target_ms`` of calls each (:func:`_bench`)."""
+
+    def __init__(self, torch, env: dict, quick: bool):
+        self.torch = torch
+        self.flush = torch.empty(max(256 * MIB, 2 * int(env["l2_bytes"])), dtype=torch.int8,
+                                 device="cuda")
+        self.target = 10.0 if quick else 25.0
+
+    def cold(self, fn) -> list[float]:
+        return _bench(self.torch, fn, flush=self.flush, target_ms=self.target)
+
+    def warm(self, fn) -> list[float]:
+        return _bench(self.torch, fn, target_ms=self.target)
+
+    def close(self) -> None:
+        self.flush = None
+        self.torch.cuda.empty_cache()
+
+
+def _timed_problems(torch, env: dict, grid: GemmGrid, dtypes: Sequence[str], *, quick: bool,
+                    quiet: bool, budget_s: float | None, stats: dict, fp32: str):
+    """The problems of a timing loop (:func:`run_gemm`, :func:`run_library`):
+    ``(i, problem, planned, timer)`` until they or ``budget_s`` run out, float32
+    set to run as ``fp32`` says; ``stats`` gets ``problems_planned`` and
+    ``problems_done`` (those whose loop body has run)."""
+    torch.backends.cuda.matmul.allow_tf32 = fp32 == "tf32"
+    timer = _Timer(torch, env, quick)
+    problems = grid_problems(grid, dtypes)
+    stats.update(problems_planned=len(problems), problems_done=0)
+    t0 = time.perf_counter()
+    try:
+        for i, p in enumerate(problems, 1):
+            if budget_s is not None and time.perf_counter() - t0 > budget_s:
+                _log(f"  time budget of {budget_s:.0f} s spent: stopped after {i - 1} of "
+                     f"{len(problems)} problems", quiet)
+                break
+            yield i, p, len(problems), timer
+            stats["problems_done"] = i
+    finally:
+        timer.close()
+
+
 def _operands(torch, p: Problem):
     """Random A and B of problem ``p`` in its layouts (a transposed view of a
     contiguous tensor for a column-major operand), scaled so that C's entries are
@@ -1007,44 +1052,34 @@ def run_library(torch, env: dict, grid: GemmGrid, dtypes: Sequence[str], *, quic
     ``time_ms - kernel_ms`` is the per-call time that is no kernel's). Medians of
     the repeats. ``budget_s``, ``on_problem``, ``stats``, ``fp32``: as :func:`run_gemm`.
     """
-    torch.backends.cuda.matmul.allow_tf32 = fp32 == "tf32"
-    flush = torch.empty(max(256 * MIB, 2 * int(env["l2_bytes"])), dtype=torch.int8, device="cuda")
-    target = 10.0 if quick else 25.0
     records: list[dict] = []
-    problems = grid_problems(grid, dtypes)
     stats = {} if stats is None else stats
-    stats.update(problems_planned=len(problems), problems_done=0)
     t0 = time.perf_counter()
-    for i_prob, p in enumerate(problems, 1):
-        if budget_s is not None and time.perf_counter() - t0 > budget_s:
-            _log(f"  time budget of {budget_s:.0f} s spent: stopped after {i_prob - 1} of "
-                 f"{len(problems)} problems", quiet)
-            break
+    for i_prob, p, n_prob, timer in _timed_problems(
+            torch, env, grid, dtypes, quick=quick, quiet=quiet, budget_s=budget_s,
+            stats=stats, fp32=fp32):
         a, b = _operands(torch, p)
         c = torch.matmul(a, b)
 
         def fn():
             torch.matmul(a, b, out=c)
 
-        cold = _bench(torch, fn, flush=flush, target_ms=target)
-        warm = _bench(torch, fn, target_ms=target)
+        cold = timer.cold(fn)
+        warm = timer.warm(fn)
         rec = gemm_record(p, None, sorted(cold)[len(cold) // 2], fp32)
         rec["time_ms_warm"] = sorted(warm)[len(warm) // 2]
         kern = _profile_kernels(torch, fn)
         rec.update(kern or {})
         records.append(rec)
-        stats["problems_done"] = i_prob
         kinfo = "" if kern is None else \
             f", {kern['kernels_per_call']:.0f} kernel(s) {kern['kernel_ms'] * 1e3:.1f} us"
-        _log(f"  [{i_prob}/{len(problems)}] {p.m}x{p.n}x{p.k} {p.dtype} "
+        _log(f"  [{i_prob}/{n_prob}] {p.m}x{p.n}x{p.k} {p.dtype} "
              f"a{'R' if p.a_row_major else 'C'}b{'R' if p.b_row_major else 'C'}: cold "
              f"{rec['time_ms'] * 1e3:8.1f} us, warm {rec['time_ms_warm'] * 1e3:8.1f} us{kinfo} "
              f"[{time.perf_counter() - t0:.0f} s]", quiet)
         del a, b, c
         if on_problem is not None:
-            on_problem(records, i_prob, len(problems))
-    del flush
-    torch.cuda.empty_cache()
+            on_problem(records, i_prob, n_prob)
     return records
 
 
@@ -1184,24 +1219,18 @@ def run_gemm(torch, kernels, env: dict, grid: GemmGrid, dtypes: Sequence[str], *
     counts them. ``fp32``: float32 inputs run as ``'tf32'`` (Triton's default,
     torch's ``allow_tf32``) or ``'ieee'``; the ``tf32`` column says which.
     """
-    torch.backends.cuda.matmul.allow_tf32 = fp32 == "tf32"
-    flush = torch.empty(max(256 * MIB, 2 * int(env["l2_bytes"])), dtype=torch.int8, device="cuda")
-    target = 10.0 if quick else 25.0
     records: list[dict] = []
-    problems = grid_problems(grid, dtypes)
     stats = {} if stats is None else stats
-    stats.update(problems_planned=len(problems), problems_done=0, wrong_results=0)
+    stats["wrong_results"] = 0
     t0 = time.perf_counter()
-    for i_prob, p in enumerate(problems, 1):
-        if budget_s is not None and time.perf_counter() - t0 > budget_s:
-            _log(f"  time budget of {budget_s:.0f} s spent: stopped after {i_prob - 1} of "
-                 f"{len(problems)} problems", quiet)
-            break
+    for i_prob, p, n_prob, timer in _timed_problems(
+            torch, env, grid, dtypes, quick=quick, quiet=quiet, budget_s=budget_s,
+            stats=stats, fp32=fp32):
         m, n, k, a_rm, b_rm, d = p.m, p.n, p.k, p.a_row_major, p.b_row_major, p.dtype
         td = _torch_dtype(torch, d)
         a, b = _operands(torch, p)
         ref = torch.matmul(a, b)
-        t = _bench(torch, lambda: torch.matmul(a, b, out=ref), flush=flush, target_ms=target)
+        t = timer.cold(lambda: torch.matmul(a, b, out=ref))
         t_lib = sorted(t)[len(t) // 2]
         records.append(gemm_record(p, None, t_lib, fp32))
         ref = torch.matmul(a, b)
@@ -1232,20 +1261,17 @@ def run_gemm(torch, kernels, env: dict, grid: GemmGrid, dtypes: Sequence[str], *
                     t_ms = math.inf
                     n_fail += 1
                 else:
-                    t = _bench(torch, fn, flush=flush, target_ms=target)
+                    t = timer.cold(fn)
                     t_ms = sorted(t)[len(t) // 2]
                     best = min(best, t_ms)
             records.append(gemm_record(p, cfg, t_ms, fp32, res))
-        stats["problems_done"] = i_prob
-        _log(f"  [{i_prob}/{len(problems)}] {m}x{n}x{k} {d} a{'R' if a_rm else 'C'}b{'R' if b_rm else 'C'}: "
+        _log(f"  [{i_prob}/{n_prob}] {m}x{n}x{k} {d} a{'R' if a_rm else 'C'}b{'R' if b_rm else 'C'}: "
              f"cublas {t_lib * 1e3:9.1f} us, best triton "
              f"{best * 1e3:9.1f} us ({n_fail} configs did not run) "
              f"[{time.perf_counter() - t0:.0f} s]", quiet)
         del a, b, c, ref
         if on_problem is not None:
-            on_problem(records, i_prob, len(problems))
-    del flush
-    torch.cuda.empty_cache()
+            on_problem(records, i_prob, n_prob)
     return records
 
 
