@@ -1006,3 +1006,31 @@ def test_a_spent_budget_stops_the_library_loop_and_counts_what_was_done(monkeypa
     recs = ms.run_library(torch, {"l2_bytes": 1 << 20}, grid, ("float16",), quick=True,
                           quiet=True, stats=stats)
     assert len(recs) == 2 and stats == {"problems_planned": 2, "problems_done": 2}
+
+
+def test_run_gemm_times_the_library_and_each_configuration(monkeypatch):
+    """run_gemm's loop on the stand-in torch (the Triton launch stubbed): a cuBLAS row and
+    one row per configuration each problem, a configuration that cannot build recorded
+    as not runnable, the counts in ``stats``."""
+    torch, _ = _fake_torch()
+    grid = ms.GemmGrid(((64, 64, 64), (128, 64, 32)), ms.default_grid(True).configs[:3],
+                       ((True, True),), None, "t")
+    bad = grid.configs[1]
+
+    def launch(kernels, a, b, c, m, n, k, cfg, ieee, g):
+        if cfg == bad:
+            raise RuntimeError("out of resource: shared memory")
+        return torch.matmul(a, b)
+
+    monkeypatch.setattr(ms, "_launch_matmul", launch)
+    monkeypatch.setattr(ms, "kernel_resources", lambda compiled: {"num_regs": 128})
+    monkeypatch.setattr(ms, "_check", lambda torch, c, ref, dtype: True)
+    torch.empty = lambda *shape, device=None, dtype=None: _FakeTensor(*shape)
+    stats: dict = {}
+    recs = ms.run_gemm(torch, None, {"l2_bytes": 1 << 20}, grid, ("float16",), quick=True,
+                       quiet=True, stats=stats)
+    assert [r["backend"] for r in recs] == ["cublas", "triton", "triton", "triton"] * 2
+    assert [math.isinf(r["time_ms"]) for r in recs if r["backend"] == "triton"] == \
+        [False, True, False] * 2
+    assert stats == {"wrong_results": 0, "problems_planned": 2, "problems_done": 2}
+    assert ms.gemm_rows(recs, "h100_sxm").height == 8
