@@ -11,7 +11,8 @@
 #      streams (docs/gemm_accuracy.md, "The library's small calls, session 10").
 #   2. bandwidth.parquet, matmul.parquet, gemm.parquet (bench/device/llm_gemm.toml:
 #      Triton fp16/bf16) and fp32/{matmul,gemm}.parquet (bench/device/fp32_gemm.toml).
-# env.txt records nvidia-smi, the driver and every library's version. Then, anywhere:
+# env.txt records nvidia-smi, the driver and every library's version; clocks.csv the
+# SM clock, power and temperature every 200 ms while the parts run. Then, anywhere:
 #   python bench/library_calls.py OUTDIR
 #   tsbatch calibrate OUTDIR --hw h200 --keep tc_fp16_tflops --dry-run
 #   tsbatch accuracy OUTDIR/gemm.parquet OUTDIR/library.parquet OUTDIR/fp32/gemm.parquet --json r.json --report rep/
@@ -30,6 +31,12 @@ mkdir -p "$out/fp32"
   nproc
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
+# the SM clock, power and temperature every 200 ms for the whole run (the model's
+# power-limited clock: docs/gemm_accuracy.md, "The power-limited clock by waves, session 13")
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
+  --format=csv -lms 200 > "$out/clocks.csv" 2>/dev/null &
+smi=$!
+trap 'kill $smi 2>/dev/null' EXIT
 t0=$(date +%s)
 python3 -m tsbatch.front.cli measure --out "$out" --only library \
   --dtypes float16,bfloat16,float32 --library-budget-s "$lib_budget"
