@@ -788,23 +788,32 @@ def test_library_rows_are_the_measured_schema_and_the_extra_columns():
 
 
 class _FakeTensor:
-    def __init__(self, *shape):
+    def __init__(self, *shape, clock=None):
         self.shape = tuple(shape)
+        self.clock = clock
 
     def t(self):
-        return _FakeTensor(*reversed(self.shape))
+        return _FakeTensor(*reversed(self.shape), clock=self.clock)
 
     def mul_(self, x):
         return self
 
-    def zero_(self):
+    def zero_(self):  # a write: the L2 is left full of dirty lines
+        if self.clock is not None:
+            self.clock["dirty"] = True
         return self
+
+    def sum(self):  # a read: the L2 is left full of clean lines
+        if self.clock is not None:
+            self.clock["dirty"] = False
+        return _FakeTensor(1)
 
 
 def _fake_torch(kernels_per_call=2):
     """Just enough of torch for run_library: a clock that advances 5 us a matmul call,
-    and a profiler that sees ``kernels_per_call`` kernels a call."""
-    clock = {"t": 0.0, "calls": 0}
+    2 us more after the L2 was left dirty (a zeroed flush buffer), and a profiler
+    that sees ``kernels_per_call`` kernels a call."""
+    clock = {"t": 0.0, "calls": 0, "dirty": False}
 
     class Event:
         def __init__(self, enable_timing=False):
@@ -818,7 +827,8 @@ def _fake_torch(kernels_per_call=2):
 
     def matmul(a, b, out=None):
         assert a.shape[1] == b.shape[0]
-        clock["t"] += 0.005
+        clock["t"] += 0.007 if clock["dirty"] else 0.005
+        clock["dirty"] = False
         clock["calls"] += 1
         return _FakeTensor(a.shape[0], b.shape[1])
 
@@ -851,7 +861,7 @@ def _fake_torch(kernels_per_call=2):
     torch.cuda = types.SimpleNamespace(Event=Event, synchronize=lambda: None,
                                        empty_cache=lambda: None)
     torch.randn = lambda *shape, device=None, dtype=None: _FakeTensor(*shape)
-    torch.empty = lambda *shape, device=None, dtype=None: _FakeTensor(*shape)
+    torch.empty = lambda *shape, device=None, dtype=None: _FakeTensor(*shape, clock=clock)
     torch.matmul = matmul
     torch.autograd = types.SimpleNamespace(DeviceType=types.SimpleNamespace(CUDA="CUDA"))
     prof = types.ModuleType("torch.profiler")
@@ -873,8 +883,10 @@ def test_run_library_times_cold_warm_and_profiles_each_problem(monkeypatch, tmp_
     assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
     assert [(r["m"], r["dtype"]) for r in recs] == [(8, "float16"), (8, "bfloat16"),
                                                     (1, "float16"), (1, "bfloat16")]
-    for r in recs:
-        assert r["time_ms"] == pytest.approx(0.005) and r["time_ms_warm"] == pytest.approx(0.005)
+    for r in recs:  # cold after a written flush, cold after a read one, back to back
+        assert r["time_ms"] == pytest.approx(0.007)
+        assert r["time_ms_clean"] == pytest.approx(0.005)
+        assert r["time_ms_warm"] == pytest.approx(0.005)
         assert r["kernels_per_call"] == 2.0 and r["kernel_ms"] == pytest.approx(0.004)
         assert r["kernel_names"] == "kernel0;kernel1" and r["b_row_major"] is False
     df = ms.library_rows(recs, env["gpu"])
@@ -927,13 +939,20 @@ def test_library_calls_report_on_a_written_file(tmp_path):
     recs = []
     for m in (1, 8, 64, 128):
         p = ms.Problem(m, 4096, 4096, True, False, "float16")
-        recs.append({**ms.gemm_record(p, None, 0.020), "time_ms_warm": 0.015,
+        recs.append({**ms.gemm_record(p, None, 0.020), "time_ms_clean": 0.018,
+                     "time_ms_warm": 0.015,
                      **ms.kernel_summary([("gemv", 16.0), ("reduce", 1.5)], 1)})
     ms.library_rows(recs, "h100_sxm").write_parquet(tmp_path / "library.parquet")
     df = lc.with_ratios(lc.predict(lc.load(tmp_path), None))
     assert df.height == 4 and (df["pred_us"] > 0).all()
     assert df["cold_over_pred"].to_list() == pytest.approx((20.0 / df["pred_us"]).to_list())
     assert df["cold_minus_kernel_us"].to_list() == pytest.approx([2.5] * 4)
+    assert df["cold_minus_clean_us"].to_list() == pytest.approx([2.0] * 4)
+    # the written-back L2 at the model's DRAM rate: the L2's bytes at most
+    from tsbatch.engine.evaluate import resolve_hw
+    h = resolve_hw("h100_sxm")
+    cap = h.l2_bytes / (h.dram_bw_tbps * h.cal("dram_efficiency") * 1e6)
+    assert ((df["writeback_us"] > 0) & (df["writeback_us"] <= cap * (1 + 1e-12))).all()
     assert df["m_bucket"].to_list() == ["M<=16", "M<=16", "M 17-64", "M>64"]
     s = lc.summary(df)
     assert s["problems"].to_list() == [1, 2, 1] and s["kernels"].to_list() == [2.0] * 3

@@ -578,7 +578,8 @@ def gemm_rows(records: Iterable[dict], gpu: str, source: str = SOURCE):
 
 
 #: the library part's columns after :func:`gemm_schema`'s
-LIBRARY_EXTRA = {"time_ms_warm": "Float64", "kernels_per_call": "Float64",
+LIBRARY_EXTRA = {"time_ms_clean": "Float64", "time_ms_warm": "Float64",
+                 "kernels_per_call": "Float64",
                  "kernel_ms": "Float64", "kernel_names": "String"}
 
 
@@ -597,8 +598,9 @@ def kernel_summary(events: Sequence[tuple[str, float]], calls: int) -> dict:
 
 def library_rows(records: Iterable[dict], gpu: str, source: str = SOURCE):
     """Rows of ``library.parquet``: :func:`gemm_rows`' library rows (``time_ms``: the
-    call timed cold, its operands flushed from L2 before each call, as the
-    development data's harness does) and :data:`LIBRARY_EXTRA`: ``time_ms_warm``
+    call timed cold, L2 flushed by a write before each call, as the development
+    data's harness does) and :data:`LIBRARY_EXTRA`: ``time_ms_clean`` (cold, flushed
+    by a read), ``time_ms_warm``
     (back-to-back calls, operands left in L2), ``kernels_per_call``,
     ``kernel_ms`` and ``kernel_names`` (what the profiler saw run; null where it
     could not run)."""
@@ -861,7 +863,8 @@ def _bench(torch, fn, *, flush=None, target_ms: float = 25.0, min_rep: int = 3,
     """Per-call times (ms) of ``fn`` with CUDA events, after a warm-up; the
     count of calls fills about ``target_ms``. ``flush`` (a byte tensor larger
     than L2) is zeroed before each call so that every call starts cold, as
-    Triton's ``do_bench`` and Inductor's autotuner (the development data) do."""
+    Triton's ``do_bench`` and Inductor's autotuner (the development data) do;
+    or, a callable, is called instead (:meth:`_Timer.clean`: a read of it)."""
     fn()
     torch.cuda.synchronize()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -875,7 +878,9 @@ def _bench(torch, fn, *, flush=None, target_ms: float = 25.0, min_rep: int = 3,
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for i in range(n):
-        if flush is not None:
+        if callable(flush):
+            flush()
+        elif flush is not None:
             flush.zero_()
         starts[i].record()
         fn()
@@ -960,7 +965,9 @@ def run_matmul(torch, env: dict, dtypes: Sequence[str], *, quick: bool,
 
 class _Timer:
     """Per-call times (ms) of a timing loop's calls: ``cold`` with the L2 flushed
-    before each call (a buffer twice the L2, at least 256 MiB, zeroed), ``warm``
+    before each call (a buffer twice the L2, at least 256 MiB, zeroed: the L2 is
+    then full of dirty lines, as after Triton's ``do_bench`` flush), ``clean``
+    flushed by reading that buffer instead (the L2 full of clean lines), ``warm``
     back to back; about ``target_ms`` of calls each (:func:`_bench`)."""
 
     def __init__(self, torch, env: dict, quick: bool):
@@ -971,6 +978,10 @@ class _Timer:
 
     def cold(self, fn) -> list[float]:
         return _bench(self.torch, fn, flush=self.flush, target_ms=self.target)
+
+    def clean(self, fn) -> list[float]:
+        flush = self.flush
+        return _bench(self.torch, fn, flush=lambda: flush.sum(), target_ms=self.target)
 
     def warm(self, fn) -> list[float]:
         return _bench(self.torch, fn, target_ms=self.target)
@@ -1042,10 +1053,13 @@ def _profile_kernels(torch, fn, calls: int = 5) -> dict | None:
 def run_library(torch, env: dict, grid: GemmGrid, dtypes: Sequence[str], *, quick: bool,
                 quiet: bool = False, budget_s: float | None = None, on_problem=None,
                 stats: dict | None = None, fp32: str = "tf32") -> list[dict]:
-    """Time the library (``torch.matmul``, cuBLAS) on every problem of ``grid``, three ways.
+    """Time the library (``torch.matmul``, cuBLAS) on every problem of ``grid``, four ways.
 
-    ``time_ms``: cold, L2 flushed before each call (the development data's harness:
-    Triton's ``do_bench``, Inductor's autotuner); ``time_ms_warm``: back-to-back
+    ``time_ms``: cold, L2 flushed by a write before each call (the development data's
+    harness: Triton's ``do_bench``, Inductor's autotuner), so the call's own
+    allocations evict dirty lines; ``time_ms_clean``: cold, flushed by a read (clean
+    lines: ``time_ms - time_ms_clean`` is what writing those back costs the call);
+    ``time_ms_warm``: back-to-back
     calls with the operands left in L2 (a decode step's GEMM after the layer
     before it); and what the profiler sees run per call (kernels, their summed
     time, names: a split-K reduction or a memset shows as a second kernel, and
@@ -1065,8 +1079,10 @@ def run_library(torch, env: dict, grid: GemmGrid, dtypes: Sequence[str], *, quic
             torch.matmul(a, b, out=c)
 
         cold = timer.cold(fn)
+        clean = timer.clean(fn)
         warm = timer.warm(fn)
         rec = gemm_record(p, None, sorted(cold)[len(cold) // 2], fp32)
+        rec["time_ms_clean"] = sorted(clean)[len(clean) // 2]
         rec["time_ms_warm"] = sorted(warm)[len(warm) // 2]
         kern = _profile_kernels(torch, fn)
         rec.update(kern or {})
@@ -1075,7 +1091,8 @@ def run_library(torch, env: dict, grid: GemmGrid, dtypes: Sequence[str], *, quic
             f", {kern['kernels_per_call']:.0f} kernel(s) {kern['kernel_ms'] * 1e3:.1f} us"
         _log(f"  [{i_prob}/{n_prob}] {p.m}x{p.n}x{p.k} {p.dtype} "
              f"a{'R' if p.a_row_major else 'C'}b{'R' if p.b_row_major else 'C'}: cold "
-             f"{rec['time_ms'] * 1e3:8.1f} us, warm {rec['time_ms_warm'] * 1e3:8.1f} us{kinfo} "
+             f"{rec['time_ms'] * 1e3:8.1f} us, clean {rec['time_ms_clean'] * 1e3:8.1f} us, warm "
+             f"{rec['time_ms_warm'] * 1e3:8.1f} us{kinfo} "
              f"[{time.perf_counter() - t0:.0f} s]", quiet)
         del a, b, c
         if on_problem is not None:
@@ -1337,8 +1354,9 @@ def run_measure(out: Path, *, quick: bool, grid: GemmGrid, dtypes: Sequence[str]
                 meta = {"args": {**args, "library_grid": lg.name, "library_dtypes": list(ld)},
                         "problems_done": done, "problems_planned": planned,
                         "complete": done == planned,
-                        "timing": "time_ms: L2 flushed before each call (median); time_ms_warm: "
-                                  "back-to-back calls (median); kernel_*: torch.profiler"}
+                        "timing": "time_ms: L2 flushed by a write before each call (median); "
+                                  "time_ms_clean: flushed by a read; time_ms_warm: back-to-back "
+                                  "calls (median); kernel_*: torch.profiler"}
                 write_parquet(library_rows(records, env["gpu"]), out / "library.parquet",
                               measurement_metadata(env, "library", meta))
 
