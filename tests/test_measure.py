@@ -23,6 +23,7 @@ import math
 import re
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -46,6 +47,7 @@ try:
 except ModuleNotFoundError:  # pragma: no cover
     import tomli as tomllib  # type: ignore[no-redef]
 
+ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
 DATE = "2025-06-01T12:00:00+00:00"
 
@@ -715,3 +717,339 @@ def test_calibrate_keep_leaves_a_key_and_rebases_the_efficiency(tmp_path, capsys
     assert "kept as in the file (--keep)" in capsys.readouterr().out
     assert main(["calibrate", str(d), "--hw", "h200", "-o", str(out), "--keep", "clock"]) == 2
     assert "--keep: clock" in capsys.readouterr().err
+
+
+# ============================================================================ the library part
+def test_default_library_grid_is_the_decode_gemms_as_x_at_w_transposed():
+    g = ms.default_library_grid()
+    assert g.configs == () and g.layouts == ((True, False),)
+    shapes = set(g.shapes)
+    # every decode row count of every Llama-3 8B projection (x @ W.T, W of shape n x k)
+    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
+        assert {(m, n, k) for m in (1, 2, 4, 8, 16, 32, 64)} <= shapes
+    assert (8, 129792, 4096) in shapes                     # H100's TF32 skinny stream
+    assert all(min(s) > 0 for s in g.shapes) and len(shapes) == len(g.shapes)
+    q = ms.default_library_grid(True)
+    assert set(q.shapes) < shapes and q.name == "library-quick"
+    assert ms.library_grid("quick", False).shapes == q.shapes
+    assert ms.library_grid(None, True).shapes == q.shapes
+    assert "library" in ms.parse_parts(None) and ms.parse_parts("library") == ("library",)
+
+
+def test_load_library_grid_defaults_to_x_at_w_transposed(tmp_path):
+    f = tmp_path / "lib.toml"
+    f.write_text("shapes = [[16, 4096, 4096], [1, 28672, 4096]]\ndtypes = ['float32']\n")
+    g = ms.load_library_grid(f)
+    assert g.shapes == ((16, 4096, 4096), (1, 28672, 4096)) and g.dtypes == ("float32",)
+    assert g.layouts == ((True, False),) and g.configs == ()
+    f.write_text("shapes = [[16, 4096, 4096]]\na_row_major = [true, false]\nb_row_major = [true]\n")
+    assert ms.load_library_grid(f).layouts == ((True, True), (False, True))
+    assert ms.library_grid(str(f), False).layouts == ((True, True), (False, True))
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("dtypes = ['float16']", "'shapes'"),
+    ("shapes = [[16, 4096]]", "[m, n, k]"),
+    ("shapes = [[16, 4096, 4096]]\nblock_m = [64]", "unknown keys ['block_m']"),
+    ("shapes = [[16, 4096, 4096]]\nb_row_major = 'no'", "'b_row_major'"),
+    ("shapes = [[16, 4096, 4096", "invalid TOML"),
+])
+def test_load_library_grid_errors_name_the_problem(tmp_path, text, needle):
+    f = tmp_path / "lib.toml"
+    f.write_text(text)
+    with pytest.raises(InputError) as exc:
+        ms.load_library_grid(f)
+    assert needle in str(exc.value) and str(f) in str(exc.value)
+
+
+def test_kernel_summary_counts_per_call():
+    ev = [("gemm", 10.0), ("splitk_reduce", 2.0), ("gemm", 12.0), ("splitk_reduce", 2.0)]
+    got = ms.kernel_summary(ev, 2)
+    assert got["kernels_per_call"] == 2.0
+    assert got["kernel_ms"] == pytest.approx(0.013)
+    assert got["kernel_names"] == "gemm;splitk_reduce"
+    with pytest.raises(ValueError):
+        ms.kernel_summary(ev, 0)
+
+
+def test_library_rows_are_the_measured_schema_and_the_extra_columns():
+    p = ms.Problem(8, 4096, 4096, True, False, "float16")
+    recs = [{**ms.gemm_record(p, None, 0.012), "time_ms_warm": 0.009,
+             **ms.kernel_summary([("k", 8.0)], 1)},
+            ms.gemm_record(ms.Problem(1, 4096, 4096, True, False, "bfloat16"), None, 0.01)]
+    df = ms.library_rows(recs, "h100_sxm")
+    assert df.columns == [*ms.GEMM_COLUMNS, *ms.LIBRARY_EXTRA]
+    assert df["backend"].to_list() == ["cublas", "cublas"]
+    assert df["kernels_per_call"].to_list() == [1.0, None]
+    assert df["time_ms_warm"].to_list() == [0.009, None]
+    assert df["block_m"].is_null().all()
+    with pytest.raises(ValueError):
+        ms.library_rows([{**recs[0], "backend": "triton"}], "h100_sxm")
+
+
+class _FakeTensor:
+    def __init__(self, *shape, clock=None):
+        self.shape = tuple(shape)
+        self.clock = clock
+
+    def t(self):
+        return _FakeTensor(*reversed(self.shape), clock=self.clock)
+
+    def mul_(self, x):
+        return self
+
+    def zero_(self):  # a write: the L2 is left full of dirty lines
+        if self.clock is not None:
+            self.clock["dirty"] = True
+        return self
+
+    def sum(self):  # a read: the L2 is left full of clean lines
+        if self.clock is not None:
+            self.clock["dirty"] = False
+        return _FakeTensor(1)
+
+
+def _fake_torch(kernels_per_call=2):
+    """Just enough of torch for run_library: a clock that advances 5 us a matmul call,
+    2 us more after the L2 was left dirty (a zeroed flush buffer), and a profiler
+    that sees ``kernels_per_call`` kernels a call."""
+    clock = {"t": 0.0, "calls": 0, "dirty": False}
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.at = None
+
+        def record(self):
+            self.at = clock["t"]
+
+        def elapsed_time(self, other):
+            return other.at - self.at
+
+    def matmul(a, b, out=None):
+        assert a.shape[1] == b.shape[0]
+        clock["t"] += 0.007 if clock["dirty"] else 0.005
+        clock["dirty"] = False
+        clock["calls"] += 1
+        return _FakeTensor(a.shape[0], b.shape[1])
+
+    class Prof:
+        def __init__(self, activities):
+            self.start = None
+
+        def __enter__(self):
+            self.start = clock["calls"]
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            n = clock["calls"] - self.start
+            ev = []
+            for i in range(n * kernels_per_call):
+                ev.append(types.SimpleNamespace(
+                    name=f"kernel{i % kernels_per_call}", device_type="CUDA",
+                    time_range=types.SimpleNamespace(elapsed_us=lambda: 2.0)))
+            ev.append(types.SimpleNamespace(name="aten::mm", device_type="CPU",
+                                            time_range=types.SimpleNamespace(elapsed_us=lambda: 9.0)))
+            return ev
+
+    torch = types.ModuleType("torch")
+    torch.float16, torch.bfloat16, torch.float32, torch.int8 = "f16", "bf16", "f32", "i8"
+    torch.backends = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        matmul=types.SimpleNamespace(allow_tf32=False)))
+    torch.cuda = types.SimpleNamespace(Event=Event, synchronize=lambda: None,
+                                       empty_cache=lambda: None)
+    torch.randn = lambda *shape, device=None, dtype=None: _FakeTensor(*shape)
+    torch.empty = lambda *shape, device=None, dtype=None: _FakeTensor(*shape, clock=clock)
+    torch.matmul = matmul
+    torch.autograd = types.SimpleNamespace(DeviceType=types.SimpleNamespace(CUDA="CUDA"))
+    prof = types.ModuleType("torch.profiler")
+    prof.ProfilerActivity = types.SimpleNamespace(CUDA="cuda")
+    prof.profile = Prof
+    return torch, prof
+
+
+def test_run_library_times_cold_warm_and_profiles_each_problem(monkeypatch, tmp_path):
+    """The library part end to end on a stand-in torch: one record per problem and
+    dtype with both timings and the profiler's kernels, written as library.parquet."""
+    torch, prof = _fake_torch(kernels_per_call=2)
+    monkeypatch.setitem(sys.modules, "torch.profiler", prof)
+    grid = ms.GemmGrid(((8, 4096, 4096), (1, 1024, 512)), (), ((True, False),), None, "t")
+    env = {"l2_bytes": 50 << 20, "gpu": "h100_sxm"}
+    seen = []
+    recs = ms.run_library(torch, env, grid, ("float16", "bfloat16"), quick=True, quiet=True,
+                          on_problem=lambda r, done, planned: seen.append((done, planned)))
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert [(r["m"], r["dtype"]) for r in recs] == [(8, "float16"), (8, "bfloat16"),
+                                                    (1, "float16"), (1, "bfloat16")]
+    for r in recs:  # cold after a written flush, cold after a read one, back to back
+        assert r["time_ms"] == pytest.approx(0.007)
+        assert r["time_ms_clean"] == pytest.approx(0.005)
+        assert r["time_ms_warm"] == pytest.approx(0.005)
+        assert r["kernels_per_call"] == 2.0 and r["kernel_ms"] == pytest.approx(0.004)
+        assert r["kernel_names"] == "kernel0;kernel1" and r["b_row_major"] is False
+    df = ms.library_rows(recs, env["gpu"])
+    assert df.height == 4 and df["tf32"].to_list() == [False] * 4
+
+
+def test_run_library_keeps_its_timings_when_the_profiler_fails(monkeypatch, capsys):
+    torch, prof = _fake_torch()
+
+    def broken(activities):
+        raise RuntimeError("CUPTI unavailable")
+
+    prof.profile = broken
+    monkeypatch.setitem(sys.modules, "torch.profiler", prof)
+    grid = ms.GemmGrid(((8, 64, 64),), (), ((True, False),), None, "t")
+    recs = ms.run_library(torch, {"l2_bytes": 1 << 20}, grid, ("float16",), quick=True,
+                          quiet=True)
+    assert recs[0]["time_ms"] > 0 and "kernel_ms" not in recs[0]
+    assert "CUPTI unavailable" in capsys.readouterr().err
+    assert ms.library_rows(recs, "a100")["kernel_ms"].is_null().all()
+
+
+def test_library_rows_evaluate_and_score(tmp_path):
+    """library.parquet is a measured file tsbatch accuracy reads (its extra columns ignored)."""
+    p = ms.Problem(8, 4096, 4096, True, False, "float16")
+    df = ms.library_rows([{**ms.gemm_record(p, None, 0.02), "time_ms_warm": 0.015}], "h100_sxm")
+    f = tmp_path / "library.parquet"
+    df.write_parquet(f)
+    assert main(["accuracy", str(f), "--hw", "h100_sxm", "--json", str(tmp_path / "r.json")]) == 0
+
+
+def test_measure_checks_the_library_arguments_before_the_gpu(tmp_path, capsys, monkeypatch):
+    _hide(monkeypatch)
+    bad = tmp_path / "lib.toml"
+    bad.write_text("shapes = [[1, 2]]\n")
+    assert main(["measure", "--out", str(tmp_path / "m"), "--library-grid", str(bad)]) == 2
+    assert "lib.toml: each shape must be [m, n, k]" in capsys.readouterr().err
+    assert main(["measure", "--out", str(tmp_path / "m"), "--library-budget-s", "0"]) == 2
+    assert "--library-budget-s 0" in capsys.readouterr().err
+    assert main(["measure", "--out", str(tmp_path / "m"), "--only", "library,cublas"]) == 2
+    assert "unknown part(s) ['cublas']" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+
+
+def test_library_calls_report_on_a_written_file(tmp_path):
+    """bench/library_calls.py: every problem predicted, the ratios and the per-call gap."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import library_calls as lc
+
+    recs = []
+    for m in (1, 8, 64, 128):
+        p = ms.Problem(m, 4096, 4096, True, False, "float16")
+        recs.append({**ms.gemm_record(p, None, 0.020), "time_ms_clean": 0.018,
+                     "time_ms_warm": 0.015,
+                     **ms.kernel_summary([("gemv", 16.0), ("reduce", 1.5)], 1)})
+    ms.library_rows(recs, "h100_sxm").write_parquet(tmp_path / "library.parquet")
+    df = lc.with_ratios(lc.predict(lc.load(tmp_path), None))
+    assert df.height == 4 and (df["pred_us"] > 0).all()
+    assert df["cold_over_pred"].to_list() == pytest.approx((20.0 / df["pred_us"]).to_list())
+    assert df["cold_minus_kernel_us"].to_list() == pytest.approx([2.5] * 4)
+    assert df["cold_minus_clean_us"].to_list() == pytest.approx([2.0] * 4)
+    # the written-back L2 at the model's DRAM rate: the L2's bytes at most
+    from tsbatch.engine.evaluate import resolve_hw
+    h = resolve_hw("h100_sxm")
+    cap = h.l2_bytes / (h.dram_bw_tbps * h.cal("dram_efficiency") * 1e6)
+    assert ((df["writeback_us"] > 0) & (df["writeback_us"] <= cap * (1 + 1e-12))).all()
+    assert df["m_bucket"].to_list() == ["M<=16", "M<=16", "M 17-64", "M>64"]
+    s = lc.summary(df)
+    assert s["problems"].to_list() == [1, 2, 1] and s["kernels"].to_list() == [2.0] * 3
+    assert lc.main([str(tmp_path / "library.parquet"), "--json", str(tmp_path / "s.json")]) == 0
+
+
+def test_run_measure_writes_library_parquet_with_its_provenance(monkeypatch, tmp_path):
+    """run_measure's library block on the stand-in torch: the file, its rows and metadata."""
+    torch, prof = _fake_torch(kernels_per_call=1)
+    monkeypatch.setitem(sys.modules, "torch.profiler", prof)
+    monkeypatch.setattr(ms, "require_gpu", lambda: (torch, types.SimpleNamespace()))
+    env = {"device_name": "NVIDIA H100 80GB HBM3", "gpu": "h100_sxm", "driver": "x",
+           "cuda": "12.4", "torch": "2.5", "triton": "3.1", "date": DATE, "sm_count": 132,
+           "l2_bytes": 50 * MIB}
+    monkeypatch.setattr(ms, "_environment", lambda torch, triton: dict(env))
+    monkeypatch.setattr(ms, "_load_kernels", lambda workdir: None)
+    grid = ms.GemmGrid(((8, 4096, 4096), (64, 1024, 4096)), (), ((True, False),), None, "t")
+    res = ms.run_measure(tmp_path, quick=True, grid=ms.default_grid(True),
+                         dtypes=("float16",), parts=("library",), quiet=True,
+                         lib_grid=grid, lib_dtypes=("bfloat16", "float32"))
+    assert res["written"] == {"library.parquet": 4}
+    df = pl.read_parquet(tmp_path / "library.parquet")
+    assert df.columns == [*ms.GEMM_COLUMNS, *ms.LIBRARY_EXTRA]
+    assert sorted(set(df["dtype"])) == ["bfloat16", "float32"]
+    assert df["tf32"].to_list() == [False, True, False, True]
+    meta = read_metadata(tmp_path / "library.parquet")
+    assert meta["tsbatch.measure_kind"] == "library" and meta["tsbatch.complete"] == "true"
+    assert meta["tsbatch.gpu"] == "h100_sxm" and "L2 flushed" in meta["tsbatch.timing"]
+    assert not (tmp_path / "gemm.parquet").exists()
+
+
+def test_the_prepared_device_script_passes_tsbatch_measure_its_arguments(monkeypatch, capsys):
+    """Every ``tsbatch measure`` line of bench/device/measure.sh parses (the run then
+    stops at the missing GPU, not at an argument): a device's minutes are not spent
+    finding a typo."""
+    import shlex
+
+    _hide(monkeypatch)
+    text = (ROOT / "bench" / "device" / "measure.sh").read_text().replace("\\\n", " ")
+    subs = {'"$out"': "/tmp/tsbatch-test-out", '"$out/fp32"': "/tmp/tsbatch-test-out/fp32",
+            '"$here/': str(ROOT / "bench" / "device") + "/", '"$lib_budget"': "150",
+            '"$gemm_budget"': "180", '"$fp32_budget"': "60"}
+    calls = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("python3 -m tsbatch.front.cli measure"):
+            for k, v in subs.items():
+                line = line.replace(k, v)
+            args = shlex.split(line.replace('.toml"', ".toml"))[3:]
+            assert "$" not in " ".join(args), line
+            calls.append(args)
+    assert len(calls) >= 3 and calls[0][:1] == ["measure"]
+    for args in calls:
+        for i, a in enumerate(args):
+            if a.endswith(".toml"):
+                assert Path(a).exists(), a
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert "needs a CUDA GPU" in err, (args, err)
+
+
+def test_a_spent_budget_stops_the_library_loop_and_counts_what_was_done(monkeypatch):
+    torch, prof = _fake_torch()
+    monkeypatch.setitem(sys.modules, "torch.profiler", prof)
+    grid = ms.GemmGrid(((8, 64, 64), (16, 64, 64)), (), ((True, False),), None, "t")
+    stats: dict = {}
+    assert ms.run_library(torch, {"l2_bytes": 1 << 20}, grid, ("float16",), quick=True,
+                          quiet=True, budget_s=1e-12, stats=stats) == []
+    assert stats == {"problems_planned": 2, "problems_done": 0}
+    recs = ms.run_library(torch, {"l2_bytes": 1 << 20}, grid, ("float16",), quick=True,
+                          quiet=True, stats=stats)
+    assert len(recs) == 2 and stats == {"problems_planned": 2, "problems_done": 2}
+
+
+def test_run_gemm_times_the_library_and_each_configuration(monkeypatch):
+    """run_gemm's loop on the stand-in torch (the Triton launch stubbed): a cuBLAS row and
+    one row per configuration each problem, a configuration that cannot build recorded
+    as not runnable, the counts in ``stats``."""
+    torch, _ = _fake_torch()
+    grid = ms.GemmGrid(((64, 64, 64), (128, 64, 32)), ms.default_grid(True).configs[:3],
+                       ((True, True),), None, "t")
+    bad = grid.configs[1]
+
+    def launch(kernels, a, b, c, m, n, k, cfg, ieee, g):
+        if cfg == bad:
+            raise RuntimeError("out of resource: shared memory")
+        return torch.matmul(a, b)
+
+    monkeypatch.setattr(ms, "_launch_matmul", launch)
+    monkeypatch.setattr(ms, "kernel_resources", lambda compiled: {"num_regs": 128})
+    monkeypatch.setattr(ms, "_check", lambda torch, c, ref, dtype: True)
+    torch.empty = lambda *shape, device=None, dtype=None: _FakeTensor(*shape)
+    stats: dict = {}
+    recs = ms.run_gemm(torch, None, {"l2_bytes": 1 << 20}, grid, ("float16",), quick=True,
+                       quiet=True, stats=stats)
+    assert [r["backend"] for r in recs] == ["cublas", "triton", "triton", "triton"] * 2
+    assert [math.isinf(r["time_ms"]) for r in recs if r["backend"] == "triton"] == \
+        [False, True, False] * 2
+    assert stats == {"wrong_results": 0, "problems_planned": 2, "problems_done": 2}
+    assert ms.gemm_rows(recs, "h100_sxm").height == 8

@@ -977,7 +977,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="score the model against measured kernel times",
         description=(
             "Predict every configuration of measured Parquet files and report MAPE, WMAPE, "
-            "median APE, Spearman, top-5 %% retention and top-1 regret, overall and per "
+            "median APE, Spearman, top-5 % retention and top-1 regret, overall and per "
             "(gpu, dtype, backend)."
         ),
     )

@@ -220,8 +220,8 @@ def _int_list(path, doc, key, default=None) -> list[int]:
     return [_pos_int(path, f"'{key}' entry", x) for x in v]
 
 
-def _bool_list(path, doc, key) -> list[bool]:
-    v = doc.get(key, [True])
+def _bool_list(path, doc, key, default=(True,)) -> list[bool]:
+    v = doc.get(key, list(default))
     if not isinstance(v, list) or not v or not all(isinstance(x, bool) for x in v):
         raise InputError(f"{path}: '{key}' must be a non-empty list of true/false, got {v!r}")
     return v
@@ -232,6 +232,43 @@ def _raster(path, what, r) -> str:
         raise InputError(f"{path}: {what} {r!r} is not a launch order this kernel has; "
                          f"use one of {', '.join(RASTERS)}")
     return r
+
+
+def _read_toml(path: Path, what: str, keys) -> dict:
+    """The TOML document at ``path``, with only ``keys`` at its top level."""
+    try:
+        doc = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read {what} ({exc.strerror})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: invalid TOML ({exc})") from None
+    extra = sorted(set(doc) - set(keys))
+    if extra:
+        raise InputError(f"{path}: unknown keys {extra}; known: {sorted(keys)}")
+    return doc
+
+
+def _problems_of(path: Path, doc: dict, b_row_major=(True,)):
+    """A grid file's ``shapes``, optional ``dtypes`` and layouts (``a_row_major`` x
+    ``b_row_major``; ``b_row_major`` defaults to ``b_row_major``)."""
+    shapes = doc.get("shapes")
+    if not isinstance(shapes, list) or not shapes:
+        raise InputError(f"{path}: 'shapes' must be a non-empty list of [m, n, k]")
+    shp = []
+    for s in shapes:
+        if not isinstance(s, list) or len(s) != 3:
+            raise InputError(f"{path}: each shape must be [m, n, k], got {s!r}")
+        shp.append(tuple(_pos_int(path, "shape size", x) for x in s))
+
+    dtypes = doc.get("dtypes")
+    if dtypes is not None:
+        if not isinstance(dtypes, list) or not dtypes:
+            raise InputError(f"{path}: 'dtypes' must be a non-empty list of names")
+        dtypes = tuple(_dtype(str(d), str(path)) for d in dtypes)
+
+    layouts = tuple(itertools.product(_bool_list(path, doc, "a_row_major"),
+                                      _bool_list(path, doc, "b_row_major", list(b_row_major))))
+    return tuple(shp), dtypes, layouts
 
 
 def load_grid(path: str | Path) -> GemmGrid:
@@ -259,33 +296,9 @@ def load_grid(path: str | Path) -> GemmGrid:
     order).
     """
     path = Path(path)
-    try:
-        doc = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read GEMM grid ({exc.strerror})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: invalid TOML ({exc})") from None
-    extra = sorted(set(doc) - _GRID_KEYS)
-    if extra:
-        raise InputError(f"{path}: unknown keys {extra}; known: {sorted(_GRID_KEYS)}")
+    doc = _read_toml(path, "GEMM grid", _GRID_KEYS)
 
-    shapes = doc.get("shapes")
-    if not isinstance(shapes, list) or not shapes:
-        raise InputError(f"{path}: 'shapes' must be a non-empty list of [m, n, k]")
-    shp = []
-    for s in shapes:
-        if not isinstance(s, list) or len(s) != 3:
-            raise InputError(f"{path}: each shape must be [m, n, k], got {s!r}")
-        shp.append(tuple(_pos_int(path, "shape size", x) for x in s))
-
-    dtypes = doc.get("dtypes")
-    if dtypes is not None:
-        if not isinstance(dtypes, list) or not dtypes:
-            raise InputError(f"{path}: 'dtypes' must be a non-empty list of names")
-        dtypes = tuple(_dtype(str(d), str(path)) for d in dtypes)
-
-    layouts = tuple(itertools.product(_bool_list(path, doc, "a_row_major"),
-                                      _bool_list(path, doc, "b_row_major")))
+    shp, dtypes, layouts = _problems_of(path, doc)
 
     if "configs" in doc:
         present = sorted(k for k in (*_TILE_KEYS, "group_m", "raster") if k in doc)
@@ -333,6 +346,54 @@ def load_grid(path: str | Path) -> GemmGrid:
     return GemmGrid(tuple(shp), configs, layouts, dtypes, name=str(path))
 
 
+#: The library part's default problems (``x @ W.T``: A row-major, B = W.T
+#: column-major): the decode GEMMs of M <= 64 rows of Llama-3 8B (q/k/v, o,
+#: gate/up, down) and of Llama-3 70B at tensor parallel 8, then the library
+#: calls of the development data that the model prices worst
+#: (docs/gemm_accuracy.md, "The library's small calls, session 10" and "The
+#: library's skinny calls, session 11"; 8 x 129792 x 4096 is H100's TF32 stream).
+_LIB_ROWS = (1, 2, 4, 8, 16, 32, 64)
+_LIB_WEIGHTS = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
+                (1280, 8192), (8192, 1024), (7168, 8192), (8192, 3584))
+_LIB_DEV = ((2, 10240, 1664), (8, 3968, 3840), (32, 4096, 11264), (64, 1024, 41088),
+            (16, 14720, 1408), (1920, 2, 7552), (32, 1280, 1024), (8, 76672, 2),
+            (8, 129792, 4096), (15488, 16, 64), (10368, 7, 2048), (10112, 32, 6272),
+            (2048, 1280, 3968), (512, 2432, 4096), (1408, 1536, 20), (30592, 256, 8))
+_LIB_KEYS = {"shapes", "dtypes", "a_row_major", "b_row_major"}
+
+
+def default_library_grid(quick: bool = False) -> GemmGrid:
+    """The library part's built-in problems (no Triton configurations)."""
+    rows = (1, 8, 64) if quick else _LIB_ROWS
+    weights = _LIB_WEIGHTS[:4] if quick else _LIB_WEIGHTS
+    shapes = tuple((m, n, k) for (n, k) in weights for m in rows) + (() if quick else _LIB_DEV)
+    return GemmGrid(shapes, (), ((True, False),), None,
+                    name="library-quick" if quick else "library")
+
+
+def load_library_grid(path: str | Path) -> GemmGrid:
+    """Read the library part's problems from a TOML file::
+
+        shapes = [[16, 4096, 4096], [1, 28672, 4096]]   # [m, n, k], required
+        dtypes = ["float16", "float32"]                 # optional (--dtypes overrides)
+        a_row_major = [true]                            # optional, default [true]
+        b_row_major = [false]                           # optional, default [false]: x @ W.T
+    """
+    path = Path(path)
+    doc = _read_toml(path, "library grid", _LIB_KEYS)
+    shp, dtypes, layouts = _problems_of(path, doc, b_row_major=(False,))
+    return GemmGrid(shp, (), layouts, dtypes, name=str(path))
+
+
+def library_grid(spec: str | None, quick: bool) -> GemmGrid:
+    """``--library-grid``: ``default``, ``quick`` or a TOML file."""
+    if spec in (None, "default"):
+        return default_library_grid(quick)
+    if spec == "quick":
+        return default_library_grid(True)
+    return load_library_grid(spec)
+
+
 def _dtype(name: str, where: str = "--dtypes") -> str:
     aliases = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32",
                "tf32": "float32", "float": "float32"}
@@ -357,7 +418,7 @@ def parse_dtypes(text: str | None, default: Sequence[str] = ("float16", "bfloat1
     return tuple(out)
 
 
-_PARTS = ("bandwidth", "matmul", "gemm")
+_PARTS = ("bandwidth", "matmul", "gemm", "library")
 
 
 def parse_parts(text: str | None) -> tuple[str, ...]:
@@ -514,6 +575,45 @@ def gemm_rows(records: Iterable[dict], gpu: str, source: str = SOURCE):
             v = r.get(c)
             cols[c].append(None if v is None or backend == "cublas" else int(v))
     return pl.DataFrame(cols, schema=schema)
+
+
+#: the library part's columns after :func:`gemm_schema`'s
+LIBRARY_EXTRA = {"time_ms_clean": "Float64", "time_ms_warm": "Float64",
+                 "kernels_per_call": "Float64",
+                 "kernel_ms": "Float64", "kernel_names": "String"}
+
+
+def kernel_summary(events: Sequence[tuple[str, float]], calls: int) -> dict:
+    """What ran on the device per call: ``events`` are the ``(name, duration_us)`` of
+    every kernel a profiler saw over ``calls`` calls. Returns ``kernels_per_call``,
+    ``kernel_ms`` (their summed duration a call, ms) and ``kernel_names`` (the
+    distinct names, sorted, ``;``-joined)."""
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    names = sorted({n for n, _ in events})
+    return {"kernels_per_call": len(events) / calls,
+            "kernel_ms": sum(t for _, t in events) / calls / 1000.0,
+            "kernel_names": ";".join(names)}
+
+
+def library_rows(records: Iterable[dict], gpu: str, source: str = SOURCE):
+    """Rows of ``library.parquet``: :func:`gemm_rows`' library rows (``time_ms``: the
+    call timed cold, L2 flushed by a write before each call, as the development
+    data's harness does) and :data:`LIBRARY_EXTRA`: ``time_ms_clean`` (cold, flushed
+    by a read), ``time_ms_warm``
+    (back-to-back calls, operands left in L2), ``kernels_per_call``,
+    ``kernel_ms`` and ``kernel_names`` (what the profiler saw run; null where it
+    could not run)."""
+    import polars as pl
+
+    records = list(records)
+    for i, r in enumerate(records):
+        if r.get("backend", "cublas") != "cublas":
+            raise ValueError(f"record {i}: the library part records backend cublas only")
+    df = gemm_rows([{**r, "backend": "cublas"} for r in records], gpu, source)
+    extra = {c: [r.get(c) for r in records] for c in LIBRARY_EXTRA}
+    return df.with_columns(pl.Series(c, v, dtype=getattr(pl, LIBRARY_EXTRA[c]))
+                           for c, v in extra.items())
 
 
 def bandwidth_frame(records: Iterable[dict]):
@@ -763,7 +863,8 @@ def _bench(torch, fn, *, flush=None, target_ms: float = 25.0, min_rep: int = 3,
     """Per-call times (ms) of ``fn`` with CUDA events, after a warm-up; the
     count of calls fills about ``target_ms``. ``flush`` (a byte tensor larger
     than L2) is zeroed before each call so that every call starts cold, as
-    Triton's ``do_bench`` and Inductor's autotuner (the development data) do."""
+    Triton's ``do_bench`` and Inductor's autotuner (the development data) do;
+    or, a callable, is called instead (:meth:`_Timer.clean`: a read of it)."""
     fn()
     torch.cuda.synchronize()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -777,7 +878,9 @@ def _bench(torch, fn, *, flush=None, target_ms: float = 25.0, min_rep: int = 3,
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for i in range(n):
-        if flush is not None:
+        if callable(flush):
+            flush()
+        elif flush is not None:
             flush.zero_()
         starts[i].record()
         fn()
@@ -857,6 +960,143 @@ def run_matmul(torch, env: dict, dtypes: Sequence[str], *, quick: bool,
                             "tf32": d == "float32" and fp32 == "tf32"})
             del a, b, c
     torch.cuda.empty_cache()
+    return records
+
+
+class _Timer:
+    """Per-call times (ms) of a timing loop's calls: ``cold`` with the L2 flushed
+    before each call (a buffer twice the L2, at least 256 MiB, zeroed: the L2 is
+    then full of dirty lines, as after Triton's ``do_bench`` flush), ``clean``
+    flushed by reading that buffer instead (the L2 full of clean lines), ``warm``
+    back to back; about ``target_ms`` of calls each (:func:`_bench`)."""
+
+    def __init__(self, torch, env: dict, quick: bool):
+        self.torch = torch
+        self.flush = torch.empty(max(256 * MIB, 2 * int(env["l2_bytes"])), dtype=torch.int8,
+                                 device="cuda")
+        self.target = 10.0 if quick else 25.0
+
+    def cold(self, fn) -> list[float]:
+        return _bench(self.torch, fn, flush=self.flush, target_ms=self.target)
+
+    def clean(self, fn) -> list[float]:
+        flush = self.flush
+        return _bench(self.torch, fn, flush=lambda: flush.sum(), target_ms=self.target)
+
+    def warm(self, fn) -> list[float]:
+        return _bench(self.torch, fn, target_ms=self.target)
+
+    def close(self) -> None:
+        self.flush = None
+        self.torch.cuda.empty_cache()
+
+
+def _timed_problems(torch, env: dict, grid: GemmGrid, dtypes: Sequence[str], *, quick: bool,
+                    quiet: bool, budget_s: float | None, stats: dict, fp32: str):
+    """The problems of a timing loop (:func:`run_gemm`, :func:`run_library`):
+    ``(i, problem, planned, timer)`` until they or ``budget_s`` run out, float32
+    set to run as ``fp32`` says; ``stats`` gets ``problems_planned`` and
+    ``problems_done`` (those whose loop body has run)."""
+    torch.backends.cuda.matmul.allow_tf32 = fp32 == "tf32"
+    timer = _Timer(torch, env, quick)
+    problems = grid_problems(grid, dtypes)
+    stats.update(problems_planned=len(problems), problems_done=0)
+    t0 = time.perf_counter()
+    try:
+        for i, p in enumerate(problems, 1):
+            if budget_s is not None and time.perf_counter() - t0 > budget_s:
+                _log(f"  time budget of {budget_s:.0f} s spent: stopped after {i - 1} of "
+                     f"{len(problems)} problems", quiet)
+                break
+            yield i, p, len(problems), timer
+            stats["problems_done"] = i
+    finally:
+        timer.close()
+
+
+def _operands(torch, p: Problem):
+    """Random A and B of problem ``p`` in its layouts (a transposed view of a
+    contiguous tensor for a column-major operand), scaled so that C's entries are
+    about unit size."""
+    td = _torch_dtype(torch, p.dtype)
+    m, n, k = p.m, p.n, p.k
+    a = torch.randn(m, k, device="cuda", dtype=td) if p.a_row_major else \
+        torch.randn(k, m, device="cuda", dtype=td).t()
+    b = torch.randn(k, n, device="cuda", dtype=td) if p.b_row_major else \
+        torch.randn(n, k, device="cuda", dtype=td).t()
+    a.mul_(k ** -0.25)
+    b.mul_(k ** -0.25)
+    return a, b
+
+
+def _profile_kernels(torch, fn, calls: int = 5) -> dict | None:
+    """:func:`kernel_summary` of ``calls`` calls of ``fn`` under torch.profiler (CUDA
+    activity only), or None where the profiler cannot run (no CUPTI)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        cuda = torch.autograd.DeviceType.CUDA
+        events = [(ev.name, float(ev.time_range.elapsed_us())) for ev in prof.events()
+                  if getattr(ev, "device_type", None) == cuda]
+        return kernel_summary(events, calls) if events else None
+    except Exception as exc:  # profiler unavailable or changed: keep the timings
+        _log(f"  (profiler: {type(exc).__name__}: {exc}; kernel columns left empty)", False)
+        return None
+
+
+def run_library(torch, env: dict, grid: GemmGrid, dtypes: Sequence[str], *, quick: bool,
+                quiet: bool = False, budget_s: float | None = None, on_problem=None,
+                stats: dict | None = None, fp32: str = "tf32") -> list[dict]:
+    """Time the library (``torch.matmul``, cuBLAS) on every problem of ``grid``, four ways.
+
+    ``time_ms``: cold, L2 flushed by a write before each call (the development data's
+    harness: Triton's ``do_bench``, Inductor's autotuner), so the call's own
+    allocations evict dirty lines; ``time_ms_clean``: cold, flushed by a read (clean
+    lines: ``time_ms - time_ms_clean`` is what writing those back costs the call);
+    ``time_ms_warm``: back-to-back
+    calls with the operands left in L2 (a decode step's GEMM after the layer
+    before it); and what the profiler sees run per call (kernels, their summed
+    time, names: a split-K reduction or a memset shows as a second kernel, and
+    ``time_ms - kernel_ms`` is the per-call time that is no kernel's). Medians of
+    the repeats. ``budget_s``, ``on_problem``, ``stats``, ``fp32``: as :func:`run_gemm`.
+    """
+    records: list[dict] = []
+    stats = {} if stats is None else stats
+    t0 = time.perf_counter()
+    for i_prob, p, n_prob, timer in _timed_problems(
+            torch, env, grid, dtypes, quick=quick, quiet=quiet, budget_s=budget_s,
+            stats=stats, fp32=fp32):
+        a, b = _operands(torch, p)
+        c = torch.matmul(a, b)
+
+        def fn():
+            torch.matmul(a, b, out=c)
+
+        cold = timer.cold(fn)
+        clean = timer.clean(fn)
+        warm = timer.warm(fn)
+        rec = gemm_record(p, None, sorted(cold)[len(cold) // 2], fp32)
+        rec["time_ms_clean"] = sorted(clean)[len(clean) // 2]
+        rec["time_ms_warm"] = sorted(warm)[len(warm) // 2]
+        kern = _profile_kernels(torch, fn)
+        rec.update(kern or {})
+        records.append(rec)
+        kinfo = "" if kern is None else \
+            f", {kern['kernels_per_call']:.0f} kernel(s) {kern['kernel_ms'] * 1e3:.1f} us"
+        _log(f"  [{i_prob}/{n_prob}] {p.m}x{p.n}x{p.k} {p.dtype} "
+             f"a{'R' if p.a_row_major else 'C'}b{'R' if p.b_row_major else 'C'}: cold "
+             f"{rec['time_ms'] * 1e3:8.1f} us, clean {rec['time_ms_clean'] * 1e3:8.1f} us, warm "
+             f"{rec['time_ms_warm'] * 1e3:8.1f} us{kinfo} "
+             f"[{time.perf_counter() - t0:.0f} s]", quiet)
+        del a, b, c
+        if on_problem is not None:
+            on_problem(records, i_prob, n_prob)
     return records
 
 
@@ -996,29 +1236,18 @@ def run_gemm(torch, kernels, env: dict, grid: GemmGrid, dtypes: Sequence[str], *
     counts them. ``fp32``: float32 inputs run as ``'tf32'`` (Triton's default,
     torch's ``allow_tf32``) or ``'ieee'``; the ``tf32`` column says which.
     """
-    torch.backends.cuda.matmul.allow_tf32 = fp32 == "tf32"
-    flush = torch.empty(max(256 * MIB, 2 * int(env["l2_bytes"])), dtype=torch.int8, device="cuda")
-    target = 10.0 if quick else 25.0
     records: list[dict] = []
-    problems = grid_problems(grid, dtypes)
     stats = {} if stats is None else stats
-    stats.update(problems_planned=len(problems), problems_done=0, wrong_results=0)
+    stats["wrong_results"] = 0
     t0 = time.perf_counter()
-    for i_prob, p in enumerate(problems, 1):
-        if budget_s is not None and time.perf_counter() - t0 > budget_s:
-            _log(f"  time budget of {budget_s:.0f} s spent: stopped after {i_prob - 1} of "
-                 f"{len(problems)} problems", quiet)
-            break
+    for i_prob, p, n_prob, timer in _timed_problems(
+            torch, env, grid, dtypes, quick=quick, quiet=quiet, budget_s=budget_s,
+            stats=stats, fp32=fp32):
         m, n, k, a_rm, b_rm, d = p.m, p.n, p.k, p.a_row_major, p.b_row_major, p.dtype
         td = _torch_dtype(torch, d)
-        a = torch.randn(m, k, device="cuda", dtype=td) if a_rm else \
-            torch.randn(k, m, device="cuda", dtype=td).t()
-        b = torch.randn(k, n, device="cuda", dtype=td) if b_rm else \
-            torch.randn(n, k, device="cuda", dtype=td).t()
-        a.mul_(k ** -0.25)                          # entries of C about unit size
-        b.mul_(k ** -0.25)
+        a, b = _operands(torch, p)
         ref = torch.matmul(a, b)
-        t = _bench(torch, lambda: torch.matmul(a, b, out=ref), flush=flush, target_ms=target)
+        t = timer.cold(lambda: torch.matmul(a, b, out=ref))
         t_lib = sorted(t)[len(t) // 2]
         records.append(gemm_record(p, None, t_lib, fp32))
         ref = torch.matmul(a, b)
@@ -1049,20 +1278,17 @@ def run_gemm(torch, kernels, env: dict, grid: GemmGrid, dtypes: Sequence[str], *
                     t_ms = math.inf
                     n_fail += 1
                 else:
-                    t = _bench(torch, fn, flush=flush, target_ms=target)
+                    t = timer.cold(fn)
                     t_ms = sorted(t)[len(t) // 2]
                     best = min(best, t_ms)
             records.append(gemm_record(p, cfg, t_ms, fp32, res))
-        stats["problems_done"] = i_prob
-        _log(f"  [{i_prob}/{len(problems)}] {m}x{n}x{k} {d} a{'R' if a_rm else 'C'}b{'R' if b_rm else 'C'}: "
+        _log(f"  [{i_prob}/{n_prob}] {m}x{n}x{k} {d} a{'R' if a_rm else 'C'}b{'R' if b_rm else 'C'}: "
              f"cublas {t_lib * 1e3:9.1f} us, best triton "
              f"{best * 1e3:9.1f} us ({n_fail} configs did not run) "
              f"[{time.perf_counter() - t0:.0f} s]", quiet)
         del a, b, c, ref
         if on_problem is not None:
-            on_problem(records, i_prob, len(problems))
-    del flush
-    torch.cuda.empty_cache()
+            on_problem(records, i_prob, n_prob)
     return records
 
 
@@ -1078,14 +1304,18 @@ def default_compile_workers() -> int:
 def run_measure(out: Path, *, quick: bool, grid: GemmGrid, dtypes: Sequence[str],
                 parts: Sequence[str] = _PARTS, bw_kernel: str = "triton",
                 quiet: bool = False, compile_workers: int = 0,
-                gemm_budget_s: float | None = None, fp32: str = "tf32") -> dict:
+                gemm_budget_s: float | None = None, fp32: str = "tf32",
+                lib_grid: GemmGrid | None = None, lib_dtypes: Sequence[str] | None = None,
+                lib_budget_s: float | None = None) -> dict:
     """Run the microbenchmarks on the current CUDA device; write the Parquet files into ``out``.
 
     ``gemm.parquet`` is rewritten after every problem, so a run stopped by
     ``gemm_budget_s`` (seconds for the GEMM part, warm-up compilation
     included) or interrupted keeps the problems it finished; its metadata
     says how many (``tsbatch.problems_done`` of ``tsbatch.problems_planned``,
-    ``tsbatch.complete``).
+    ``tsbatch.complete``). ``library.parquet`` (:func:`run_library` over
+    ``lib_grid``, default :func:`default_library_grid`, in ``lib_dtypes``,
+    default ``dtypes``) likewise, within ``lib_budget_s``.
     """
     torch, triton = require_gpu()
     from tsbatch.boundary.io import write_parquet
@@ -1113,6 +1343,28 @@ def run_measure(out: Path, *, quick: bool, grid: GemmGrid, dtypes: Sequence[str]
             write_parquet(df, out / "matmul.parquet",
                           measurement_metadata(env, "matmul", {"args": args}))
             written["matmul.parquet"] = df.height
+        if "library" in parts:
+            lg = lib_grid or default_library_grid(quick)
+            ld = tuple(lib_dtypes or dtypes)
+            _log(f"library (torch.matmul) grid '{lg.name}': {len(lg.shapes)} shapes x "
+                 f"{len(lg.layouts)} layouts x {len(ld)} dtypes, cold, warm and profiled:", quiet)
+            lstats: dict = {}
+
+            def save_lib(records, done, planned):
+                meta = {"args": {**args, "library_grid": lg.name, "library_dtypes": list(ld)},
+                        "problems_done": done, "problems_planned": planned,
+                        "complete": done == planned,
+                        "timing": "time_ms: L2 flushed by a write before each call (median); "
+                                  "time_ms_clean: flushed by a read; time_ms_warm: back-to-back "
+                                  "calls (median); kernel_*: torch.profiler"}
+                write_parquet(library_rows(records, env["gpu"]), out / "library.parquet",
+                              measurement_metadata(env, "library", meta))
+
+            records = run_library(torch, env, lg, ld, quick=quick, quiet=quiet,
+                                  budget_s=lib_budget_s, on_problem=save_lib, stats=lstats,
+                                  fp32=fp32)
+            save_lib(records, lstats["problems_done"], lstats["problems_planned"])
+            written["library.parquet"] = len(records)
         if "gemm" in parts:
             _log(f"Triton GEMM grid '{grid.name}': {len(grid.shapes)} shapes x "
                  f"{len(grid.layouts)} layouts x {len(grid.configs)} configurations x "
@@ -1162,6 +1414,10 @@ def cmd_measure(args) -> int:
         grid = load_grid(args.gemm_grid)
     dtypes = parse_dtypes(dtypes_given, grid.dtypes or ("float16", "bfloat16"))
     parts = parse_parts(args.only)
+    lib_grid = library_grid(args.library_grid, args.quick)
+    lib_dtypes = parse_dtypes(dtypes_given, lib_grid.dtypes or dtypes)
+    if args.library_budget_s is not None and not args.library_budget_s > 0:
+        raise InputError(f"--library-budget-s {args.library_budget_s}: must be positive")
     workers = default_compile_workers() if args.compile_workers is None else args.compile_workers
     if workers < 0:
         raise InputError(f"--compile-workers {workers}: must be 0 or more")
@@ -1169,7 +1425,9 @@ def cmd_measure(args) -> int:
         raise InputError(f"--time-budget-s {args.time_budget_s}: must be positive")
     res = run_measure(out, quick=args.quick, grid=grid, dtypes=dtypes, parts=parts,
                       bw_kernel=args.bw_kernel, quiet=args.quiet, compile_workers=workers,
-                      gemm_budget_s=args.time_budget_s, fp32=args.fp32)
+                      gemm_budget_s=args.time_budget_s, fp32=args.fp32,
+                      lib_grid=lib_grid, lib_dtypes=lib_dtypes,
+                      lib_budget_s=args.library_budget_s)
     env = res["env"]
     for name, rows in res["written"].items():
         print(f"wrote {rows:,} rows to {out / name}")
@@ -1188,11 +1446,14 @@ def add_parser(subparsers) -> None:
     """Register ``measure`` and ``calibrate`` on the ``tsbatch`` subparsers."""
     p = subparsers.add_parser(
         "measure",
-        help="run GPU microbenchmarks (bandwidth sweep, matmul probes, Triton GEMM grid)",
+        help="run GPU microbenchmarks (bandwidth sweep, matmul probes, Triton GEMM grid, "
+             "library calls)",
         description="Measure read bandwidth versus working-set size, large matmul throughput "
-                    "per dtype, and a Triton GEMM over a tile-configuration grid on the local "
-                    "CUDA GPU; write bandwidth.parquet, matmul.parquet and gemm.parquet (the "
-                    "measured schema) into --out. Needs torch and triton with a CUDA device.")
+                    "per dtype, a Triton GEMM over a tile-configuration grid, and the "
+                    "library's (torch.matmul) small and skinny calls cold, warm and profiled, "
+                    "on the local CUDA GPU; write bandwidth.parquet, matmul.parquet, "
+                    "gemm.parquet and library.parquet (the measured schema) into --out. Needs "
+                    "torch and triton with a CUDA device.")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (created)")
     p.add_argument("--quick", action="store_true",
                    help="fewer sizes, shapes and configurations (about 2 minutes on an H200)")
@@ -1201,7 +1462,15 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtypes", default=None, metavar="LIST",
                    help="comma-separated input dtypes (default float16,bfloat16)")
     p.add_argument("--only", default=None, metavar="PARTS",
-                   help="comma-separated subset of bandwidth,matmul,gemm (default all)")
+                   help="comma-separated subset of bandwidth,matmul,gemm,library (default all)")
+    p.add_argument("--library-grid", default="default", metavar="default|quick|FILE.toml",
+                   help="the library part's problems: built-in (default: decode GEMMs of "
+                        "M <= 64 rows of Llama-3 8B and 70B/TP8 as x @ W.T, and the development "
+                        "data's worst library calls; quick with --quick) or a TOML file "
+                        "(shapes, dtypes, a_row_major, b_row_major)")
+    p.add_argument("--library-budget-s", type=float, default=None, metavar="S",
+                   help="seconds for the library part: no new problem starts after that "
+                        "(default: no limit)")
     p.add_argument("--bw-kernel", choices=("triton", "torch"), default="triton",
                    help="bandwidth kernel: looped Triton read (default) or torch.sum (coarse: "
                         "launch time dominates small working sets)")
