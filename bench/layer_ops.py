@@ -1,6 +1,7 @@
 """One layer's ops measured on a GPU against tsbatch's predictions of the same ops.
 
     python bench/layer_ops.py LAYER.parquet [--hw NAME] [--engine vllm|tuned] [--csv OUT.csv]
+    python bench/layer_ops.py --spec bench/device/layer.toml --hw h100_sxm   # predictions alone
 
 LAYER.parquet is what ``tsbatch measure --only layer`` writes
 (:func:`tsbatch.measured.layer.run_layer_part`; schema
@@ -31,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tsbatch.errors import InputError  # noqa: E402
-from tsbatch.measured.layer import LAYER_OPS, predict_layer  # noqa: E402
+from tsbatch.measured.layer import (LAYER_OPS, LayerSpec, layer_frame, layer_ops,  # noqa: E402
+                                    load_layer_spec, predict_layer, spec_points)
 
 c = pl.col
 
@@ -68,24 +70,30 @@ def report(pred: pl.DataFrame) -> str:
                 for r in ops.iter_rows(named=True):
                     out.append(
                         f"  {r['op']:16s} {(r['pred_family'] or r['family'] or '-'):15s} "
-                        f"{_f(r['time_ms'] * 1e3):>9s} "
+                        f"{_f(None if r['time_ms'] is None else r['time_ms'] * 1e3):>9s} "
                         f"{_f(None if r['kernel_ms'] is None else r['kernel_ms'] * 1e3):>9s} "
                         f"{_f(r['kernels'], '{:d}'):>7s} {_f(r['pred_us']):>9s} "
                         f"{_f(r['ratio'], '{:.3f}'):>9s} {_f(r['pred_step_us']):>9s} "
                         f"{_f(r['pred_alt_us']):>8s}  {r['pred_config'] or ''}")
-                s_meas = ops["time_ms"].sum() * 1e3
+                s_meas = ops["time_ms"].sum() * 1e3 if ops["time_ms"].null_count() == 0 else None
                 s_pred = ops["pred_us"].sum()
                 s_step = ops["pred_step_us"].sum()
-                out.append(f"  {'sum of the ops':32s} {s_meas:9.1f} {'':>9s} {'':>7s} "
-                           f"{s_pred:9.1f} {_f(s_meas / s_pred if s_pred else None, '{:.3f}'):>9s}"
+                out.append(f"  {'sum of the ops':32s} {_f(s_meas):>9s} {'':>9s} {'':>7s} "
+                           f"{s_pred:9.1f} "
+                           f"{_f(s_meas / s_pred if s_pred and s_meas else None, '{:.3f}'):>9s}"
                            f" {s_step:9.1f}")
                 for r in pt.filter(c("op").is_in(["layer", "layer_graph"])).iter_rows(named=True):
                     what = "layer, back to back" if r["op"] == "layer" else "layer, CUDA graph"
-                    out.append(f"  {what:32s} {_f(r['time_ms'] * 1e3):>9s} {'':>9s} {'':>7s} "
+                    t = None if r["time_ms"] is None else r["time_ms"] * 1e3
+                    out.append(f"  {what:32s} {_f(t):>9s} {'':>9s} {'':>7s} "
                                f"{_f(r['pred_us']):>9s} {_f(r['ratio'], '{:.3f}'):>9s} "
                                f"{_f(r['pred_step_us']):>9s}")
         ops = sub.filter(~c("op").is_in(["layer", "layer_graph"]) & c("ratio").is_not_null())
         out.append("")
+        if ops.height == 0:
+            out.append("(no measured times: the predictions alone)")
+            out.append("")
+            continue
         out.append("median measured / predicted (meas_us / pred_us), over the points:")
         out.append(f"  {'':16s} {'prefill':>8s} {'decode':>8s} {'all':>8s}  points")
         for key, label in (("op", "per op"), ("pred_family", "per family")):
@@ -113,20 +121,49 @@ def report(pred: pl.DataFrame) -> str:
     return "\n".join(out)
 
 
+def spec_frame(spec: LayerSpec, gpu: str) -> pl.DataFrame:
+    """A layer frame of the spec's ops with no measured times (``--spec``: the
+    predictions alone, before a device run)."""
+    from tsbatch.hw import UnknownHardwareError, get_hw
+
+    try:
+        hopper = get_hw(gpu).arch == "hopper"
+    except UnknownHardwareError as exc:
+        raise InputError(f"--hw: {exc.args[0]}") from None
+    recs = []
+    base = {"gpu": gpu, "model": spec.model, "dtype": spec.dtype, "tp": spec.tp}
+    for pt in spec_points(spec):
+        recs += [{**base, **pt, **row} for row in layer_ops(spec.config, pt, spec.tp, hopper)]
+        recs += [{**base, **pt, "op": op, "family": "layer"} for op in ("layer", "layer_graph")]
+    return layer_frame(recs)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("layer", help="layer.parquet written by tsbatch measure --only layer")
+    ap.add_argument("layer", nargs="?", default=None,
+                    help="layer.parquet written by tsbatch measure --only layer")
     ap.add_argument("--hw", default=None,
                     help="GPU to predict for (default: the file's gpu column)")
+    ap.add_argument("--spec", default=None, metavar="LAYER.toml",
+                    help="instead of a measured file: the predictions alone for a layer spec "
+                         "(bench/device/layer.toml) on --hw")
     ap.add_argument("--engine", default="vllm", help="engine profile (vllm: library GEMMs)")
     ap.add_argument("--csv", default=None, help="also write the joined rows to this CSV")
     args = ap.parse_args(argv)
-    try:
-        frame = pl.read_parquet(args.layer)
-    except (OSError, pl.exceptions.PolarsError) as exc:
-        print(f"error: {args.layer}: cannot read ({exc})", file=sys.stderr)
+    if (args.layer is None) == (args.spec is None):
+        print("error: give a measured LAYER.parquet or --spec LAYER.toml (one of them)",
+              file=sys.stderr)
         return 2
     try:
+        if args.spec is not None:
+            if args.hw is None:
+                raise InputError("--spec needs --hw NAME (the GPU to predict for)")
+            frame = spec_frame(load_layer_spec(args.spec), args.hw)
+        else:
+            try:
+                frame = pl.read_parquet(args.layer)
+            except (OSError, pl.exceptions.PolarsError) as exc:
+                raise InputError(f"{args.layer}: cannot read ({exc})") from None
         pred = predict_layer(frame, args.hw, args.engine)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)

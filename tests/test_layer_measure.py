@@ -317,6 +317,19 @@ def test_bench_layer_ops_on_a_written_file(tmp_path, capsys):
     assert "several GPUs" in capsys.readouterr().err
     assert bench.main([str(two), "--hw", "a100"]) == 0
     assert bench.main([str(tmp_path / "none.parquet")]) == 2
+    capsys.readouterr()
+    # --spec: the predictions alone for a spec, on --hw
+    small = _spec_file(tmp_path, "prefill = [[2, 300]]\ndecode = [[4, 1000]]")
+    assert bench.main(["--spec", str(small), "--hw", "h100_sxm"]) == 0
+    alone = capsys.readouterr().out
+    assert "(no measured times: the predictions alone)" in alone
+    for r in pred.filter(pl.col("op") == "gate_up_proj").iter_rows(named=True):
+        assert any(ln.strip().startswith("gate_up_proj") and f"{r['pred_us']:.1f}" in ln
+                   for ln in alone.splitlines())
+    for bad in ([], ["--spec", str(small)], [str(path), "--spec", str(small)],
+                ["--spec", str(small), "--hw", "no_gpu"]):
+        assert bench.main(bad) == 2, bad
+        assert capsys.readouterr().err.startswith("error: ")
 
 
 def test_run_layer_part_needs_a_gpu(tmp_path, monkeypatch):
