@@ -31,4 +31,8 @@ t1=$(date +%s)
 python3 -m tsbatch.front.cli measure --out "$out/fp32" --only matmul,gemm \
   --gemm-grid "$here/fp32_gemm.toml" --time-budget-s "$fp32_budget"
 echo "fp32 measure: exit $? after $(( $(date +%s) - t1 )) s"
+# Suggested (not wired yet): one Llama-3-8B layer's ops, each timed on its own, into
+# $out/layer.parquet (bench/device/layer.toml, about 2 minutes); then, anywhere:
+#   python bench/layer_ops.py OUTDIR/layer.parquet
+# python3 -c "import sys; from pathlib import Path; from tsbatch.measured.layer import load_layer_spec, run_layer_part; run_layer_part(Path(sys.argv[1]), load_layer_spec(sys.argv[2]))" "$out" "$here/layer.toml"; echo "layer: exit $?"
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$out/env.txt" 2>&1
