@@ -506,3 +506,38 @@ def test_time_calls_queue_behind_a_gpu_sleep():
     assert cuda.log[-3:] == ["enter graph", "exit graph", "sync"]
     replay()
     assert cuda.log[-1] == "replay"
+
+
+def test_run_layer_goes_on_past_a_failed_point_and_stops_at_its_budget(monkeypatch):
+    """The loop around the points, with the per-point work stood in for: a point that
+    raises is counted and logged, the next one runs, the file callback sees every point;
+    no new point starts once the time budget is spent."""
+    import dataclasses
+    import time
+
+    def fake_point(torch, K, cfg, spec, pt, device, hopper, l2, base, records, line, stats,
+                   graph_ok, quiet):
+        if pt["phase"] == "decode" and pt["point"] == 0:
+            raise RuntimeError("CUDA out of memory")
+        records.append({**base, "phase": pt["phase"], "point": pt["point"], "op": "layer",
+                        "time_ms": 1.0})
+        return graph_ok
+
+    monkeypatch.setattr(L, "_run_point", fake_point)
+    spec = L.LayerSpec(prefill=((1, 64),), decode=((1, 128), (2, 128)), time_budget_s=0)
+    seen, stats = [], {}
+    recs = L.run_layer(None, {"gpu": "h100_sxm"}, spec, quiet=True, device="cpu",
+                       on_point=lambda r, d, n: seen.append((len(r), d, n)), stats=stats)
+    assert [(r["phase"], r["point"]) for r in recs] == [("prefill", 0), ("decode", 1)]
+    assert seen == [(1, 1, 3), (1, 2, 3), (2, 3, 3)]
+    assert (stats["point_errors"], stats["points_done"], stats["points_planned"]) == (1, 3, 3)
+
+    def slow_point(*a, **k):
+        time.sleep(0.05)
+        return fake_point(*a, **k)
+
+    monkeypatch.setattr(L, "_run_point", slow_point)
+    stats = {}
+    recs = L.run_layer(None, {"gpu": "h100_sxm"}, dataclasses.replace(spec, time_budget_s=0.01),
+                       quiet=True, device="cpu", stats=stats)
+    assert len(recs) == 1 and stats["points_done"] == 1

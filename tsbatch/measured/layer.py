@@ -738,6 +738,61 @@ def _hopper(env: dict) -> bool:
         return str(env.get("capability", "")).startswith("9.")
 
 
+def _run_point(torch, K, cfg, spec: LayerSpec, pt: dict, device, hopper: bool, l2: int,
+               base: dict, records: list, line: list, stats: dict, graph_ok: bool,
+               quiet: bool) -> bool:
+    """One point of :func:`run_layer`: its op rows, the layer rows, appended to
+    ``records`` as they are measured; returns whether CUDA graphs still capture."""
+    cuda = device != "cpu"
+    ops = _build_point(torch, K, cfg, spec, pt, device, hopper, l2)
+    keys = {k: pt[k] for k in ("phase", "point", "m", "reqs", "seq", "ctx")}
+    for row, fn, copies in ops:
+        times = _time_calls(torch, fn, target_ms=spec.target_ms, max_rep=spec.max_repeats,
+                            cuda=cuda)
+        rec = {**base, **keys, **row, "time_ms": float(sorted(times)[len(times) // 2]),
+               "time_ms_min": float(min(times)), "repeats": len(times), "copies": copies}
+        if spec.profile:
+            try:
+                rec.update(_profile_kernels(torch, fn, cuda=cuda))
+            except Exception as exc:  # the profiler is not essential to the row
+                stats["profile_errors"] += 1
+                if stats["profile_errors"] == 1:
+                    _log(f"  torch.profiler failed ({type(exc).__name__}: {exc}); "
+                         "kernels not counted", quiet)
+        records.append(rec)
+        line.append(f"{row['op']} {rec['time_ms'] * 1e3:.1f}")
+    fns = [fn for _, fn, _ in ops]
+
+    def layer():
+        for f in fns:
+            f()
+
+    times = _time_calls(torch, layer, target_ms=spec.target_ms,
+                        max_rep=min(spec.max_repeats, 20), min_rep=3, cuda=cuda)
+    lrow = {**base, **keys, "op": "layer", "family": "layer",
+            "impl": "every op in order, back to back"}
+    records.append({**lrow, "time_ms": float(sorted(times)[len(times) // 2]),
+                    "time_ms_min": float(min(times)), "repeats": len(times), "copies": 1})
+    line.append(f"layer {records[-1]['time_ms'] * 1e3:.1f}")
+    if graph_ok:
+        try:
+            replay, _g = _graph_layer(torch, fns)
+            times = _time_calls(torch, replay, target_ms=spec.target_ms,
+                                max_rep=min(spec.max_repeats, 20), min_rep=3, cuda=cuda)
+            records.append({**lrow, "op": "layer_graph",
+                            "impl": "every op in order, replayed from one CUDA graph",
+                            "time_ms": float(sorted(times)[len(times) // 2]),
+                            "time_ms_min": float(min(times)), "repeats": len(times),
+                            "copies": 1})
+            line.append(f"graph {records[-1]['time_ms'] * 1e3:.1f}")
+        except Exception as exc:
+            stats["graph_errors"] += 1
+            graph_ok = False
+            _log(f"  CUDA graph capture failed ({type(exc).__name__}: {exc}); no "
+                 "layer_graph rows from here on", quiet)
+    return graph_ok
+
+
 def run_layer(torch, env: dict, spec: LayerSpec, quiet: bool = False, *,
               device: str = "cuda", on_point: Callable[[list[dict], int, int], None] | None = None,
               stats: dict | None = None) -> list[dict]:
@@ -771,7 +826,8 @@ def run_layer(torch, env: dict, spec: LayerSpec, quiet: bool = False, *,
             "tp": spec.tp}
     records: list[dict] = []
     stats = {} if stats is None else stats
-    stats.update(points_planned=len(pts), points_done=0, profile_errors=0, graph_errors=0)
+    stats.update(points_planned=len(pts), points_done=0, profile_errors=0, graph_errors=0,
+                 point_errors=0)
     graph_ok = spec.graph and cuda
     t_start = time.perf_counter()
     for i, pt in enumerate(pts):
@@ -781,58 +837,19 @@ def run_layer(torch, env: dict, spec: LayerSpec, quiet: bool = False, *,
             break
         label = (f"prefill {pt['reqs']} x {pt['seq']}" if pt["phase"] == "prefill"
                  else f"decode batch {pt['reqs']} ctx {pt['ctx']}")
-        ops = _build_point(torch, K, cfg, spec, pt, device, hopper, l2)
-        keys = {k: pt[k] for k in ("phase", "point", "m", "reqs", "seq", "ctx")}
-        line = []
-        for row, fn, copies in ops:
-            times = _time_calls(torch, fn, target_ms=spec.target_ms, max_rep=spec.max_repeats,
-                                cuda=cuda)
-            rec = {**base, **keys, **row, "time_ms": float(sorted(times)[len(times) // 2]),
-                   "time_ms_min": float(min(times)), "repeats": len(times), "copies": copies}
-            if spec.profile:
-                try:
-                    rec.update(_profile_kernels(torch, fn, cuda=cuda))
-                except Exception as exc:  # the profiler is not essential to the row
-                    stats["profile_errors"] += 1
-                    if stats["profile_errors"] == 1:
-                        _log(f"  torch.profiler failed ({type(exc).__name__}: {exc}); "
-                             "kernels not counted", quiet)
-            records.append(rec)
-            line.append(f"{row['op']} {rec['time_ms'] * 1e3:.1f}")
-        fns = [fn for _, fn, _ in ops]
-
-        def layer():
-            for f in fns:
-                f()
-
-        times = _time_calls(torch, layer, target_ms=spec.target_ms,
-                            max_rep=min(spec.max_repeats, 20), min_rep=3, cuda=cuda)
-        lrow = {**base, **keys, "op": "layer", "family": "layer",
-                "impl": "every op in order, back to back"}
-        records.append({**lrow, "time_ms": float(sorted(times)[len(times) // 2]),
-                        "time_ms_min": float(min(times)), "repeats": len(times), "copies": 1})
-        line.append(f"layer {records[-1]['time_ms'] * 1e3:.1f}")
-        if graph_ok:
-            try:
-                replay, _g = _graph_layer(torch, fns)
-                times = _time_calls(torch, replay, target_ms=spec.target_ms,
-                                    max_rep=min(spec.max_repeats, 20), min_rep=3, cuda=cuda)
-                records.append({**lrow, "op": "layer_graph",
-                                "impl": "every op in order, replayed from one CUDA graph",
-                                "time_ms": float(sorted(times)[len(times) // 2]),
-                                "time_ms_min": float(min(times)), "repeats": len(times),
-                                "copies": 1})
-                line.append(f"graph {records[-1]['time_ms'] * 1e3:.1f}")
-                del replay, _g
-            except Exception as exc:
-                stats["graph_errors"] += 1
-                graph_ok = False
-                _log(f"  CUDA graph capture failed ({type(exc).__name__}: {exc}); no "
-                     "layer_graph rows from here on", quiet)
-        del ops, fns
+        line: list[str] = []
+        try:
+            graph_ok = _run_point(torch, K, cfg, spec, pt, device, hopper, l2, base, records,
+                                  line, stats, graph_ok, quiet)
+        except Exception as exc:  # a point that fails (memory, a backend) does not end the run
+            stats["point_errors"] += 1
+            line.append(f"FAILED ({type(exc).__name__}: {exc})")
         if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
+            try:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+            except Exception:  # pragma: no cover - a poisoned context; the next point says so
+                pass
         stats["points_done"] = i + 1
         _log(f"  {label}: " + ", ".join(line) + " us", quiet)
         if on_point is not None:
@@ -862,7 +879,8 @@ def run_layer_part(out_dir: Path, spec: LayerSpec | None = None, quiet: bool = F
     def save(records, done, planned):
         meta = {"spec": spec_meta, "points_done": done, "points_planned": planned,
                 "complete": done == planned, "profile_errors": stats.get("profile_errors", 0),
-                "graph_errors": stats.get("graph_errors", 0)}
+                "graph_errors": stats.get("graph_errors", 0),
+                "point_errors": stats.get("point_errors", 0)}
         write_parquet(layer_frame(records), out_dir / "layer.parquet",
                       measurement_metadata(env, "layer", meta))
 
