@@ -1053,3 +1053,34 @@ def test_run_gemm_times_the_library_and_each_configuration(monkeypatch):
         [False, True, False] * 2
     assert stats == {"wrong_results": 0, "problems_planned": 2, "problems_done": 2}
     assert ms.gemm_rows(recs, "h100_sxm").height == 8
+
+
+def test_the_layer_part_runs_only_when_named_and_checks_its_spec_first(tmp_path, capsys,
+                                                                      monkeypatch):
+    assert "layer" not in ms.parse_parts(None) and ms.parse_parts("layer") == ("layer",)
+    _hide(monkeypatch)
+    bad = tmp_path / "layer.toml"
+    bad.write_text("tp = 0\n")
+    assert main(["measure", "--out", str(tmp_path / "m"), "--only", "layer",
+                 "--layer-spec", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "layer.toml" in err and "needs a CUDA GPU" not in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_run_measure_hands_the_layer_part_its_spec(monkeypatch, tmp_path):
+    from tsbatch.measured import layer
+
+    torch, _ = _fake_torch()
+    monkeypatch.setattr(ms, "require_gpu", lambda: (torch, types.SimpleNamespace()))
+    env = {"device_name": "x", "gpu": "h100_sxm", "driver": "x", "torch": "2.5",
+           "triton": "3.1"}
+    monkeypatch.setattr(ms, "_environment", lambda torch, triton: dict(env))
+    monkeypatch.setattr(ms, "_load_kernels", lambda workdir: None)
+    seen = []
+    monkeypatch.setattr(layer, "run_layer_part",
+                        lambda out, spec, quiet: seen.append((out, spec, quiet)) or 7)
+    spec = layer.default_spec()
+    res = ms.run_measure(tmp_path, quick=True, grid=ms.default_grid(True), dtypes=("float16",),
+                         parts=("layer",), quiet=True, layer_spec=spec)
+    assert res["written"] == {"layer.parquet": 7} and seen == [(tmp_path, spec, True)]

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # One prepared measurement run on a CUDA GPU (a device lent for ~15 minutes):
 #   bash bench/device/measure.sh OUTDIR [LIBRARY_BUDGET_S] [GEMM_BUDGET_S] [FP32_BUDGET_S]
-# Needs torch and triton next to tsbatch's own dependencies (polars, pyarrow).
+# Needs torch and triton next to tsbatch's own dependencies (polars, pyarrow). The lent
+# machines' image has all but polars: fetch its wheels here with
+# bench/device/wheels.sh, carry .whl, and start the command with: python3 -m pip
+# install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export
+# PYTHONPATH=/tmp/site:$PWD (the repository's root).
 # Runs the parts in order of what the model needs most now, each within its
 # budget (a part stopped by its budget keeps the problems it finished):
 #   1. library.parquet: the library's (torch.matmul, cuBLAS) small and skinny
@@ -9,11 +13,15 @@
 #      calls, fp16 / bf16 / TF32, each timed cold (L2 flushed), warm and under
 #      the profiler (kernels per call): issue 35's per-call excess and skinny
 #      streams (docs/gemm_accuracy.md, "The library's small calls, session 10").
-#   2. bandwidth.parquet, matmul.parquet, gemm.parquet (bench/device/llm_gemm.toml:
+#   2. layer.parquet: one Llama-3-8B layer's prefill and decode ops, each timed on
+#      its own, the layer back to back and from a CUDA graph (bench/device/layer.toml,
+#      its own 150 s budget): the end-to-end model op by op (bench/layer_ops.py).
+#   3. bandwidth.parquet, matmul.parquet, gemm.parquet (bench/device/llm_gemm.toml:
 #      Triton fp16/bf16) and fp32/{matmul,gemm}.parquet (bench/device/fp32_gemm.toml).
 # env.txt records nvidia-smi, the driver and every library's version; clocks.csv the
 # SM clock, power and temperature every 200 ms while the parts run. Then, anywhere:
 #   python bench/library_calls.py OUTDIR
+#   python bench/layer_ops.py OUTDIR/layer.parquet
 #   tsbatch calibrate OUTDIR --hw h200 --keep tc_fp16_tflops --dry-run
 #   tsbatch accuracy OUTDIR/gemm.parquet OUTDIR/library.parquet OUTDIR/fp32/gemm.parquet --json r.json --report rep/
 set -u
@@ -41,6 +49,9 @@ t0=$(date +%s)
 python3 -m tsbatch.front.cli measure --out "$out" --only library \
   --dtypes float16,bfloat16,float32 --library-budget-s "$lib_budget"
 echo "library measure: exit $? after $(( $(date +%s) - t0 )) s"
+tl=$(date +%s)
+python3 -m tsbatch.front.cli measure --out "$out" --only layer --layer-spec "$here/layer.toml"
+echo "layer measure: exit $? after $(( $(date +%s) - tl )) s"
 t1=$(date +%s)
 python3 -m tsbatch.front.cli measure --out "$out" --only bandwidth,matmul,gemm \
   --gemm-grid "$here/llm_gemm.toml" --time-budget-s "$gemm_budget"

@@ -418,12 +418,15 @@ def parse_dtypes(text: str | None, default: Sequence[str] = ("float16", "bfloat1
     return tuple(out)
 
 
-_PARTS = ("bandwidth", "matmul", "gemm", "library")
+_PARTS = ("bandwidth", "matmul", "gemm", "library", "layer")
+#: the parts a run without ``--only`` measures (``layer``, a model's ops rather than
+#: the GPU's, runs when named)
+_DEFAULT_PARTS = ("bandwidth", "matmul", "gemm", "library")
 
 
 def parse_parts(text: str | None) -> tuple[str, ...]:
     if text is None:
-        return _PARTS
+        return _DEFAULT_PARTS
     parts = tuple(p.strip() for p in text.split(",") if p.strip())
     bad = [p for p in parts if p not in _PARTS]
     if bad or not parts:
@@ -1302,11 +1305,11 @@ def default_compile_workers() -> int:
 
 
 def run_measure(out: Path, *, quick: bool, grid: GemmGrid, dtypes: Sequence[str],
-                parts: Sequence[str] = _PARTS, bw_kernel: str = "triton",
+                parts: Sequence[str] = _DEFAULT_PARTS, bw_kernel: str = "triton",
                 quiet: bool = False, compile_workers: int = 0,
                 gemm_budget_s: float | None = None, fp32: str = "tf32",
                 lib_grid: GemmGrid | None = None, lib_dtypes: Sequence[str] | None = None,
-                lib_budget_s: float | None = None) -> dict:
+                lib_budget_s: float | None = None, layer_spec=None) -> dict:
     """Run the microbenchmarks on the current CUDA device; write the Parquet files into ``out``.
 
     ``gemm.parquet`` is rewritten after every problem, so a run stopped by
@@ -1315,7 +1318,9 @@ def run_measure(out: Path, *, quick: bool, grid: GemmGrid, dtypes: Sequence[str]
     says how many (``tsbatch.problems_done`` of ``tsbatch.problems_planned``,
     ``tsbatch.complete``). ``library.parquet`` (:func:`run_library` over
     ``lib_grid``, default :func:`default_library_grid`, in ``lib_dtypes``,
-    default ``dtypes``) likewise, within ``lib_budget_s``.
+    default ``dtypes``) likewise, within ``lib_budget_s``; ``layer.parquet``
+    (:func:`tsbatch.measured.layer.run_layer_part` with ``layer_spec``, default
+    :func:`tsbatch.measured.layer.default_spec`) after the other parts.
     """
     torch, triton = require_gpu()
     from tsbatch.boundary.io import write_parquet
@@ -1395,6 +1400,10 @@ def run_measure(out: Path, *, quick: bool, grid: GemmGrid, dtypes: Sequence[str]
             if stats["wrong_results"]:
                 _log(f"  {stats['wrong_results']} configurations gave wrong results (recorded "
                      "as not runnable)", False)
+        if "layer" in parts:
+            from tsbatch.measured.layer import run_layer_part
+
+            written["layer.parquet"] = run_layer_part(out, layer_spec, quiet)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return {"env": env, "written": written, "seconds": time.perf_counter() - t0}
@@ -1418,6 +1427,12 @@ def cmd_measure(args) -> int:
     lib_dtypes = parse_dtypes(dtypes_given, lib_grid.dtypes or dtypes)
     if args.library_budget_s is not None and not args.library_budget_s > 0:
         raise InputError(f"--library-budget-s {args.library_budget_s}: must be positive")
+    layer_spec = None
+    if "layer" in parts:
+        from tsbatch.measured.layer import default_spec, load_layer_spec
+
+        layer_spec = default_spec() if args.layer_spec in (None, "default") else \
+            load_layer_spec(args.layer_spec)
     workers = default_compile_workers() if args.compile_workers is None else args.compile_workers
     if workers < 0:
         raise InputError(f"--compile-workers {workers}: must be 0 or more")
@@ -1427,7 +1442,7 @@ def cmd_measure(args) -> int:
                       bw_kernel=args.bw_kernel, quiet=args.quiet, compile_workers=workers,
                       gemm_budget_s=args.time_budget_s, fp32=args.fp32,
                       lib_grid=lib_grid, lib_dtypes=lib_dtypes,
-                      lib_budget_s=args.library_budget_s)
+                      lib_budget_s=args.library_budget_s, layer_spec=layer_spec)
     env = res["env"]
     for name, rows in res["written"].items():
         print(f"wrote {rows:,} rows to {out / name}")
@@ -1452,8 +1467,9 @@ def add_parser(subparsers) -> None:
                     "per dtype, a Triton GEMM over a tile-configuration grid, and the "
                     "library's (torch.matmul) small and skinny calls cold, warm and profiled, "
                     "on the local CUDA GPU; write bandwidth.parquet, matmul.parquet, "
-                    "gemm.parquet and library.parquet (the measured schema) into --out. Needs "
-                    "torch and triton with a CUDA device.")
+                    "gemm.parquet and library.parquet (the measured schema) into --out; with "
+                    "--only layer, one transformer layer's ops timed one by one into "
+                    "layer.parquet. Needs torch and triton with a CUDA device.")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (created)")
     p.add_argument("--quick", action="store_true",
                    help="fewer sizes, shapes and configurations (about 2 minutes on an H200)")
@@ -1462,7 +1478,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtypes", default=None, metavar="LIST",
                    help="comma-separated input dtypes (default float16,bfloat16)")
     p.add_argument("--only", default=None, metavar="PARTS",
-                   help="comma-separated subset of bandwidth,matmul,gemm,library (default all)")
+                   help="comma-separated parts among bandwidth,matmul,gemm,library,layer "
+                        "(default: all but layer)")
+    p.add_argument("--layer-spec", default="default", metavar="default|FILE.toml",
+                   help="the layer part's model and points: built-in (a Llama-3-8B layer in "
+                        "bf16, prefill 1x2048 and 8x512 tokens, decode batch 1-128 at ctx 1024 "
+                        "and 4096: bench/device/layer.toml) or a TOML file")
     p.add_argument("--library-grid", default="default", metavar="default|quick|FILE.toml",
                    help="the library part's problems: built-in (default: decode GEMMs of "
                         "M <= 64 rows of Llama-3 8B and 70B/TP8 as x @ W.T, and the development "
