@@ -66,11 +66,6 @@ from typing import Callable, Sequence
 
 from tsbatch.errors import InputError
 
-try:  # Python 3.11+
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
 __all__ = ["LayerSpec", "default_spec", "load_layer_spec", "spec_points", "layer_ops",
            "LAYER_OPS", "LAYER_SCHEMA", "layer_frame", "lowering_points", "lowered_layer",
            "predict_layer", "run_layer", "run_layer_part", "reference_ops", "DEFAULT_MODEL"]
@@ -179,17 +174,11 @@ def load_layer_spec(path: str | Path) -> LayerSpec:
     At least one prefill or decode point. Every problem is one :class:`InputError`
     naming the file, the key and the value.
     """
+    from tsbatch.measured.measure import _read_toml
+
     path = Path(path)
     where = str(path)
-    try:
-        doc = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"{where}: cannot read the layer spec ({exc.strerror})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{where}: invalid TOML ({exc})") from None
-    extra = sorted(set(doc) - _SPEC_KEYS)
-    if extra:
-        raise InputError(f"{where}: unknown keys {extra}; known: {sorted(_SPEC_KEYS)}")
+    doc = _read_toml(path, "the layer spec", _SPEC_KEYS)
     kw: dict = {"name": where}
     model = doc.get("model", DEFAULT_MODEL)
     if not isinstance(model, str) or not model:
