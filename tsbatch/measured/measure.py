@@ -582,8 +582,7 @@ def gemm_rows(records: Iterable[dict], gpu: str, source: str = SOURCE):
 
 #: the library part's columns after :func:`gemm_schema`'s
 LIBRARY_EXTRA = {"time_ms_clean": "Float64", "time_ms_warm": "Float64",
-                 "kernels_per_call": "Float64",
-                 "kernel_ms": "Float64", "kernel_names": "String"}
+                 "kernels_per_call": "Float64", "kernel_ms": "Float64", "kernel_names": "String"}
 
 
 def kernel_summary(events: Sequence[tuple[str, float]], calls: int) -> dict:
@@ -603,10 +602,9 @@ def library_rows(records: Iterable[dict], gpu: str, source: str = SOURCE):
     """Rows of ``library.parquet``: :func:`gemm_rows`' library rows (``time_ms``: the
     call timed cold, L2 flushed by a write before each call, as the development
     data's harness does) and :data:`LIBRARY_EXTRA`: ``time_ms_clean`` (cold, flushed
-    by a read), ``time_ms_warm``
-    (back-to-back calls, operands left in L2), ``kernels_per_call``,
-    ``kernel_ms`` and ``kernel_names`` (what the profiler saw run; null where it
-    could not run)."""
+    by a read), ``time_ms_warm`` (back-to-back calls, operands left in L2),
+    ``kernels_per_call``, ``kernel_ms`` and ``kernel_names`` (what the profiler saw
+    run; null where it could not run)."""
     import polars as pl
 
     records = list(records)
@@ -1062,9 +1060,9 @@ def run_library(torch, env: dict, grid: GemmGrid, dtypes: Sequence[str], *, quic
     harness: Triton's ``do_bench``, Inductor's autotuner), so the call's own
     allocations evict dirty lines; ``time_ms_clean``: cold, flushed by a read (clean
     lines: ``time_ms - time_ms_clean`` is what writing those back costs the call);
-    ``time_ms_warm``: back-to-back
-    calls with the operands left in L2 (a decode step's GEMM after the layer
-    before it); and what the profiler sees run per call (kernels, their summed
+    ``time_ms_warm``: back-to-back calls with the operands left in L2 (a decode
+    step's GEMM after the layer before it); and what the profiler sees run per
+    call (kernels, their summed
     time, names: a split-K reduction or a memset shows as a second kernel, and
     ``time_ms - kernel_ms`` is the per-call time that is no kernel's). Medians of
     the repeats. ``budget_s``, ``on_problem``, ``stats``, ``fp32``: as :func:`run_gemm`.
