@@ -297,3 +297,27 @@ def test_unknown_ref_is_one_clear_error(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"regress.py: REF 'no-such-ref-35': not a commit of {ROOT}"]
     assert not (tmp_path / "trees").exists()
+
+
+def test_the_summary_reports_the_small_kernel_buckets_on_their_own():
+    """The < 20 us and 20-100 us buckets get their own count in the summary, and every
+    one whose MAPE or bias moved is listed with both figures."""
+    from tsbatch.measured.regress_metrics import small_kernel_lines
+
+    group, ref, new = _two_versions()
+    tol = Tolerance(min_problems=1)
+    judged = judged_rows(compare_figures(ref, new, group), group, tol)
+    lines = summary_lines(judged, [], group, "ref", "new", tol)
+    block = small_kernel_lines(judged, group)
+    assert block and all(b in lines for b in block)
+    small = {(j["slice"], j["figure"]): j["verdict"] for j in judged
+             if j["slice"] in ("<20us", "20-100us") and j["figure"] in ("mape_pct", "bias")}
+    n_cells = len({s for s, _ in small})
+    n_moved = len({s for (s, f), v in small.items() if v in ("worse", "better")})
+    assert block[0].startswith("small kernels (<20us and 20-100us buckets")
+    assert f"{n_cells} judged" in block[0] and len(block) == 1 + n_moved
+    assert any("<20us" in b and "!!" in b for b in block[1:])   # the slowed bucket, listed
+    # the same versions: nothing moved, nothing listed
+    same = judged_rows(compare_figures(ref, ref, group), group, tol)
+    quiet = small_kernel_lines(same, group)
+    assert len(quiet) == 1 and quiet[0].endswith(f"0 worse, 0 better, {n_cells} within tolerance")

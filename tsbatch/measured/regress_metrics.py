@@ -59,6 +59,7 @@ __all__ = [
     "judge",
     "judge_speed",
     "summary_lines",
+    "small_kernel_lines",
     "format_comparison",
 ]
 
@@ -302,6 +303,46 @@ def _describe(j: dict, group: Sequence[str]) -> str:
     return f"{where}{sl} {name} {_fmt(j['figure'], j['ref'])} -> {_fmt(j['figure'], j['new'])}"
 
 
+#: the small-kernel time buckets the summary reports on their own (the development
+#: set is thin there, and a bias that moves there is hidden by the large problems)
+SMALL_BUCKETS = ("<20us", "20-100us")
+
+
+def small_kernel_lines(judged: Iterable[dict], group: Sequence[str]) -> list[str]:
+    """The summary's small-kernel block: how many :data:`SMALL_BUCKETS` slices were
+    judged on MAPE and bias and how their verdicts fell, then every such bucket whose
+    MAPE or bias moved beyond tolerance (either way), with both figures."""
+    cells: dict[tuple, dict] = {}
+    for j in judged:
+        if j.get("slice_kind") != "bucket" or j.get("slice") not in SMALL_BUCKETS:
+            continue
+        if j["figure"] not in ("mape_pct", "bias"):
+            continue
+        key = tuple(j.get(g) for g in group) + (j["slice"],)
+        cells.setdefault(key, {})[j["figure"]] = j
+    if not cells:
+        return []
+    judged_cells = {k: c for k, c in cells.items()
+                    if any(x["verdict"] in ("worse", "better", "same") for x in c.values())}
+    counts: dict[str, int] = {}
+    moved = []
+    for key, c in judged_cells.items():
+        vs = {x["verdict"] for x in c.values()}
+        v = "worse" if "worse" in vs else "better" if "better" in vs else "same"
+        counts[v] = counts.get(v, 0) + 1
+        if v != "same":
+            figs = ", ".join(
+                f"{FIGURES[f][1]} {_fmt(f, c[f]['ref'])} -> {_fmt(f, c[f]['new'])}"
+                f"{(' ' + _MARK[c[f]['verdict']]) if _MARK[c[f]['verdict']] else ''}"
+                for f in ("mape_pct", "bias") if f in c)
+            moved.append(f"  {' '.join(str(k) for k in key if k is not None)}: {figs}")
+    lines = [f"small kernels ({' and '.join(SMALL_BUCKETS)} buckets, MAPE and meas/pred): "
+             f"{len(judged_cells)} judged, {counts.get('worse', 0)} worse, "
+             f"{counts.get('better', 0)} better, {counts.get('same', 0)} within tolerance"
+             f"{'; moved:' if moved else ''}"]
+    return lines + sorted(moved)
+
+
 def summary_lines(judged: Iterable[dict], speed: Iterable[dict], group: Sequence[str],
                   ref_name: str, new_name: str, tol: Tolerance, worst: int = 8) -> list[str]:
     """The block meant for a commit message: counts per verdict, the worst
@@ -324,6 +365,7 @@ def summary_lines(judged: Iterable[dict], speed: Iterable[dict], group: Sequence
     if worse:
         lines.append(f"worst accuracy regressions ({min(worst, len(worse))} of {len(worse)}):")
         lines += [f"  {_describe(j, group)}" for j in worse[:worst]]
+    lines += small_kernel_lines(judged, group)
     if speed:
         lines.append("speed, " + ref_name + " time / " + new_name + " time (above 1: faster now):")
         for s in speed:
