@@ -7,7 +7,9 @@
 # install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export
 # PYTHONPATH=/tmp/site:$PWD (the repository's root).
 # Runs the parts in order of what the model needs most now, each within its
-# budget (a part stopped by its budget keeps the problems it finished):
+# budget (a part stopped by its budget keeps the problems it finished); with the
+# default budgets (150 + 150 + 120 + 30 s) the whole run stays under the lent
+# machines' 10-minute command limit, about 8 minutes:
 #   1. library.parquet: the library's (torch.matmul, cuBLAS) small and skinny
 #      calls, M <= 64 decode GEMMs and the development data's worst library
 #      calls, fp16 / bf16 / TF32, each timed cold (L2 flushed), warm and under
@@ -27,8 +29,8 @@
 set -u
 out=${1:?usage: measure.sh OUTDIR [LIBRARY_BUDGET_S] [GEMM_BUDGET_S] [FP32_BUDGET_S]}
 lib_budget=${2:-150}
-gemm_budget=${3:-180}
-fp32_budget=${4:-60}
+gemm_budget=${3:-120}
+fp32_budget=${4:-30}
 here=$(cd "$(dirname "$0")" && pwd)
 export PYTHONUNBUFFERED=1
 mkdir -p "$out/fp32"
