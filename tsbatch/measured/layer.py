@@ -669,34 +669,21 @@ def _time_calls(torch, fn: Callable, *, target_ms: float, max_rep: int, min_rep:
 
 
 def _profile_kernels(torch, fn: Callable, calls: int = 3, cuda: bool = True) -> dict:
-    """The device activities of one call of ``fn`` (torch.profiler over ``calls`` calls):
-    ``kernels`` per call, their distinct ``kernel_names`` in launch order and their summed
-    device time per call ``kernel_ms``."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    """The device activities of one call of ``fn`` (:func:`tsbatch.measured.measure.device_events`
+    over ``calls`` calls): ``kernels`` per call, their distinct ``kernel_names`` in launch
+    order and their summed device time per call ``kernel_ms``."""
+    from tsbatch.measured.measure import device_events
 
-    acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
-    fn()
-    if cuda:
-        torch.cuda.synchronize()
-    with profile(activities=acts) as prof:
-        for _ in range(calls):
-            fn()
-        if cuda:
-            torch.cuda.synchronize()
-    n, total_us, names = 0, 0.0, {}
-    for ev in prof.events():
-        if getattr(ev, "device_type", None) != DeviceType.CUDA:
-            continue
-        n += 1
-        total_us += float(ev.time_range.end - ev.time_range.start)
-        names[ev.name] = names.get(ev.name, 0) + 1
+    events = device_events(torch, fn, calls, cuda)
+    names: dict[str, int] = {}
+    for name, _ in events:
+        names[name] = names.get(name, 0) + 1
     per = []
     for name, cnt in names.items():
         k = cnt / calls
         per.append(name if k == 1 else f"{name} x{k:g}")
-    return {"kernels": int(round(n / calls)), "kernel_names": " | ".join(per),
-            "kernel_ms": total_us / calls / 1e3}
+    return {"kernels": int(round(len(events) / calls)), "kernel_names": " | ".join(per),
+            "kernel_ms": sum(t for _, t in events) / calls / 1e3}
 
 
 def _graph_layer(torch, fns: Sequence[Callable]):

@@ -1030,21 +1030,30 @@ def _operands(torch, p: Problem):
     return a, b
 
 
-def _profile_kernels(torch, fn, calls: int = 5) -> dict | None:
-    """:func:`kernel_summary` of ``calls`` calls of ``fn`` under torch.profiler (CUDA
-    activity only), or None where the profiler cannot run (no CUPTI)."""
-    try:
-        from torch.profiler import ProfilerActivity, profile
+def device_events(torch, fn, calls: int, cuda: bool = True) -> list[tuple[str, float]]:
+    """``(name, duration_us)`` of every device activity (kernels, memsets, copies) that
+    ``calls`` calls of ``fn`` run under torch.profiler, after one call outside it
+    (``cuda=False``: the profiler's CPU activity only, so none; the tests' CPU run)."""
+    from torch.profiler import ProfilerActivity, profile
 
-        fn()
+    fn()
+    if cuda:
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                fn()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+        if cuda:
             torch.cuda.synchronize()
-        cuda = torch.autograd.DeviceType.CUDA
-        events = [(ev.name, float(ev.time_range.elapsed_us())) for ev in prof.events()
-                  if getattr(ev, "device_type", None) == cuda]
+    dev = torch.autograd.DeviceType.CUDA
+    return [(ev.name, float(ev.time_range.elapsed_us())) for ev in prof.events()
+            if getattr(ev, "device_type", None) == dev]
+
+
+def _profile_kernels(torch, fn, calls: int = 5) -> dict | None:
+    """:func:`kernel_summary` of ``calls`` calls of ``fn`` (:func:`device_events`), or
+    None where the profiler cannot run (no CUPTI)."""
+    try:
+        events = device_events(torch, fn, calls)
         return kernel_summary(events, calls) if events else None
     except Exception as exc:  # profiler unavailable or changed: keep the timings
         _log(f"  (profiler: {type(exc).__name__}: {exc}; kernel columns left empty)", False)
