@@ -425,6 +425,68 @@ def _union(a, b):
     return _checked(min(alo, blo), max(ahi, bhi))
 
 
+#: ``name OP constant`` as ``constant OP' name`` reads (the comparison flipped)
+_FLIPPED = {ast.Gt: ast.Lt, ast.GtE: ast.LtE, ast.Lt: ast.Gt, ast.LtE: ast.GtE,
+            ast.Eq: ast.Eq, ast.NotEq: ast.NotEq}
+#: the comparison that holds where one does not
+_NEGATED = {ast.Gt: ast.LtE, ast.GtE: ast.Lt, ast.Lt: ast.GtE, ast.LtE: ast.Gt,
+            ast.Eq: ast.NotEq, ast.NotEq: ast.Eq}
+
+
+def _narrowed(test, kinds: dict, truth: bool):
+    """``kinds`` on the rows where ``test`` is ``truth``, when ``test`` compares an
+    integer-valued name with an integer constant (``kv_heads > 0``, ``0 < window``):
+    that name's interval cut to those rows, or None where no row of the interval can
+    be one of them; ``kinds`` itself for any other test (nothing known)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return kinds
+    left, op, right = test.left, type(test.ops[0]), test.comparators[0]
+    if isinstance(left, ast.Constant) and isinstance(right, ast.Name):
+        left, right, op = right, left, _FLIPPED.get(op)
+    if not (op in _NEGATED and isinstance(left, ast.Name) and isinstance(right, ast.Constant)
+            and type(right.value) is int):
+        return kinds
+    k = kinds.get(left.id)
+    if k is None or k[0] != _INT:
+        return kinds
+    lo, hi, c = k[1], k[2], right.value
+    if not truth:
+        op = _NEGATED[op]
+    if op is ast.Gt:
+        lo = max(lo, c + 1)
+    elif op is ast.GtE:
+        lo = max(lo, c)
+    elif op is ast.Lt:
+        hi = min(hi, c - 1)
+    elif op is ast.LtE:
+        hi = min(hi, c)
+    elif op is ast.Eq:
+        lo, hi = max(lo, c), min(hi, c)
+    else:  # NotEq: only an end of the interval can be cut
+        lo, hi = lo + (lo == c), hi - (hi == c)
+    return None if lo > hi else {**kinds, left.id: (_INT, lo, hi)}
+
+
+def _where_kind(test, body, orelse, kinds: dict):
+    """The kind of ``where(test, body, orelse)`` (or ``body if test else orelse``).
+    numpy evaluates both branches on every row, so each must be provable on all of
+    them (and its type decides the result's); the result's interval is that of each
+    branch on the rows that take it, as far as :func:`_narrowed` knows them:
+    ``where(kv_heads > 0, kv_heads, heads)`` is at least 1 when ``heads`` is, even
+    where ``kv_heads`` is 0 on every row."""
+    _kind(test, kinds)
+    kb, ko = _kind(body, kinds), _kind(orelse, kinds)
+    kind = _union(kb, ko)
+    if kind[0] != _INT:
+        return kind
+    spans = []
+    for truth, node, whole in ((True, body, kb), (False, orelse, ko)):
+        cut = _narrowed(test, kinds, truth)
+        if cut is not None:  # some row takes this branch
+            spans.append(_as_int(whole if cut is kinds else _kind(node, cut)))
+    return (_INT, min(s[0] for s in spans), max(s[1] for s in spans))
+
+
 def _nonzero_divisor(b):
     lo, hi = _as_int(b)
     if lo <= 0 <= hi:
@@ -498,13 +560,12 @@ def _kind(node, kinds: dict):
             _kind(v, kinds)
         return (_BOOL,)
     if isinstance(node, ast.IfExp):
-        _kind(node.test, kinds)
-        return _union(_kind(node.body, kinds), _kind(node.orelse, kinds))
+        return _where_kind(node.test, node.body, node.orelse, kinds)
     if isinstance(node, ast.Call):
         fn = node.func.id
+        if fn == "where" and len(node.args) == 3:
+            return _where_kind(*node.args, kinds)
         args = [_kind(x, kinds) for x in node.args]
-        if fn == "where" and len(args) == 3:
-            return _union(args[1], args[2])
         if fn in ("min", "max") and len(args) == 2:
             a, b = args
             if a[0] == b[0] == _BOOL:

@@ -169,6 +169,83 @@ def test_kind_by_hand():
     assert _k("2.0 ** a", a=a) == ("float",)
 
 
+def test_where_narrows_the_compared_name():
+    """A ``where`` (or ``a if c else b``) whose test compares a name with an integer
+    constant takes each branch's interval on the rows that take it: the defaults of
+    attention's optional columns (``kv_heads`` 0 on every row: the MHA rows of
+    ulysses' chunks) leave ``where(kv_heads > 0, kv_heads, heads)`` a divisor."""
+    h = ("int", 1, 16)
+    z = ("int", 0, 0)
+    k = ("int", 0, 8)
+    assert _k("where(z > 0, z, h)", z=z, h=h) == h          # the first branch taken by no row
+    assert _k("h // where(z > 0, z, h)", z=z, h=h) == ("int", 0, 16)
+    assert _k("where(k > 0, k, h)", k=k, h=h) == ("int", 1, 16)
+    assert _k("where(0 < k, k, h)", k=k, h=h) == ("int", 1, 16)   # the comparison flipped
+    assert _k("k if k >= 2 else 2", k=k) == ("int", 2, 8)
+    assert _k("where(k < 3, 3, k * 2)", k=k) == ("int", 3, 16)
+    assert _k("where(k <= 2, 7, k)", k=k) == ("int", 3, 8)
+    assert _k("where(k == 0, 1, k)", k=k) == ("int", 1, 8)
+    assert _k("where(k != 0, k, 1)", k=k) == ("int", 1, 8)
+    assert _k("where(k != 4, k, 1)", k=k) == ("int", 0, 8)  # 4 is inside: nothing cut
+    # a branch no row takes still sets the type: numpy's where promotes to float
+    assert _k("where(z > 0, 1.5, h)", z=z, h=h) == ("float",)
+    # both branches run on every row: one that cannot be proved there fails the whole
+    for bad in ("where(k > 0, h // k, 1)", "where(z > 0, z * z * (1 << 40), h)"):
+        with pytest.raises(_NoProof):
+            _k(bad, k=k, z=z, h=h)
+    # other tests leave the intervals as they are (their union)
+    assert _k("where(k > h, k, h)", k=k, h=h) == ("int", 0, 16)
+    assert _k("where(k > 1.5, k, h)", k=k, h=h) == ("int", 0, 16)
+    assert _k("where((k > 0) and (h > 0), k, h)", k=k, h=h) == ("int", 0, 16)
+
+
+def _attention_rows(n, rng, **fixed):
+    """``n`` attention rows of random sizes, the optional columns at ``fixed``."""
+    rows = []
+    for _ in range(n):
+        row = dict(batch=int(rng.choice([1, 2, 8])), heads=int(rng.choice([1, 2, 8, 16, 32])),
+                   seq_len=int(rng.choice([128, 1000, 4096, 32768, 77208])), head_dim=128,
+                   dtype="bfloat16", block_m=int(rng.choice([64, 128])),
+                   block_n=int(rng.choice([32, 64])), num_stages=2, num_warps=4,
+                   causal=bool(rng.integers(2)))
+        row.update(fixed)
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("fixed", [{}, {"kv_heads": 0, "seq_len_kv": 0},
+                                   {"kv_heads": 1}, {"seq_len_kv": 512}])
+def test_attention_defaults_are_proved(fixed):
+    """Attention rows with the optional columns at their defaults (ulysses' chunks:
+    no ``kv_heads``, no ``seq_len_kv``) or set: the proof holds, and the codes and the
+    int64 lets' values are the shadow pass's; every integer let lies in its interval."""
+    rng = np.random.default_rng(3)
+    rows = _attention_rows(200, rng, **fixed)
+    got, want, exact = _both("attention", rows, "b200")
+    assert exact and got.tolist() == want.tolist()
+    prog, cols = _cols("attention", rows)
+    hw = get_hw("b200")
+    kinds = {c.name: ((lowering._INT, int(np.min(cols[c.name])), int(np.max(cols[c.name])))
+                      if c.kind == "int" else ({"float": (lowering._FLOAT,),
+                                                "bool": (lowering._BOOL,)}.get(
+                                                    c.kind, (lowering._STR,))))
+             for c in prog.columns}
+    for nm in lowering.DTYPE_NAMES + lowering.HW_NAMES:
+        kinds[nm] = (lowering._FLOAT,)
+    with np.errstate(all="ignore"):
+        env = program_env(prog, cols, hw)
+        shadow = program_env(prog, cols, hw, shadow=True)
+    for nm, e in prog.lets:
+        k = _kind(e.tree, kinds)
+        kinds[nm] = k
+        if k[0] == lowering._INT:
+            v = np.asarray(env[nm])
+            assert k[1] <= v.min() and v.max() <= k[2], (nm, k, v.min(), v.max())
+            assert np.array_equal(np.broadcast_to(v, (len(rows),)).astype(np.float64),
+                                  np.broadcast_to(np.asarray(shadow[nm], dtype=np.float64),
+                                                  (len(rows),))), nm
+
+
 # ----------------------------------------------------------------------------- shared lets
 PROGRAM_SWEEPS = {"gemm_epilogue": "epilogue_llm", "moe_grouped_gemm": "moe_mixtral",
                   "rowwise": "norms_llm", "attention": "attention_llm",
@@ -338,3 +415,26 @@ def test_rates_are_the_gpus_scalars(gpu):
     rate = lowering._rates(hw, 7)
     row = lowering._rates(hw, 1)[0]
     assert np.array_equal(rate.view(np.int64), np.broadcast_to(row, rate.shape).view(np.int64))
+
+
+_CMP_TEXT = [">", ">=", "<", "<=", "==", "!="]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(-50, 50), st.integers(0, 60), st.integers(-50, 50), st.integers(0, 60),
+       st.integers(-60, 60), st.sampled_from(_CMP_TEXT), st.booleans(), st.integers(0, 3))
+def test_where_intervals_hold_the_values(xlo, xw, ylo, yw, c, op, flip, shape):
+    """Soundness of the narrowed ``where``: on every (x, y) of the two intervals,
+    numpy's value of the expression lies in the interval the pass gives it."""
+    x_k, y_k = ("int", xlo, xlo + xw), ("int", ylo, ylo + yw)
+    test = f"{c} {_FLIPPED_TEXT[op]} x" if flip else f"x {op} {c}"
+    body, orelse = [("x", "y"), ("x * 3 - y", "y + 7"), ("x // 2", "-x"), ("y", "x % 5 + y")][shape]
+    text = f"where({test}, {body}, {orelse})"
+    k = _k(text, x=x_k, y=y_k)
+    xs, ys = np.meshgrid(np.arange(xlo, xlo + xw + 1), np.arange(ylo, ylo + yw + 1))
+    v = np.asarray(eval(text, {"where": np.where}, {"x": xs.ravel(), "y": ys.ravel()}))  # noqa: S307
+    assert v.dtype.kind == "i" and k[0] == "int"
+    assert k[1] <= v.min() and v.max() <= k[2], (text, k, v.min(), v.max())
+
+
+_FLIPPED_TEXT = {">": "<", ">=": "<=", "<": ">", "<=": ">=", "==": "==", "!=": "!="}
