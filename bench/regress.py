@@ -4,7 +4,7 @@
                             [--tol-mape 0.3] [--tol-bias 0.02] [--tol-spearman 0.005]
                             [--tol-top5 0.3] [--speed-ratio 0.95] [--min-problems 3]
                             [--skip-speed | --skip-accuracy] [--no-cold] [--workdir DIR]
-                            [--family-rows N] [--skip-families]
+                            [--family-rows N] [--family-hw h100,a100] [--skip-families]
                             [--keep-predictions DIR]
 
 Run it before every model or speed commit against main's last landing
@@ -50,11 +50,15 @@ sum of the per-workload medians); attention rows/s (the FlexAttention file
 through ``evaluate``; n/a where the reference has no attention family); per
 family rows/s (bench/family_speed.py's table of ``--family-rows`` distinct rows
 of each family with a built-in sweep, made once by the working tree; warm
-``evaluate`` on h100, one process per version, the versions alternating
+``evaluate`` on each GPU of ``--family-hw``, default h100 and a100 (A100's GEMM
+costs about a third less per row than H100's, where the L1.5 tier adds cache
+work: the stricter yardstick), one process per version, the versions alternating
 family by family, at least 3 rounds; n/a
 where the reference lacks the family), with the working tree's family / GEMM
-rows/s beside (issue 35: no family slower than GEMM per row; reported, not
-judged; off with ``--skip-families``).
+rows/s on the same GPU beside (issue 35: no family slower than GEMM per row;
+reported, not judged; off with ``--skip-families``). The fused families
+(``gemm_rs``, ``moe_ep``, ``ulysses``, ``collective``) take their GPUs from their
+``system`` column, so their cost is the same on every ``--family-hw``.
 
 ``--quick``: every 7th row of the sweep (285,715 rows, all its 556
 workloads: its first 300,000 rows would miss the ragged-M workloads where the
@@ -479,15 +483,16 @@ def family_phase(versions: dict[str, Path], args, tmp: Path, log, record) -> Non
         paths[fam] = str(tmp / f"family_{fam}.parquet")
         table.write_parquet(paths[fam])
     fams = list(built)
+    hws = list(args.family_hw)
     spec = tmp / "families.json"
-    spec.write_text(json.dumps({"hw": "h100", "tables": paths, "warmup_rows": 2000}))
+    spec.write_text(json.dumps({"hw": hws, "tables": paths, "warmup_rows": 2000}))
     rounds = max(args.repeats, 3)  # a median of 3: identical code read 0.75-1.46 over 2 rounds
     log(f"families: {len(fams)} tables of {args.family_rows:,} rows in {time.perf_counter() - t0:.1f} s; "
-        f"{rounds} round(s), the versions alternating family by family")
+        f"{rounds} round(s) on {', '.join(hws)}, the versions alternating family by family")
     procs: dict[str, subprocess.Popen] = {}
     errs: dict[str, Path] = {}
     warm: dict[str, dict] = {}
-    runs: dict[str, dict[str, list]] = {t: {f: [] for f in fams} for t in versions}
+    runs: dict[str, dict[tuple, list]] = {t: {(h, f): [] for h in hws for f in fams} for t in versions}
     failed: dict[str, str] = {}
 
     def worker_error(tag: str) -> str:
@@ -509,22 +514,24 @@ def family_phase(versions: dict[str, Path], args, tmp: Path, log, record) -> Non
                 continue
             warm[tag] = json.loads(line)["warm"]
         for i in range(rounds):
-            for j, fam in enumerate(round_order(fams, i)):
-                tags = list(versions) if (i + j) % 2 == 0 else list(versions)[::-1]
-                for tag in tags:
-                    if tag in failed:
-                        continue
-                    if warm[tag].get(fam, {}).get("status") != "ok":
-                        runs[tag][fam].append(warm[tag].get(fam, {"status": "error", "error": "not run"}))
-                        continue
-                    procs[tag].stdin.write(json.dumps({"family": fam}) + "\n")
-                    procs[tag].stdin.flush()
-                    line = procs[tag].stdout.readline()
-                    if not line:
-                        failed[tag] = worker_error(tag)
-                        log(f"  families [{tag}] failed: {failed[tag]}")
-                        continue
-                    runs[tag][fam].append(json.loads(line))
+            for hw in hws:
+                for j, fam in enumerate(round_order(fams, i)):
+                    tags = list(versions) if (i + j) % 2 == 0 else list(versions)[::-1]
+                    for tag in tags:
+                        if tag in failed:
+                            continue
+                        if warm[tag].get(fam, {}).get("status") != "ok":
+                            runs[tag][hw, fam].append(warm[tag].get(fam, {"status": "error",
+                                                                          "error": "not run"}))
+                            continue
+                        procs[tag].stdin.write(json.dumps({"family": fam, "hw": hw}) + "\n")
+                        procs[tag].stdin.flush()
+                        line = procs[tag].stdout.readline()
+                        if not line:
+                            failed[tag] = worker_error(tag)
+                            log(f"  families [{tag}] failed: {failed[tag]}")
+                            continue
+                        runs[tag][hw, fam].append(json.loads(line))
             log(f"  families round {i + 1}/{rounds}: " + ", ".join(
                 f"{t} {sum(r[-1].get('seconds', 0.0) for r in runs[t].values() if r):.1f} s" for t in versions))
     finally:
@@ -537,52 +544,66 @@ def family_phase(versions: dict[str, Path], args, tmp: Path, log, record) -> Non
                 p.kill()
                 p.wait()
 
-    def rates(tag: str, fam: str):
-        vals = [r["rows"] / r["seconds"] for r in runs[tag][fam] if r.get("status") == "ok"]
+    def rates(tag: str, key: tuple):
+        vals = [r["rows"] / r["seconds"] for r in runs[tag][key] if r.get("status") == "ok"]
         if vals:
             return vals
         if tag in failed:
             return failed[tag]
-        return next((r.get("error") for r in runs[tag][fam] if r.get("error")), "not measured")
+        return next((r.get("error") for r in runs[tag][key] if r.get("error")), "not measured")
 
-    gemm_new = rates("new", "gemm")
-    g = statistics.median(gemm_new) if isinstance(gemm_new, list) else None
-    for fam in fams:
-        sweep, table = built[fam]
-        f = record(f"family {fam} ({sweep}), evaluate rows/s",
-                   {t: rates(t, fam) for t in versions},
-                   f"warm evaluate(family={fam!r}) on h100 of bench/family_speed.py's "
-                   f"{table.height:,} distinct rows from sweeps/{sweep}.toml",
-                   unit="rows/s", higher_better=True)
-        f["family"] = fam
-        f["over_gemm"] = f["new"] / g if (g and f["new"]) else None
-        cpu = {t: [r["cpu_seconds"] for r in runs[t][fam] if r.get("status") == "ok" and "cpu_seconds" in r]
-               for t in versions}
-        f["ratio_cpu"] = (statistics.median(cpu["ref"]) / statistics.median(cpu["new"])
-                          if cpu["ref"] and cpu["new"] and statistics.median(cpu["new"]) > 0 else None)
-        notes = []
-        if f["ratio_cpu"] is not None:
-            notes.append(f"CPU {f['ratio_cpu']:.2f}")
-        if fam != "gemm" and f["over_gemm"] is not None:
-            notes.append(f"working {fam}/GEMM {f['over_gemm']:.2f}" + (" (< 1)" if f["over_gemm"] < 1 else ""))
-        if notes:
-            f["note"] = "; ".join(notes)
+    for hw in hws:
+        gemm_new = rates("new", (hw, "gemm"))
+        g = statistics.median(gemm_new) if isinstance(gemm_new, list) else None
+        for fam in fams:
+            family_figure(record, built[fam], fam, hw, {t: rates(t, (hw, fam)) for t in versions},
+                          {t: runs[t][hw, fam] for t in versions}, g)
+
+
+def family_figure(record, built, fam: str, hw: str, rates: dict, runs: dict, gemm_rate) -> dict:
+    """One family's speed figure on one GPU: rows/s of both versions, its CPU ratio and
+    the working tree's family / GEMM rows/s on that GPU (``over_gemm``) in its note."""
+    sweep, table = built
+    f = record(f"family {fam} ({sweep}) on {hw}, evaluate rows/s", rates,
+               f"warm evaluate(family={fam!r}) on {hw} of bench/family_speed.py's "
+               f"{table.height:,} distinct rows from sweeps/{sweep}.toml",
+               unit="rows/s", higher_better=True)
+    f["family"] = fam
+    f["hw"] = hw
+    f["over_gemm"] = f["new"] / gemm_rate if (gemm_rate and f["new"]) else None
+    cpu = {t: [r["cpu_seconds"] for r in runs[t] if r.get("status") == "ok" and "cpu_seconds" in r]
+           for t in runs}
+    f["ratio_cpu"] = (statistics.median(cpu["ref"]) / statistics.median(cpu["new"])
+                      if cpu["ref"] and cpu["new"] and statistics.median(cpu["new"]) > 0 else None)
+    notes = []
+    if f["ratio_cpu"] is not None:
+        notes.append(f"CPU {f['ratio_cpu']:.2f}")
+    if fam != "gemm" and f["over_gemm"] is not None:
+        notes.append(f"working {fam}/GEMM {f['over_gemm']:.2f}" + (" (< 1)" if f["over_gemm"] < 1 else ""))
+    if notes:
+        f["note"] = "; ".join(notes)
+    return f
 
 
 def family_summary(speed: list[dict]) -> str | None:
-    """The issue's target as one line: the working tree's families slower than GEMM per row."""
+    """The issue's target as one line: the working tree's families slower than GEMM per
+    row, on each GPU the families were timed on (a figure without ``hw``: one group)."""
     fam = [f for f in speed if f.get("family") and f["family"] != "gemm"]
     if not fam:
         return None
-    known = [f for f in fam if f.get("over_gemm") is not None]
-    slow = sorted((f for f in known if f["over_gemm"] < 1), key=lambda f: f["over_gemm"])
-    text = (f"families, working tree rows/s over its GEMM's (issue 35: no family slower than GEMM per row): "
-            f"{len(slow)} of {len(known)} below 1")
-    if slow:
-        text += ": " + ", ".join(f"{f['family']} {f['over_gemm']:.2f}" for f in slow)
-    if len(known) < len(fam):
-        text += f"; {len(fam) - len(known)} not measured"
-    return text
+    parts = []
+    for hw in dict.fromkeys(f.get("hw") for f in fam):
+        on = [f for f in fam if f.get("hw") == hw]
+        known = [f for f in on if f.get("over_gemm") is not None]
+        slow = sorted((f for f in known if f["over_gemm"] < 1), key=lambda f: f["over_gemm"])
+        text = (f"{hw} " if hw else "") + f"{len(slow)} of {len(known)} below 1"
+        if slow:
+            text += ": " + ", ".join(f"{f['family']} {f['over_gemm']:.2f}" for f in slow)
+        if len(known) < len(on):
+            text += f"; {len(on) - len(known)} not measured"
+        parts.append(text)
+    return ("families, working tree rows/s over its GEMM's on the same GPU (issue 35: no family "
+            "slower than GEMM per row): " + "; ".join(parts))
 
 
 # ----------------------------------------------------------------------
@@ -652,8 +673,12 @@ def main(argv=None) -> int:
     ap.add_argument("--family-rows", type=int,
                     help="distinct rows per family of the per-family speed figures "
                          "(bench/family_speed.py; default 100,000; --quick 20,000)")
+    ap.add_argument("--family-hw", default="h100,a100", type=lambda v: [x for x in v.split(",") if x],
+                    metavar="GPU[,GPU...]",
+                    help="GPUs the per-family speed figures are timed on, each family against "
+                         "that GPU's GEMM (default h100,a100)")
     ap.add_argument("--skip-families", action="store_true",
-                    help="no per-family speed figures (about 2 min of a default speed run on 2 busy cores)")
+                    help="no per-family speed figures (about 4 min of a default speed run on 2 busy cores)")
     ap.add_argument("--sample-problems", type=int,
                     help="problems per measured file (default all; --quick 300)")
     ap.add_argument("--files", nargs="+", type=Path, metavar="MEASURED",
@@ -669,6 +694,16 @@ def main(argv=None) -> int:
     args.rows = args.rows or (300_000 if args.quick else 2_000_000)
     args.repeats = args.repeats or (1 if args.quick else 2)
     args.family_rows = args.family_rows or (20_000 if args.quick else 100_000)
+    if not args.skip_speed and not args.skip_families:
+        from tsbatch.hw import get_hw  # noqa: PLC0415  (the working tree's GPUs)
+
+        if not args.family_hw:
+            ap.error("--family-hw: name at least one GPU")
+        for name in args.family_hw:
+            try:
+                get_hw(name)
+            except Exception as exc:  # noqa: BLE001  (the spec loader's own message)
+                ap.error(f"--family-hw: {exc}")
     if args.cold is None:
         args.cold = not args.quick
     if args.sample_problems is None and args.quick:
@@ -758,9 +793,11 @@ def _main(args, tol: Tolerance) -> int:
             report["speed"] = speed
             if any(f.get("family") for f in speed):
                 report["family_speed"] = {
-                    "rows": args.family_rows, "hw": "h100",
-                    "over_gemm": {f["family"]: f.get("over_gemm") for f in speed if f.get("family")},
-                    "ratio": {f["family"]: f["ratio"] for f in speed if f.get("family")}}
+                    "rows": args.family_rows, "hw": args.family_hw,
+                    "over_gemm": {hw: {f["family"]: f.get("over_gemm") for f in speed
+                                       if f.get("family") and f.get("hw") == hw} for hw in args.family_hw},
+                    "ratio": {hw: {f["family"]: f["ratio"] for f in speed
+                                   if f.get("family") and f.get("hw") == hw} for hw in args.family_hw}}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     wall = time.perf_counter() - t_start

@@ -21,10 +21,12 @@ workload, summed over the workloads) and, when ``attention_input`` is given,
 ``evaluate(family="attention")`` rows/s (best of ``attention_reps`` warm calls).
 
 ``serve-families``: a long-lived timer of warm ``evaluate`` per family (SPEC:
-``hw``, ``tables`` {family: Parquet path}, ``warmup_rows``; the tables made by the
-working tree's bench/family_speed.py). It reads the tables, warms every family up
-untimed on a slice, writes one JSON line ``{"ready": true, "warm": {family: status}}``
-to stdout, then for each line ``{"family": F}`` on stdin times F's whole table
+``hw``, a GPU or a list of them, ``tables`` {family: Parquet path}, ``warmup_rows``;
+the tables made by the working tree's bench/family_speed.py). It reads the tables,
+warms every family up untimed on a slice on each GPU, writes one JSON line
+``{"ready": true, "warm": {family: status}}`` to stdout (a family's status the
+first GPU's error where one had one), then for each line ``{"family": F}`` or
+``{"family": F, "hw": H}`` (default: the first GPU) on stdin times F's whole table
 (bench/family_speed.py's ``time_round``: the best of up to 10 passes adding up to
 1 s) and writes one JSON line ``{"status", "seconds", "passes", "rows",
 "feasible"}`` or ``{"status": "error", "error"}``; it ends at the end of stdin.
@@ -146,17 +148,25 @@ def _serve_families(spec_path: str, _unused: str) -> int:
     from family_speed import time_round, warm_up  # no tsbatch import: either version's runs
 
     spec = json.loads(Path(spec_path).read_text())
-    hw = spec.get("hw", "h100")
+    hws = spec.get("hw", "h100")
+    hws = [hws] if isinstance(hws, str) else list(hws)
     evaluate = _module("tsbatch.engine.evaluate", "tsbatch.evaluate").evaluate
     tables = {f: pl.read_parquet(p) for f, p in spec["tables"].items()}
-    warm = warm_up(evaluate, tables, hw, int(spec.get("warmup_rows", 2000)))
+    warm: dict = {}
+    for hw in hws:
+        for fam, st in warm_up(evaluate, tables, hw, int(spec.get("warmup_rows", 2000))).items():
+            if warm.get(fam, {}).get("status") != "error":
+                warm[fam] = st
     out.write(json.dumps({"ready": True, "warm": warm}) + "\n")
     for line in sys.stdin:
         if not line.strip():
             continue
-        fam = json.loads(line)["family"]
+        req = json.loads(line)
+        fam, hw = req["family"], req.get("hw", hws[0])
         if fam not in tables or warm.get(fam, {}).get("status") != "ok":
             res = {"status": "error", "error": warm.get(fam, {}).get("error", f"no table for {fam}")}
+        elif hw not in hws:
+            res = {"status": "error", "error": f"GPU {hw} not warmed up (spec: {', '.join(hws)})"}
         else:
             res = time_round(evaluate, {fam: tables[fam]}, hw, [fam])[fam]
         out.write(json.dumps(res) + "\n")

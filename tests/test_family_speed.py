@@ -173,6 +173,21 @@ def test_guard_summary_line_names_families_slower_than_gemm():
     assert family_summary([{"name": "full model", "ratio": 1.0}]) is None
 
 
+def test_guard_summary_line_per_gpu():
+    """Families timed on two GPUs: each GPU's families against its own GEMM, in the
+    order the GPUs were timed."""
+    speed = [{"family": "gemm", "hw": "h100", "over_gemm": 1.0},
+             {"family": "rowwise", "hw": "h100", "over_gemm": 1.5},
+             {"family": "moe_grouped_gemm", "hw": "h100", "over_gemm": 0.47},
+             {"family": "gemm", "hw": "a100", "over_gemm": 1.0},
+             {"family": "rowwise", "hw": "a100", "over_gemm": 0.98},
+             {"family": "moe_grouped_gemm", "hw": "a100", "over_gemm": 0.56},
+             {"family": "ulysses", "hw": "a100", "over_gemm": None}]
+    line = family_summary(speed)
+    assert line.endswith("h100 1 of 2 below 1: moe_grouped_gemm 0.47; "
+                         "a100 2 of 2 below 1: moe_grouped_gemm 0.56, rowwise 0.98; 1 not measured")
+
+
 def test_guard_worker_serves_family_timings(tmp_path, sweeps):
     """bench/regress_worker.py serve-families: ready line, one answer per request, a family
     the version lacks reported as an error (n/a in the guard), never a crash."""
@@ -198,6 +213,29 @@ def test_guard_worker_serves_family_timings(tmp_path, sweeps):
     assert lines[0]["warm"]["nope"]["status"] == "error" and "nope" in lines[0]["warm"]["nope"]["error"]
     assert lines[1]["status"] == "ok" and lines[1]["rows"] == 50 and lines[1]["seconds"] > 0
     assert lines[2]["status"] == "error"
+
+
+def test_guard_worker_times_each_gpu_asked(tmp_path, sweeps):
+    """serve-families with two GPUs: a request names the GPU (default the first); a GPU
+    it was not warmed up on is an error, not a crash."""
+    import json
+    import os
+    import subprocess
+
+    gemm = tmp_path / "gemm.parquet"
+    fs.family_table("gemm", 40, sweeps).write_parquet(gemm)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"hw": ["h100", "a100"], "tables": {"gemm": str(gemm)},
+                                "warmup_rows": 10}))
+    env = dict(os.environ, PYTHONPATH=str(BENCH.parent))
+    reqs = ['{"family": "gemm", "hw": "a100"}', '{"family": "gemm"}', '{"family": "gemm", "hw": "h200"}']
+    r = subprocess.run([sys.executable, str(BENCH / "regress_worker.py"), "serve-families", str(spec), "-"],
+                       input="\n".join(reqs) + "\n", capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(lines) == 4 and lines[0]["warm"]["gemm"]["status"] == "ok"
+    assert lines[1]["status"] == "ok" and lines[2]["status"] == "ok" and lines[1]["rows"] == 40
+    assert lines[3]["status"] == "error" and "h200" in lines[3]["error"]
 
 
 def test_table_gives_the_cpu_ratio_beside_the_wall_one():
