@@ -90,6 +90,19 @@ def test_proof_holds_on_ordinary_sizes_and_fails_past_2_53(name):
     assert got.tolist() == want.tolist() and got[-1] > 0
 
 
+def _column_kinds(prog, values):
+    """The interval pass's kinds of ``prog``'s columns (an integer column's interval
+    from ``values``) and of the dtype and GPU numbers, as :func:`shadow_exact` sets them."""
+    kinds = {c.name: ((lowering._INT, int(np.min(values[c.name])), int(np.max(values[c.name])))
+                      if c.kind == "int" else ({"float": (lowering._FLOAT,),
+                                                "bool": (lowering._BOOL,)}.get(
+                                                    c.kind, (lowering._STR,))))
+             for c in prog.columns}
+    for nm in lowering.DTYPE_NAMES + lowering.HW_NAMES:
+        kinds[nm] = (lowering._FLOAT,)
+    return kinds
+
+
 @pytest.mark.parametrize("name", ["moe_grouped_gemm", "gemm_epilogue", "rowwise", "attention",
                                   "attention_fa3", "flash_decoding", "mla_decode"])
 def test_intervals_hold_the_values(name):
@@ -120,13 +133,7 @@ def test_intervals_hold_the_values(name):
     with np.errstate(all="ignore"):
         env = program_env(prog, cols, hw)
         assert shadow_exact(prog, cols, env)
-        kinds = {c.name: ((lowering._INT, int(env[c.name].min()), int(env[c.name].max()))
-                          if c.kind == "int" else ({"float": (lowering._FLOAT,),
-                                                    "bool": (lowering._BOOL,)}.get(
-                                                        c.kind, (lowering._STR,))))
-                 for c in prog.columns}
-        for nm in lowering.DTYPE_NAMES + lowering.HW_NAMES:
-            kinds[nm] = (lowering._FLOAT,)
+        kinds = _column_kinds(prog, env)
         checked = 0
         exprs = [(nm, e) for nm, e in prog.lets] + [(None, e) for e in _program_exprs(prog)]
         for nm, e in exprs:
@@ -225,13 +232,7 @@ def test_attention_defaults_are_proved(fixed):
     assert exact and got.tolist() == want.tolist()
     prog, cols = _cols("attention", rows)
     hw = get_hw("b200")
-    kinds = {c.name: ((lowering._INT, int(np.min(cols[c.name])), int(np.max(cols[c.name])))
-                      if c.kind == "int" else ({"float": (lowering._FLOAT,),
-                                                "bool": (lowering._BOOL,)}.get(
-                                                    c.kind, (lowering._STR,))))
-             for c in prog.columns}
-    for nm in lowering.DTYPE_NAMES + lowering.HW_NAMES:
-        kinds[nm] = (lowering._FLOAT,)
+    kinds = _column_kinds(prog, cols)
     with np.errstate(all="ignore"):
         env = program_env(prog, cols, hw)
         shadow = program_env(prog, cols, hw, shadow=True)
