@@ -448,13 +448,22 @@ def load_measured(
     sample_problems: int | None = None,
     seed: int = 0,
     triton_version: str | None = None,
+    repeats: str | None = None,
 ) -> _Loaded:
     """Read, validate, filter and median-aggregate measured files.
 
     Rows of families not in ``families`` are counted, not loaded. Each
     returned frame has ``_hw``, ``_problem`` (an id unique over all files),
     ``_unit``, the family's input columns and ``measured_us``.
+
+    ``repeats``: ``"even"`` or ``"odd"`` aggregates only the repeated measurements
+    of each (problem, configuration) of even or odd index in their file's order
+    (the 1st, 3rd, ... or the 2nd, 4th, ...): two independent halves of the
+    repeats, whose agreement is the data's own noise (``bench/noise_ceiling.py``);
+    a configuration measured once is in the even half only. None: every repeat.
     """
+    if repeats not in (None, "even", "odd"):
+        raise InputError(f"repeats must be 'even', 'odd' or None, got {repeats!r}")
     if not paths:
         raise InputError("no measured file given")
     if hw is not None:
@@ -494,6 +503,10 @@ def load_measured(
         if df.height == 0:
             continue
         ident = [*problem_cols, *spec.config_cols]
+        if repeats is not None:
+            df = df.filter(pl.int_range(pl.len()).over(ident) % 2 == (0 if repeats == "even" else 1))
+            if df.height == 0:
+                continue
         agg = (
             df.group_by(ident, maintain_order=True)
             .agg(pl.col(spec.time_col).median().alias("_time"))
