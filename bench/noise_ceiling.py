@@ -59,15 +59,6 @@ def data_root() -> Path:
     return REPO.parent / "shared" / "data"
 
 
-def _ident(frame: pl.DataFrame) -> list[str]:
-    """The columns that name one configuration of one problem in a loaded frame."""
-    for spec in DATA_FAMILIES:
-        cols = ["_hw", *spec.problem_cols, *spec.config_cols]
-        if all(c in frame.columns for c in cols):
-            return cols
-    raise InputError(f"a loaded frame of no known measured family: {frame.columns}")
-
-
 def halves(path: Path) -> pl.DataFrame | None:
     """The configurations of ``path`` measured at least twice: ``predicted_us`` the
     even half's median, ``measured_us`` the odd half's, with the groups' and the
@@ -79,12 +70,12 @@ def halves(path: Path) -> pl.DataFrame | None:
     for fam, frames in odd.frames.items():
         b = pl.concat(frames, how="diagonal_relaxed")
         a = pl.concat(even.frames[fam], how="diagonal_relaxed")
-        ident = _ident(b)
+        spec = next(s for s in DATA_FAMILIES if s.name == fam)
+        ident = ["_hw", *spec.problem_cols, *spec.config_cols]
         j = b.join(a.select(*ident, pl.col("measured_us").alias("predicted_us")), on=ident,
                    how="inner", nulls_equal=True)
         if j.height == 0:
             continue
-        spec = next(s for s in DATA_FAMILIES if s.name == fam)
         parts.append(j.with_columns(
             _dtype_label(spec), gpu=pl.col("_hw"), family=pl.lit(fam),
             backend=pl.col("backend") if "backend" in j.columns else pl.lit(fam),

@@ -338,7 +338,7 @@ def test_load_grid_product_and_explicit(tmp_path):
                          ms.GemmConfig(64, 64, 32, 2, 4, 1, "row"))
 
 
-@pytest.mark.parametrize("text,needle", [
+@pytest.mark.parametrize("loader,text,needle", [(ms.load_grid, t, n) for t, n in [
     ("block_m = [64]", "'shapes'"),
     ("shapes = [[64, 64]]", "[m, n, k]"),
     ("shapes = [[64, 64, 0]]", "positive integer"),
@@ -351,12 +351,19 @@ def test_load_grid_product_and_explicit(tmp_path):
     ("shapes = [[64, 64, 64]]\ndtypes = ['int8']", "unknown dtype"),
     ("shapes = [[64, 64, 64]]\nconfigs = [{block_m = 64}]", "lacks 'block_n'"),
     ("shapes = [[64, 64, 64", "invalid TOML"),
-])
-def test_load_grid_errors_name_the_problem(tmp_path, text, needle):
+]] + [(ms.load_library_grid, t, n) for t, n in [
+    ("dtypes = ['float16']", "'shapes'"),
+    ("shapes = [[16, 4096]]", "[m, n, k]"),
+    ("shapes = [[16, 4096, 4096]]\nblock_m = [64]", "unknown keys ['block_m']"),
+    ("shapes = [[16, 4096, 4096]]\nb_row_major = 'no'", "'b_row_major'"),
+    ("shapes = [[16, 4096, 4096", "invalid TOML"),
+]])
+def test_grid_loaders_errors_name_the_problem(tmp_path, loader, text, needle):
+    """load_grid (the Triton grid) and load_library_grid: one clear error naming the file."""
     f = tmp_path / "grid.toml"
     f.write_text(text)
     with pytest.raises(InputError) as exc:
-        ms.load_grid(f)
+        loader(f)
     assert needle in str(exc.value) and str(f) in str(exc.value)
 
 
@@ -745,21 +752,6 @@ def test_load_library_grid_defaults_to_x_at_w_transposed(tmp_path):
     f.write_text("shapes = [[16, 4096, 4096]]\na_row_major = [true, false]\nb_row_major = [true]\n")
     assert ms.load_library_grid(f).layouts == ((True, True), (False, True))
     assert ms.library_grid(str(f), False).layouts == ((True, True), (False, True))
-
-
-@pytest.mark.parametrize("text,needle", [
-    ("dtypes = ['float16']", "'shapes'"),
-    ("shapes = [[16, 4096]]", "[m, n, k]"),
-    ("shapes = [[16, 4096, 4096]]\nblock_m = [64]", "unknown keys ['block_m']"),
-    ("shapes = [[16, 4096, 4096]]\nb_row_major = 'no'", "'b_row_major'"),
-    ("shapes = [[16, 4096, 4096", "invalid TOML"),
-])
-def test_load_library_grid_errors_name_the_problem(tmp_path, text, needle):
-    f = tmp_path / "lib.toml"
-    f.write_text(text)
-    with pytest.raises(InputError) as exc:
-        ms.load_library_grid(f)
-    assert needle in str(exc.value) and str(f) in str(exc.value)
 
 
 def test_kernel_summary_counts_per_call():
