@@ -58,9 +58,14 @@ run compare across runs (the machine may be shared and noisy).
 Left out: families with no built-in sweep (``ag_gemm``; a user's tile program),
 named in the output. The collective families (``collective``, ``gemm_rs``,
 ``moe_ep``, ``ulysses``) run through ``evaluate`` like the others, but their
-GPUs come from the ``system`` column, not from ``--hw``: they are timed in
-every GPU's rounds all the same, so each has a ratio to that GPU's GEMM in the
-same rounds.
+GPUs come from the ``system`` column, not from ``--hw``. The fused ones
+(``gemm_rs``, ``moe_ep``, ``ulysses``: a GEMM or attention kernel priced on the
+system's GPU) run in each GPU's rounds on that GPU's system
+(:func:`gpu_tables`: ``a100`` on ``dgx_a100``, ``h100`` on ``dgx_h100``), so
+that their ratio to the GEMM of the same rounds compares work on one GPU (their
+sweeps name ``dgx_h100`` and ``hgx_b200``: before session 16 an A100 round timed
+H100 and B200 kernels against A100's GEMM, whose rows cost about a third less).
+``collective`` prices no kernel and keeps its sweep's systems.
 
 ``bench/regress.py`` imports :func:`family_tables` (the working tree builds
 the tables once, for both versions) and :func:`time_round` (in
@@ -141,6 +146,65 @@ def builtin_sweeps() -> dict[str, tuple[str, pl.DataFrame]]:
     return dict(sorted(best.items(), key=lambda kv: (kv[0] != "gemm", kv[0])))
 
 
+def system_for_gpu(hw) -> str | None:
+    """The multi-GPU system the fused compute-communication families run on in ``hw``'s
+    rounds: of the systems in ``hw/systems/`` whose GPU is ``hw``, the one with the most
+    GPUs per node, an NVLink switch before bridges or a mesh, then by name (``a100``:
+    ``dgx_a100``, ``h100``: ``dgx_h100``); None where no system has that GPU."""
+    from tsbatch.collectives.systems import get_system, list_systems
+    from tsbatch.engine.evaluate import resolve_hw
+
+    key = resolve_hw(hw).key
+    have = [s for s in (get_system(k) for k in list_systems()) if s.gpu == key]
+    if not have:
+        return None
+
+    def rank(s):
+        switched = s.nvlink is not None and s.nvlink.topology == "switched"
+        return (-s.gpus_per_node, not switched, s.key)
+    return min(have, key=rank).key
+
+
+def gpu_tables(families, hw, rows: int = DEFAULT_ROWS,
+               sweeps: dict[str, tuple[str, pl.DataFrame]] | None = None
+               ) -> tuple[dict[str, pl.DataFrame], dict[str, str]]:
+    """The fused families' tables for ``hw``'s rounds, and the system each runs on.
+
+    A fused compute-communication family (``kernels_catalog.fused_comm``: ``gemm_rs``,
+    ``moe_ep``, ``ulysses``, ``ag_gemm``) prices its GEMM or attention on the GPU of its
+    rows' ``system``, not on ``--hw``: its sweep's system (``dgx_h100``, ``hgx_b200``) would
+    be timed against another GPU's GEMM. Of each fused family in ``families`` this gives
+    :func:`family_table` on :func:`system_for_gpu` (``hw``): the sweep's rows moved to that
+    system, those it cannot run dropped (``gemm_rs``'s NVLS rows on ``dgx_a100``, whose
+    NVSwitch does not reduce: infeasible rows are priced in a fraction of a feasible row's
+    time and would flatter the family), then shifted to ``rows`` as any table. Where no
+    system has ``hw``'s GPU, or the system runs none of the sweep's rows, the family keeps
+    its shared table (not returned) and its entry says why. ``collective`` prices no
+    kernel on a GPU and keeps its sweep's systems."""
+    from kernels_catalog.fused_comm import FAMILIES as FUSED
+
+    sweeps = builtin_sweeps() if sweeps is None else sweeps
+    out, systems = {}, {}
+    target = None
+    for fam in families:
+        if fam not in FUSED or fam not in sweeps:
+            continue
+        target = target or system_for_gpu(hw) or ""
+        if not target:
+            systems[fam] = f"its sweep's (no system with {hw})"
+            continue
+        try:
+            out[fam] = family_table(fam, rows, sweeps, system=target)
+            systems[fam] = target
+        except InputErrorOnSystem as exc:
+            systems[fam] = f"its sweep's ({exc})"
+    return out, systems
+
+
+class InputErrorOnSystem(Exception):
+    """A sweep none of whose rows a system can run (:func:`family_table`)."""
+
+
 def families_without_sweep(have) -> list[str]:
     """Registered families that no built-in sweep covers (left out of the timing)."""
     from kernels_catalog.registry import FAMILIES
@@ -149,9 +213,12 @@ def families_without_sweep(have) -> list[str]:
 
 
 def family_table(family: str, rows: int = DEFAULT_ROWS,
-                 sweeps: dict[str, tuple[str, pl.DataFrame]] | None = None) -> pl.DataFrame:
+                 sweeps: dict[str, tuple[str, pl.DataFrame]] | None = None,
+                 system: str | None = None) -> pl.DataFrame:
     """About ``rows`` distinct rows of ``family`` made from its built-in sweep (see the
-    module's docstring): shifted copies of the sweep's rows, evenly thinned to ``rows``."""
+    module's docstring): shifted copies of the sweep's rows, evenly thinned to ``rows``.
+    ``system`` (a family with a ``system`` column): the sweep's rows moved to that system
+    first, those infeasible there dropped (:func:`gpu_tables`)."""
     from kernels_catalog.registry import FAMILIES
 
     if rows < 1:
@@ -168,6 +235,8 @@ def family_table(family: str, rows: int = DEFAULT_ROWS,
     name, frame = sweeps[family]
     known = {c.name for c in FAMILIES[family].columns}
     base = frame.select([c for c in frame.columns if c in known]).unique(maintain_order=True)
+    if system is not None:
+        base = _on_system(family, base, system)
     for col, _ in pairs:
         if col not in base.columns:
             raise _error(f"family '{family}': sweep {name} has no column {col!r} to shift")
@@ -180,6 +249,22 @@ def family_table(family: str, rows: int = DEFAULT_ROWS,
     if table.height > rows:
         table = table[(np.arange(rows, dtype=np.int64) * table.height) // rows]
     return table
+
+
+def _on_system(family: str, base: pl.DataFrame, system: str) -> pl.DataFrame:
+    """``base``'s rows with ``system`` in their ``system`` column, the rows infeasible
+    there dropped (evaluated: the sweeps hold 9 to 540 rows)."""
+    from tsbatch.collectives.systems import get_system
+    from tsbatch.engine.evaluate import evaluate
+
+    if "system" not in base.columns:
+        raise _error(f"family '{family}': its sweep has no system column to move")
+    moved = base.with_columns(pl.lit(system, dtype=base.schema["system"]).alias("system"))
+    moved = moved.unique(maintain_order=True)
+    feasible = evaluate(moved, get_system(system).gpu, family=family)["feasible"].to_numpy()
+    if not feasible.any():
+        raise InputErrorOnSystem(f"{system} runs none of its rows")
+    return moved.filter(pl.Series(feasible))
 
 
 def _shifted(base: pl.DataFrame, pairs, copies: int) -> pl.DataFrame:
@@ -302,8 +387,11 @@ def run(args, log) -> dict:
                  "load_avg_1min_start": os.getloadavg()[0], "hw": {},
                  "sweeps": {f: built[f][0] for f in fams},
                  "left_out": {f: "no built-in sweep" for f in families_without_sweep(sweeps)}}
+    out["systems"] = {}
     for h in hws:
-        warm = warm_up(evaluate, tables, specs[h], args.warmup_rows)
+        own, out["systems"][h] = gpu_tables(fams, h, args.rows, sweeps)
+        tabs = {**tables, **own}
+        warm = warm_up(evaluate, tabs, specs[h], args.warmup_rows)
         bad = {f: w["error"] for f, w in warm.items() if w["status"] != "ok"}
         if bad:
             raise _error(f"{h}: " + "; ".join(f"{f}: {e}" for f, e in bad.items()))
@@ -311,7 +399,7 @@ def run(args, log) -> dict:
         runs: dict[str, list[dict]] = {f: [] for f in fams}
         for i in range(args.repeats):
             log(f"{h}: round {i + 1}/{args.repeats}")
-            res = time_round(evaluate, tables, specs[h], round_order(fams, i), log, h)
+            res = time_round(evaluate, tabs, specs[h], round_order(fams, i), log, h)
             for f, r in res.items():
                 if r["status"] != "ok":
                     raise _error(f"{h}: {f}: {r['error']}")
@@ -320,9 +408,9 @@ def run(args, log) -> dict:
         for f in fams:
             med = statistics.median(r["seconds"] for r in runs[f])
             cpu = statistics.median(r["cpu_seconds"] for r in runs[f])
-            per[f] = {"sweep": built[f][0], "rows": tables[f].height, "median_s": med,
-                      "all_s": [r["seconds"] for r in runs[f]], "rows_per_s": tables[f].height / med,
-                      "cpu_median_s": cpu, "cpu_rows_per_s": tables[f].height / cpu,
+            per[f] = {"sweep": built[f][0], "rows": tabs[f].height, "median_s": med,
+                      "all_s": [r["seconds"] for r in runs[f]], "rows_per_s": tabs[f].height / med,
+                      "cpu_median_s": cpu, "cpu_rows_per_s": tabs[f].height / cpu,
                       "feasible": runs[f][-1]["feasible"]}
         g = per["gemm"]["rows_per_s"]
         gc = per["gemm"]["cpu_rows_per_s"]
@@ -350,6 +438,9 @@ def format_table(out: dict) -> str:
             lines.append(f"{f:>17} {r['sweep']:>15} {r['rows']:>9,} {feas:>9} {r['median_s']:>9.3f} "
                          f"{r['rows_per_s']:>11,.0f} {r['over_gemm']:>12.3f}{mark}"
                          f"{r['cpu_median_s']:>7.3f} {r['cpu_over_gemm']:>13.3f}{cmark}")
+        on = out.get("systems", {}).get(h, {})
+        if on:
+            lines.append(f"{h}: fused families on " + ", ".join(f"{f} {s}" for f, s in on.items()))
         for what, key in (("wall", "over_gemm"), ("CPU", "cpu_over_gemm")):
             slow = [f for f, r in per.items() if r[key] < 1.0]
             lines.append(f"{h}: {len(slow)} of {len(per) - 1} families slower than GEMM per row by "

@@ -474,7 +474,7 @@ def family_phase(versions: dict[str, Path], args, tmp: Path, log, record) -> Non
     families' order reversed every other round: a version's time of a family is taken
     next to the other's, not minutes apart, which on a shared machine swung the ratios
     of identical code from 0.7 to 1.4."""
-    from family_speed import family_tables, round_order  # noqa: E402  (bench/)
+    from family_speed import family_tables, gpu_tables, round_order  # noqa: E402  (bench/)
 
     t0 = time.perf_counter()
     built = family_tables(args.family_rows)
@@ -484,8 +484,19 @@ def family_phase(versions: dict[str, Path], args, tmp: Path, log, record) -> Non
         table.write_parquet(paths[fam])
     fams = list(built)
     hws = list(args.family_hw)
+    # the fused families on each GPU's own system (family_speed.gpu_tables): per GPU, the
+    # tables that differ from the shared ones
+    per_gpu: dict[str, dict[str, str]] = {}
+    for hw in hws:
+        own, systems = gpu_tables(fams, hw, args.family_rows)
+        per_gpu[hw] = {}
+        for fam, table in own.items():
+            per_gpu[hw][fam] = str(tmp / f"family_{fam}_{hw}.parquet")
+            table.write_parquet(per_gpu[hw][fam])
+        if systems:
+            log(f"families on {hw}: fused families on " + ", ".join(f"{f} {s}" for f, s in systems.items()))
     spec = tmp / "families.json"
-    spec.write_text(json.dumps({"hw": hws, "tables": paths, "warmup_rows": 2000}))
+    spec.write_text(json.dumps({"hw": hws, "tables": paths, "gpu_tables": per_gpu, "warmup_rows": 2000}))
     rounds = max(args.repeats, 3)  # a median of 3: identical code read 0.75-1.46 over 2 rounds
     log(f"families: {len(fams)} tables of {args.family_rows:,} rows in {time.perf_counter() - t0:.1f} s; "
         f"{rounds} round(s) on {', '.join(hws)}, the versions alternating family by family")

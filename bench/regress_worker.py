@@ -21,8 +21,10 @@ workload, summed over the workloads) and, when ``attention_input`` is given,
 ``evaluate(family="attention")`` rows/s (best of ``attention_reps`` warm calls).
 
 ``serve-families``: a long-lived timer of warm ``evaluate`` per family (SPEC:
-``hw``, a GPU or a list of them, ``tables`` {family: Parquet path}, ``warmup_rows``;
-the tables made by the working tree's bench/family_speed.py). It reads the tables,
+``hw``, a GPU or a list of them, ``tables`` {family: Parquet path}, optionally
+``gpu_tables`` {GPU: {family: Parquet path}} replacing a family's table in that GPU's
+timings (the fused families on the GPU's own system), ``warmup_rows``; the tables made
+by the working tree's bench/family_speed.py). It reads the tables,
 warms every family up untimed on a slice on each GPU, writes one JSON line
 ``{"ready": true, "warm": {family: status}}`` to stdout (a family's status the
 first GPU's error where one had one), then for each line ``{"family": F}`` or
@@ -151,10 +153,14 @@ def _serve_families(spec_path: str, _unused: str) -> int:
     hws = spec.get("hw", "h100")
     hws = [hws] if isinstance(hws, str) else list(hws)
     evaluate = _module("tsbatch.engine.evaluate", "tsbatch.evaluate").evaluate
-    tables = {f: pl.read_parquet(p) for f, p in spec["tables"].items()}
+    shared = {f: pl.read_parquet(p) for f, p in spec["tables"].items()}
+    # per GPU, the tables of that GPU's rounds: the shared ones, with a GPU's own where the
+    # spec gives one (the fused families on the GPU's system: family_speed.gpu_tables)
+    tables = {hw: {**shared, **{f: pl.read_parquet(p) for f, p in
+                                spec.get("gpu_tables", {}).get(hw, {}).items()}} for hw in hws}
     warm: dict = {}
     for hw in hws:
-        for fam, st in warm_up(evaluate, tables, hw, int(spec.get("warmup_rows", 2000))).items():
+        for fam, st in warm_up(evaluate, tables[hw], hw, int(spec.get("warmup_rows", 2000))).items():
             if warm.get(fam, {}).get("status") != "error":
                 warm[fam] = st
     out.write(json.dumps({"ready": True, "warm": warm}) + "\n")
@@ -163,12 +169,12 @@ def _serve_families(spec_path: str, _unused: str) -> int:
             continue
         req = json.loads(line)
         fam, hw = req["family"], req.get("hw", hws[0])
-        if fam not in tables or warm.get(fam, {}).get("status") != "ok":
+        if fam not in shared or warm.get(fam, {}).get("status") != "ok":
             res = {"status": "error", "error": warm.get(fam, {}).get("error", f"no table for {fam}")}
         elif hw not in hws:
             res = {"status": "error", "error": f"GPU {hw} not warmed up (spec: {', '.join(hws)})"}
         else:
-            res = time_round(evaluate, {fam: tables[fam]}, hw, [fam])[fam]
+            res = time_round(evaluate, {fam: tables[hw][fam]}, hw, [fam])[fam]
         out.write(json.dumps(res) + "\n")
     return 0
 

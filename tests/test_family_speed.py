@@ -225,8 +225,10 @@ def test_guard_worker_times_each_gpu_asked(tmp_path, sweeps):
     gemm = tmp_path / "gemm.parquet"
     fs.family_table("gemm", 40, sweeps).write_parquet(gemm)
     spec = tmp_path / "spec.json"
+    own = tmp_path / "gemm_a100.parquet"  # a GPU's own table (gpu_tables) replaces the shared one
+    fs.family_table("gemm", 30, sweeps).write_parquet(own)
     spec.write_text(json.dumps({"hw": ["h100", "a100"], "tables": {"gemm": str(gemm)},
-                                "warmup_rows": 10}))
+                                "gpu_tables": {"a100": {"gemm": str(own)}}, "warmup_rows": 10}))
     env = dict(os.environ, PYTHONPATH=str(BENCH.parent))
     reqs = ['{"family": "gemm", "hw": "a100"}', '{"family": "gemm"}', '{"family": "gemm", "hw": "h200"}']
     r = subprocess.run([sys.executable, str(BENCH / "regress_worker.py"), "serve-families", str(spec), "-"],
@@ -234,7 +236,8 @@ def test_guard_worker_times_each_gpu_asked(tmp_path, sweeps):
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     assert len(lines) == 4 and lines[0]["warm"]["gemm"]["status"] == "ok"
-    assert lines[1]["status"] == "ok" and lines[2]["status"] == "ok" and lines[1]["rows"] == 40
+    assert lines[1]["status"] == "ok" and lines[2]["status"] == "ok"
+    assert lines[1]["rows"] == 30 and lines[2]["rows"] == 40
     assert lines[3]["status"] == "error" and "h200" in lines[3]["error"]
 
 
@@ -253,3 +256,29 @@ def test_table_gives_the_cpu_ratio_beside_the_wall_one():
     assert "h100: 0 of 1 families slower than GEMM per row by CPU time" in text
     row = next(line for line in text.splitlines() if line.strip().startswith("rowwise"))
     assert row.split()[-1] == "2.000" and "<1" in row
+
+
+def test_fused_families_run_on_each_gpus_system(sweeps, tables):
+    """gpu_tables: a fused family's table for a GPU is its sweep moved to that GPU's system
+    (the system column changes, and rows the system cannot run are left out: gemm_rs's
+    NVLS rows on dgx_a100, whose NVSwitch does not reduce), as many rows as the shared
+    table, all feasible as the sweep's are; the other families get no table of their own;
+    a GPU no system has keeps the shared tables and says so."""
+    from kernels_catalog.fused_comm import FAMILIES as FUSED
+
+    fused = [f for f in tables if f in FUSED]
+    assert {"gemm_rs", "moe_ep", "ulysses"} <= set(fused)
+    for hw, system in (("a100", "dgx_a100"), ("h100", "dgx_h100")):
+        assert fs.system_for_gpu(hw) == system
+        own, systems = fs.gpu_tables(list(tables), hw, ROWS, sweeps)
+        assert set(own) == set(fused) and systems == {f: system for f in fused}
+        for f, t in own.items():
+            assert t["system"].unique().to_list() == [system]
+            assert t.height == tables[f].height and t.unique().height == t.height
+            assert t.columns == tables[f].columns
+            assert evaluate(t, hw, family=f)["feasible"].all(), (hw, f)
+        algos = set(own["gemm_rs"]["algorithm"].unique())
+        assert algos == ({"ring"} if hw == "a100" else {"ring", "nvls"})
+    assert fs.system_for_gpu("a40") is None
+    own, systems = fs.gpu_tables(list(tables), "a40", ROWS, sweeps)
+    assert own == {} and all("no system with a40" in systems[f] for f in fused)
