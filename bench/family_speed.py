@@ -2,7 +2,7 @@
 
     OMP_WAIT_POLICY=passive python bench/family_speed.py [--rows 100000] [--hw h100,a100]
                                                          [--families gemm,rowwise,...]
-                                                         [--repeats 3] [--json OUT.json]
+                                                         [--repeats 3] [--stages] [--json OUT.json]
 
 Issue 35's speed target includes "no family slower than GEMM per row". This
 times warm, in-process ``evaluate(table, hw, family=F)`` for every family that
@@ -54,6 +54,20 @@ neighbour; in a round a family's time is the best of as many passes as add up
 to 1 s (at most 10: :func:`time_round`), and the median of the rounds is
 reported. Only ratios measured in the same
 run compare across runs (the machine may be shared and noisy).
+
+Not compared: a family with under half its rows feasible on a GPU
+(:data:`MIN_FEASIBLE`; the Hopper-only ``attention_fa3`` and ``mla_decode`` on
+A100, none feasible) is timed and listed apart, not counted among the families
+set against GEMM there: an infeasible row is priced in a fraction of a feasible
+one's time, so its ratio would measure the infeasibility check.
+
+``--stages``: after the rounds, one more ``evaluate`` per family with
+evaluate's ``timings`` says where each family's time goes (validate, lowering,
+occupancy, cache model, envelope, assemble), how many cache problems it
+solved and the cache model's microseconds per problem, each against GEMM's per
+row. A diagnosis beside the ratios, not one of them (e.g. session 16:
+moe_grouped_gemm's 11,951 cache problems take 22 us each on H100 against GEMM's
+10,262 at 12 us: 2.2x GEMM's cache time per row, and 1.7x its other stages).
 
 Left out: families with no built-in sweep (``ag_gemm``; a user's tile program),
 named in the output. The collective families (``collective``, ``gemm_rs``,
@@ -112,6 +126,17 @@ SHIFT = {
     "ulysses": (("seq_len", 8),),
 }
 DEFAULT_ROWS = 100_000
+#: a family whose table has fewer feasible rows than this share on a GPU (the Hopper-only
+#: attention_fa3 and mla_decode on A100: none) is timed but not compared with GEMM there:
+#: an infeasible row is priced in a fraction of a feasible one's time, so its ratio would
+#: measure the infeasibility check, not the model
+MIN_FEASIBLE = 0.5
+
+
+def comparable(feasible: int | None, rows: int) -> bool:
+    """Whether a family's ratio to GEMM on a GPU compares priced rows (:data:`MIN_FEASIBLE`);
+    ``feasible`` None (a family that reports no feasibility): comparable."""
+    return feasible is None or rows == 0 or feasible >= MIN_FEASIBLE * rows
 
 
 # ----------------------------------------------------------------------
@@ -350,6 +375,66 @@ def time_round(evaluate, tables: dict[str, pl.DataFrame], hw, order: list[str], 
     return out
 
 
+#: evaluate's ``timings`` keys, in the order a tile family's rows go through them
+STAGES = ("validate_s", "lowering_s", "occupancy_s", "cache_s", "envelope_s", "assemble_s")
+
+
+def stage_times(evaluate, tables: dict[str, pl.DataFrame], hw, passes: int = 3) -> dict[str, dict]:
+    """Where each family's time goes: ``evaluate(..., timings=...)`` of its whole table,
+    the pass of least wall time of ``passes``; per family ``{"seconds", <STAGES>,
+    "cache_problems", "cache_problems_reused"}`` (the stages, the cache problems solved
+    and those shared, as evaluate counts them). The families that compose others (the
+    fused ones, collectives) keep no stage timings: theirs are ``None`` beside their
+    ``seconds``. Untimed in the rounds' figures: a diagnosis of the ratios, not a ratio."""
+    out = {}
+    for fam, table in tables.items():
+        best = None
+        for _ in range(max(passes, 1)):
+            tm: dict = {}
+            t0 = time.perf_counter()
+            evaluate(table, hw, family=fam, timings=tm)
+            dt = time.perf_counter() - t0
+            if best is None or dt < best["seconds"]:
+                best = {"seconds": dt, **{k: tm.get(k) for k in STAGES},
+                        "cache_problems": tm.get("cache_problems"),
+                        "cache_problems_reused": tm.get("cache_problems_reused")}
+        out[fam] = best
+    return out
+
+
+def format_stages(hw: str, rows: dict[str, int], st: dict[str, dict]) -> str:
+    """The table of :func:`stage_times`: seconds per stage, cache problems, the cache
+    model's microseconds per problem solved, and each stage over GEMM's."""
+    lines = [f"\n{hw}: where the time goes (one evaluate per family, best of its passes; "
+             "'x GEMM' = the stage's seconds per row over GEMM's)",
+             f"{'family':>17} {'total s':>8} " + " ".join(f"{k[:-2]:>10}" for k in STAGES)
+             + f" {'problems':>9} {'us/problem':>10} {'cache x GEMM':>12} {'other x GEMM':>12}"]
+    g = st.get("gemm")
+
+    def per_row(r, f, key):
+        v = r.get(key)
+        return None if v is None else v / rows[f]
+    for f, r in st.items():
+        cells = " ".join(f"{r[k]:>10.3f}" if r[k] is not None else f"{'n/a':>10}" for k in STAGES)
+        probs = r["cache_problems"]
+        us = (f"{1e6 * r['cache_s'] / probs:>10.1f}" if probs and r["cache_s"] is not None
+              else f"{'n/a':>10}")
+        ratios = []
+        for key in ("cache_s", None):
+            if g is None or r["cache_s"] is None:
+                ratios.append(f"{'n/a':>12}")
+                continue
+            if key is None:  # everything else of the family's wall time
+                mine = (r["seconds"] - r["cache_s"]) / rows[f]
+                base = (g["seconds"] - g["cache_s"]) / rows["gemm"]
+            else:
+                mine, base = per_row(r, f, key), per_row(g, "gemm", key)
+            ratios.append(f"{mine / base:>12.2f}" if base else f"{'n/a':>12}")
+        lines.append(f"{f:>17} {r['seconds']:>8.3f} {cells} "
+                     f"{probs if probs is not None else 'n/a':>9} {us} {' '.join(ratios)}")
+    return "\n".join(lines)
+
+
 def round_order(families: list[str], i: int) -> list[str]:
     """Round ``i``'s order: as listed on even rounds, reversed on odd ones."""
     return list(families) if i % 2 == 0 else list(families)[::-1]
@@ -418,6 +503,8 @@ def run(args, log) -> dict:
             per[f]["over_gemm"] = per[f]["rows_per_s"] / g
             per[f]["cpu_over_gemm"] = per[f]["cpu_rows_per_s"] / gc
         out["hw"][h] = per
+        if getattr(args, "stages", False):
+            out.setdefault("stages", {})[h] = stage_times(evaluate, tabs, specs[h])
     out["load_avg_1min_end"] = os.getloadavg()[0]
     return out
 
@@ -441,10 +528,17 @@ def format_table(out: dict) -> str:
         on = out.get("systems", {}).get(h, {})
         if on:
             lines.append(f"{h}: fused families on " + ", ".join(f"{f} {s}" for f, s in on.items()))
+        out_of = {f: r for f, r in per.items() if comparable(r["feasible"], r["rows"])}
+        aside = [f"{f} {100 * r['feasible'] / r['rows']:.0f} %" for f, r in per.items() if f not in out_of]
         for what, key in (("wall", "over_gemm"), ("CPU", "cpu_over_gemm")):
-            slow = [f for f, r in per.items() if r[key] < 1.0]
-            lines.append(f"{h}: {len(slow)} of {len(per) - 1} families slower than GEMM per row by "
+            slow = [f for f, r in out_of.items() if r[key] < 1.0]
+            lines.append(f"{h}: {len(slow)} of {len(out_of) - 1} families slower than GEMM per row by "
                          f"{what} time" + (f": {', '.join(slow)}" if slow else ""))
+        if aside:
+            lines.append(f"{h}: not compared (under {100 * MIN_FEASIBLE:.0f} % of the rows feasible on "
+                         f"this GPU, their time is the infeasibility check's): {', '.join(aside)}")
+    for h, st in out.get("stages", {}).items():
+        lines.append(format_stages(h, {f: r["rows"] for f, r in out["hw"][h].items()}, st))
     if out["left_out"]:
         lines.append("left out: " + ", ".join(f"{f} ({why})" for f, why in out["left_out"].items()))
     lines.append(f"load avg (1 min) start {out['load_avg_1min_start']:.2f}, end {out['load_avg_1min_end']:.2f}, "
@@ -464,6 +558,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds (default %(default)s)")
     ap.add_argument("--warmup-rows", type=int, default=2000,
                     help="rows of each family's untimed warm-up (default %(default)s)")
+    ap.add_argument("--stages", action="store_true",
+                    help="after the rounds, one more evaluate per family with evaluate's timings: "
+                         "seconds per stage (validate, lowering, occupancy, cache, envelope, "
+                         "assemble), cache problems and the cache model's us per problem, against "
+                         "GEMM's (where a family's time goes; not part of the ratios)")
     ap.add_argument("--json", type=Path, default=None, metavar="OUT.json", help="write every figure as JSON")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     args = ap.parse_args(argv)

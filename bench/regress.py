@@ -582,6 +582,9 @@ def family_figure(record, built, fam: str, hw: str, rates: dict, runs: dict, gem
     f["family"] = fam
     f["hw"] = hw
     f["over_gemm"] = f["new"] / gemm_rate if (gemm_rate and f["new"]) else None
+    ok = [r for r in runs.get("new", []) if r.get("status") == "ok" and r.get("rows")]
+    f["feasible_share"] = (ok[-1]["feasible"] / ok[-1]["rows"]
+                           if ok and ok[-1].get("feasible") is not None else None)
     cpu = {t: [r["cpu_seconds"] for r in runs[t] if r.get("status") == "ok" and "cpu_seconds" in r]
            for t in runs}
     f["ratio_cpu"] = (statistics.median(cpu["ref"]) / statistics.median(cpu["new"])
@@ -602,16 +605,25 @@ def family_summary(speed: list[dict]) -> str | None:
     fam = [f for f in speed if f.get("family") and f["family"] != "gemm"]
     if not fam:
         return None
+    from family_speed import MIN_FEASIBLE  # noqa: E402  (bench/)
+
     parts = []
     for hw in dict.fromkeys(f.get("hw") for f in fam):
         on = [f for f in fam if f.get("hw") == hw]
         known = [f for f in on if f.get("over_gemm") is not None]
+        # a family mostly infeasible on this GPU (Hopper-only kernels on A100) is not compared
+        aside = [f for f in known if f.get("feasible_share") is not None
+                 and f["feasible_share"] < MIN_FEASIBLE]
+        known = [f for f in known if f not in aside]
         slow = sorted((f for f in known if f["over_gemm"] < 1), key=lambda f: f["over_gemm"])
         text = (f"{hw} " if hw else "") + f"{len(slow)} of {len(known)} below 1"
         if slow:
             text += ": " + ", ".join(f"{f['family']} {f['over_gemm']:.2f}" for f in slow)
-        if len(known) < len(on):
-            text += f"; {len(on) - len(known)} not measured"
+        if aside:
+            text += ("; not compared (mostly infeasible here): "
+                     + ", ".join(f"{f['family']} {100 * f['feasible_share']:.0f} % feasible" for f in aside))
+        if len(known) + len(aside) < len(on):
+            text += f"; {len(on) - len(known) - len(aside)} not measured"
         parts.append(text)
     return ("families, working tree rows/s over its GEMM's on the same GPU (issue 35: no family "
             "slower than GEMM per row): " + "; ".join(parts))

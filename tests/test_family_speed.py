@@ -188,6 +188,55 @@ def test_guard_summary_line_per_gpu():
                          "a100 2 of 2 below 1: moe_grouped_gemm 0.56, rowwise 0.98; 1 not measured")
 
 
+def test_guard_summary_leaves_mostly_infeasible_families_aside():
+    """A family with under half its rows feasible on a GPU (attention_fa3 on A100: none)
+    is named apart, not counted among the families compared with GEMM, whichever side
+    of 1 its ratio falls."""
+    speed = [{"family": "gemm", "hw": "a100", "over_gemm": 1.0, "feasible_share": 0.91},
+             {"family": "attention_fa3", "hw": "a100", "over_gemm": 2.2, "feasible_share": 0.0},
+             {"family": "mla_decode", "hw": "a100", "over_gemm": 0.7, "feasible_share": 0.49},
+             {"family": "rowwise", "hw": "a100", "over_gemm": 0.98, "feasible_share": 1.0},
+             {"family": "moe_grouped_gemm", "hw": "a100", "over_gemm": 0.56, "feasible_share": 0.5},
+             {"family": "collective", "hw": "a100", "over_gemm": 2.5, "feasible_share": None}]
+    line = family_summary(speed)
+    assert line.endswith("a100 2 of 3 below 1: moe_grouped_gemm 0.56, rowwise 0.98; not compared "
+                         "(mostly infeasible here): attention_fa3 0 % feasible, mla_decode 49 % feasible")
+    assert fs.comparable(None, 10) and fs.comparable(5, 10) and not fs.comparable(4, 10)
+
+
+def test_table_sets_mostly_infeasible_families_aside():
+    """format_table: a family mostly infeasible on the GPU is listed apart, not counted."""
+    def fam(over, feasible):
+        return {"sweep": "s", "rows": 1000, "median_s": 0.1, "rows_per_s": 1e4, "cpu_median_s": 0.1,
+                "cpu_rows_per_s": 1e4, "feasible": feasible, "over_gemm": over, "cpu_over_gemm": over}
+    out = {"repeats": 1, "cpus": 2, "load_avg_1min_start": 1.0, "load_avg_1min_end": 1.0,
+           "left_out": {}, "hw": {"a100": {"gemm": fam(1.0, 910), "attention_fa3": fam(0.5, 0),
+                                           "rowwise": fam(0.9, 1000)}}}
+    text = fs.format_table(out)
+    assert "a100: 1 of 1 families slower than GEMM per row by wall time: rowwise" in text
+    assert "this GPU, their time is the infeasibility check's): attention_fa3 0 %" in text
+
+
+def test_stage_times_add_up_and_name_the_cache_problems(sweeps):
+    """stage_times / format_stages: per tile family evaluate's stages (each at most the
+    family's wall time), its cache problems, the cache model's us per problem and the
+    ratios to GEMM; a family composing others (gemm_rs) has its total only."""
+    tabs = {f: fs.family_table(f, 300, sweeps) for f in ("gemm", "rowwise", "gemm_rs")}
+    st = fs.stage_times(evaluate, tabs, "h100", passes=1)
+    for f in ("gemm", "rowwise"):
+        r = st[f]
+        assert all(r[k] is not None and 0 <= r[k] <= r["seconds"] for k in fs.STAGES)
+        assert sum(r[k] for k in fs.STAGES) <= r["seconds"] * 1.05 + 1e-3
+        assert r["cache_problems"] > 0 and r["cache_problems"] + r["cache_problems_reused"] <= 300
+    assert st["gemm_rs"]["seconds"] > 0 and all(st["gemm_rs"][k] is None for k in fs.STAGES)
+    text = fs.format_stages("h100", {f: t.height for f, t in tabs.items()}, st)
+    lines = text.splitlines()
+    assert "us/problem" in lines[2]
+    row = {ln.split()[0]: ln.split() for ln in lines[3:]}
+    assert row["gemm"][-2:] == ["1.00", "1.00"] and row["gemm_rs"][-1] == "n/a"
+    assert float(row["rowwise"][-4]) == st["rowwise"]["cache_problems"]
+
+
 def test_guard_worker_serves_family_timings(tmp_path, sweeps):
     """bench/regress_worker.py serve-families: ready line, one answer per request, a family
     the version lacks reported as an error (n/a in the guard), never a crash."""
