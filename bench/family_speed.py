@@ -171,6 +171,10 @@ def builtin_sweeps() -> dict[str, tuple[str, pl.DataFrame]]:
     return dict(sorted(best.items(), key=lambda kv: (kv[0] != "gemm", kv[0])))
 
 
+class NoRowsOnSystem(Exception):
+    """A sweep none of whose rows a system can run (:func:`family_table` with ``system``)."""
+
+
 def system_for_gpu(hw) -> str | None:
     """The multi-GPU system the fused compute-communication families run on in ``hw``'s
     rounds: of the systems in ``hw/systems/`` whose GPU is ``hw``, the one with the most
@@ -221,13 +225,9 @@ def gpu_tables(families, hw, rows: int = DEFAULT_ROWS,
         try:
             out[fam] = family_table(fam, rows, sweeps, system=target)
             systems[fam] = target
-        except InputErrorOnSystem as exc:
+        except NoRowsOnSystem as exc:
             systems[fam] = f"its sweep's ({exc})"
     return out, systems
-
-
-class InputErrorOnSystem(Exception):
-    """A sweep none of whose rows a system can run (:func:`family_table`)."""
 
 
 def families_without_sweep(have) -> list[str]:
@@ -288,7 +288,7 @@ def _on_system(family: str, base: pl.DataFrame, system: str) -> pl.DataFrame:
     moved = moved.unique(maintain_order=True)
     feasible = evaluate(moved, get_system(system).gpu, family=family)["feasible"].to_numpy()
     if not feasible.any():
-        raise InputErrorOnSystem(f"{system} runs none of its rows")
+        raise NoRowsOnSystem(f"{system} runs none of its rows")
     return moved.filter(pl.Series(feasible))
 
 
@@ -410,10 +410,6 @@ def format_stages(hw: str, rows: dict[str, int], st: dict[str, dict]) -> str:
              f"{'family':>17} {'total s':>8} " + " ".join(f"{k[:-2]:>10}" for k in STAGES)
              + f" {'problems':>9} {'us/problem':>10} {'cache x GEMM':>12} {'other x GEMM':>12}"]
     g = st.get("gemm")
-
-    def per_row(r, f, key):
-        v = r.get(key)
-        return None if v is None else v / rows[f]
     for f, r in st.items():
         cells = " ".join(f"{r[k]:>10.3f}" if r[k] is not None else f"{'n/a':>10}" for k in STAGES)
         probs = r["cache_problems"]
@@ -428,7 +424,7 @@ def format_stages(hw: str, rows: dict[str, int], st: dict[str, dict]) -> str:
                 mine = (r["seconds"] - r["cache_s"]) / rows[f]
                 base = (g["seconds"] - g["cache_s"]) / rows["gemm"]
             else:
-                mine, base = per_row(r, f, key), per_row(g, "gemm", key)
+                mine, base = r[key] / rows[f], g[key] / rows["gemm"]
             ratios.append(f"{mine / base:>12.2f}" if base else f"{'n/a':>12}")
         lines.append(f"{f:>17} {r['seconds']:>8.3f} {cells} "
                      f"{probs if probs is not None else 'n/a':>9} {us} {' '.join(ratios)}")

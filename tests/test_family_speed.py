@@ -331,3 +331,14 @@ def test_fused_families_run_on_each_gpus_system(sweeps, tables):
     assert fs.system_for_gpu("a40") is None
     own, systems = fs.gpu_tables(list(tables), "a40", ROWS, sweeps)
     assert own == {} and all("no system with a40" in systems[f] for f in fused)
+
+
+def test_a_system_that_runs_none_of_the_rows_keeps_the_sweeps(sweeps):
+    """gpu_tables: a fused sweep none of whose rows the GPU's system can run (gemm_rs with
+    only NVLS rows, on dgx_a100) keeps its shared table and says why."""
+    name, frame = sweeps["gemm_rs"]
+    nvls = {"gemm_rs": (name, frame.filter(pl.col("algorithm") == "nvls"))}
+    own, systems = fs.gpu_tables(["gemm", "gemm_rs"], "a100", 100, nvls)
+    assert own == {} and systems == {"gemm_rs": "its sweep's (dgx_a100 runs none of its rows)"}
+    own, systems = fs.gpu_tables(["gemm_rs"], "h100", 100, nvls)
+    assert own["gemm_rs"].height == 100 and systems == {"gemm_rs": "dgx_h100"}
