@@ -308,10 +308,12 @@ def _shifted(base: pl.DataFrame, pairs, copies: int) -> pl.DataFrame:
     return pl.concat(parts, how="vertical").unique(maintain_order=True)
 
 
-def family_tables(rows: int = DEFAULT_ROWS, families: list[str] | None = None
+def family_tables(rows: int = DEFAULT_ROWS, families: list[str] | None = None,
+                  sweeps: dict[str, tuple[str, pl.DataFrame]] | None = None
                   ) -> dict[str, tuple[str, pl.DataFrame]]:
-    """(sweep name, table) per family, GEMM first; ``families`` None: every one with a sweep."""
-    sweeps = builtin_sweeps()
+    """(sweep name, table) per family, GEMM first; ``families`` None: every one with a sweep;
+    ``sweeps``: :func:`builtin_sweeps` (made here when not given)."""
+    sweeps = builtin_sweeps() if sweeps is None else sweeps
     names = list(sweeps) if families is None else families
     out = {}
     for f in names:

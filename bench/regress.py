@@ -57,8 +57,10 @@ family by family, at least 3 rounds; n/a
 where the reference lacks the family), with the working tree's family / GEMM
 rows/s on the same GPU beside (issue 35: no family slower than GEMM per row;
 reported, not judged; off with ``--skip-families``). The fused families
-(``gemm_rs``, ``moe_ep``, ``ulysses``, ``collective``) take their GPUs from their
-``system`` column, so their cost is the same on every ``--family-hw``.
+(``gemm_rs``, ``moe_ep``, ``ulysses``) price their kernels on their ``system``
+column's GPU: each GPU's rounds time them on that GPU's own system
+(``family_speed.gpu_tables``); ``collective`` keeps its sweep's systems. A family
+mostly infeasible on a GPU is named apart in the summary, not counted.
 
 ``--quick``: every 7th row of the sweep (285,715 rows, all its 556
 workloads: its first 300,000 rows would miss the ragged-M workloads where the
@@ -474,10 +476,11 @@ def family_phase(versions: dict[str, Path], args, tmp: Path, log, record) -> Non
     families' order reversed every other round: a version's time of a family is taken
     next to the other's, not minutes apart, which on a shared machine swung the ratios
     of identical code from 0.7 to 1.4."""
-    from family_speed import family_tables, gpu_tables, round_order  # noqa: E402  (bench/)
+    from family_speed import builtin_sweeps, family_tables, gpu_tables, round_order  # noqa: E402
 
     t0 = time.perf_counter()
-    built = family_tables(args.family_rows)
+    sweeps = builtin_sweeps()
+    built = family_tables(args.family_rows, sweeps=sweeps)
     paths = {}
     for fam, (_, table) in built.items():
         paths[fam] = str(tmp / f"family_{fam}.parquet")
@@ -488,7 +491,7 @@ def family_phase(versions: dict[str, Path], args, tmp: Path, log, record) -> Non
     # tables that differ from the shared ones
     per_gpu: dict[str, dict[str, str]] = {}
     for hw in hws:
-        own, systems = gpu_tables(fams, hw, args.family_rows)
+        own, systems = gpu_tables(fams, hw, args.family_rows, sweeps)
         per_gpu[hw] = {}
         for fam, table in own.items():
             per_gpu[hw][fam] = str(tmp / f"family_{fam}_{hw}.parquet")
