@@ -342,3 +342,68 @@ def test_a_system_that_runs_none_of_the_rows_keeps_the_sweeps(sweeps):
     assert own == {} and systems == {"gemm_rs": "its sweep's (dgx_a100 runs none of its rows)"}
     own, systems = fs.gpu_tables(["gemm_rs"], "h100", 100, nvls)
     assert own["gemm_rs"].height == 100 and systems == {"gemm_rs": "dgx_h100"}
+
+
+# ---------------------------------------------------------------------------
+# the guard's re-timing of a speed figure that reads worse (bench/regress.py)
+# ---------------------------------------------------------------------------
+def _figure(ref, new, higher_better=False, retime=None):
+    from regress import set_runs  # noqa: PLC0415
+
+    f = set_runs({"name": "x", "unit": "s", "higher_better": higher_better}, ref, new)
+    if retime is not None:
+        f["_retime"] = retime
+    return f
+
+
+def test_set_runs_medians_and_ratios():
+    f = _figure([2.0, 4.0, 3.0], [4.0, 6.0, 5.0])  # seconds: ref 3, new 5
+    assert (f["ref"], f["new"]) == (3.0, 5.0)
+    assert f["ratio"] == pytest.approx(3.0 / 5.0)
+    assert f["ratio_best"] == pytest.approx(2.0 / 4.0)
+    g = _figure([100.0, 300.0], [150.0, 250.0], higher_better=True)  # rows/s: new over ref
+    assert g["ratio"] == pytest.approx(200.0 / 200.0)
+    assert g["ratio_best"] == pytest.approx(250.0 / 300.0)
+    h = _figure("ref failed", [1.0])
+    assert h["ratio"] is None and h["ref_runs"] == "ref failed"
+
+
+def test_a_figure_that_reads_worse_is_retimed_and_judged_on_all_runs():
+    from regress import confirm_figures  # noqa: PLC0415
+    from tsbatch.measured.regress_metrics import Tolerance, judge_speed  # noqa: PLC0415
+
+    tol = Tolerance()
+    asked = []
+
+    def retime(n):
+        asked.append(n)
+        return {"ref": [1.0] * n, "new": [1.0] * n}  # the same speed this time
+
+    noisy = _figure([1.0, 1.0, 1.0], [1.2, 1.2, 1.2], retime=retime)  # 0.83: worse
+    real = _figure([1.0, 1.0, 1.0], [1.2, 1.2, 1.2],
+                   retime=lambda n: {"ref": [1.0] * n, "new": [1.25] * n})
+    fine = _figure([1.0, 1.0], [1.0, 1.01], retime=lambda n: pytest.fail("a figure within tolerance re-timed"))
+    off = _figure([1.0], [2.0], retime=lambda n: pytest.fail("re-timed with 0 rounds"))
+    confirm_figures([noisy, real, fine], 4, tol, lambda msg: None)
+    confirm_figures([off], 0, tol, lambda msg: None)
+    assert asked == [4]
+    # 3 slow runs and 4 equal ones: the median of the new side is 1.0, so the figure is not worse
+    assert noisy["confirm"] == {"first": pytest.approx(1 / 1.2), "again": 1.0, "rounds": 4}
+    assert len(noisy["new_runs"]) == 7 and judge_speed(noisy["ratio"], tol) == "same"
+    assert "first 0.83, re-timed 1.00 over 4 more round(s)" in noisy["note"]
+    # a slowdown that repeats stays worse
+    assert judge_speed(real["ratio"], tol) == "worse"
+    assert real["confirm"]["again"] == pytest.approx(0.8)
+    assert "confirm" not in fine and "confirm" not in off
+    assert judge_speed(off["ratio"], tol) == "worse"
+    assert all("_retime" not in f for f in (noisy, real, fine, off))
+
+
+def test_a_retiming_that_fails_keeps_the_first_runs():
+    from regress import confirm_figures  # noqa: PLC0415
+    from tsbatch.measured.regress_metrics import Tolerance  # noqa: PLC0415
+
+    f = _figure([1.0, 1.0], [1.5, 1.5], retime=lambda n: {"ref": [1.0] * n, "new": "worker failed"})
+    confirm_figures([f], 2, Tolerance(), lambda msg: None)
+    assert f["new_runs"] == [1.5, 1.5] and f["ratio"] == pytest.approx(1 / 1.5)
+    assert f["confirm"]["again"] is None and "re-timed n/a" in f["note"]
