@@ -15,18 +15,19 @@ GLIBC = (getattr(os, "confstr", None) is not None
          and (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"))
 
 # one process: three rounds of an evaluation's temporaries (160 columns of
-# 32k float64, 40 MiB, each written), all freed at the end of a round; the
-# minor page faults of the last round
+# float64, 32k rows: 40 MiB, each written; argv[2] other row counts), all freed at
+# the end of a round; the minor page faults of the last round
 _ROUNDS = r"""
 import json, resource, sys
 import numpy as np
 from tsbatch.kernels import _heap
 if sys.argv[1] == "call":
     _heap.keep_freed_heap()
+ROWS = int(sys.argv[2]) if len(sys.argv) > 2 else 32768
 def one_round():
     cols = []
     for _ in range(160):
-        a = np.empty(32768)
+        a = np.empty(ROWS)
         a[:] = 1.0
         cols.append(a)
     del cols
@@ -35,7 +36,7 @@ for _ in range(2):
 f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 one_round()
 f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-print(json.dumps({"faults": f1 - f0, "pages": 160 * 32768 * 8 // 4096, "state": _heap._state}))
+print(json.dumps({"faults": f1 - f0, "pages": 160 * ROWS * 8 // 4096, "state": _heap._state}))
 """
 
 
@@ -46,8 +47,8 @@ def _env(**extra):
     return env
 
 
-def _rounds(mode: str, **extra) -> dict:
-    out = subprocess.run([sys.executable, "-c", _ROUNDS, mode], env=_env(**extra),
+def _rounds(mode: str, rows: int = 32768, **extra) -> dict:
+    out = subprocess.run([sys.executable, "-c", _ROUNDS, mode, str(rows)], env=_env(**extra),
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -63,6 +64,19 @@ def test_a_call_after_keep_freed_heap_reuses_the_freed_heap():
     assert off["state"] is False
     assert off["faults"] > 0.5 * off["pages"]
     assert _rounds("none")["faults"] > 0.5 * off["pages"]
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+def test_a_100k_row_calls_temporaries_are_kept_too():
+    # 160 columns of 100k rows: 122 MiB, past the 64 MiB that glibc's own dynamic
+    # rule would keep (the threshold before session 17) and within TRIM_THRESHOLD
+    rows = 100_000
+    assert 160 * rows * 8 < _heap.TRIM_THRESHOLD
+    kept = _rounds("call", rows)
+    assert kept["faults"] < 0.1 * kept["pages"]
+    at_glibcs = _rounds("none", rows, MALLOC_MMAP_THRESHOLD_=str(_heap.MMAP_THRESHOLD),
+                        MALLOC_TRIM_THRESHOLD_=str(2 * _heap.MMAP_THRESHOLD))
+    assert at_glibcs["faults"] > 0.5 * at_glibcs["pages"]
 
 
 @pytest.mark.parametrize("extra", [{"TSBATCH_KEEP_HEAP": "0"}, {"MALLOC_TRIM_THRESHOLD_": "1000000"},

@@ -15,14 +15,20 @@ lives on) used to leave long-lived blocks above them; the machine-code-only load
 (:mod:`tsbatch.kernels._fastload`) does not.
 
 :func:`keep_freed_heap` sets, once per process and at the first evaluation,
-the two thresholds at the values glibc's own dynamic rule ends at (its
-ceiling: a 32 MiB mmap threshold, a trim threshold of twice that): blocks up to
-32 MiB come from the heap, and up to 64 MiB of free heap top stay with the
-process between calls. Neither setting makes glibc unmap or trim anything its
-dynamic rule would have kept. Nothing is set where the C library is not glibc,
-where the user configured glibc's ``malloc`` (``MALLOC_*_`` variables,
-``GLIBC_TUNABLES`` naming ``glibc.malloc``), or with
-``TSBATCH_KEEP_HEAP=0``.
+the two thresholds: a 32 MiB mmap threshold (the ceiling of glibc's own dynamic
+rule: blocks up to 32 MiB come from the heap) and a trim threshold of 256 MiB,
+so that up to 256 MiB of free heap top stay with the process between calls.
+glibc's dynamic rule would end at twice the mmap threshold, 64 MiB, which holds
+a 30k-row call's temporaries but not a 100k-row one's: warm ``evaluate`` of the
+100k-row tables of ``bench/family_speed.py`` took 17-26k minor page faults a
+call at 64 MiB (66-101 MiB; 0.04-0.05 s of system time, a third of a 0.15 s
+attention or norms call) and 0-450 at 256 MiB (session 17: attention 0.157 ->
+0.108 s, rowwise 0.150 -> 0.107, moe_ep 0.153 -> 0.120, GEMM 0.272 -> 0.247).
+What it costs: a process keeps up to 256 MiB it no longer uses, never more than
+it had in use at its peak (the memory is what the last call freed). Nothing is
+set where the C library is not glibc, where the user configured glibc's
+``malloc`` (``MALLOC_*_`` variables, ``GLIBC_TUNABLES`` naming
+``glibc.malloc``), or with ``TSBATCH_KEEP_HEAP=0``.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ __all__ = ["keep_freed_heap", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
 
 #: glibc's ceiling for its dynamic mmap threshold on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``)
 MMAP_THRESHOLD = 32 << 20
-#: what glibc's dynamic rule makes the trim threshold at that mmap threshold
-TRIM_THRESHOLD = 2 * MMAP_THRESHOLD
+#: free heap top kept between calls: a 100k-row evaluation's temporaries (module doc;
+#: glibc's dynamic rule would stop at twice the mmap threshold, 64 MiB)
+TRIM_THRESHOLD = 256 << 20
 
 _M_TRIM_THRESHOLD = -1  # mallopt parameters, <malloc.h>
 _M_MMAP_THRESHOLD = -3
