@@ -585,20 +585,22 @@ def family_phase(versions: dict[str, Path], args, tmp: Path, log, record) -> Non
         f"{rounds} round(s) on {', '.join(hws)}, the versions alternating family by family")
     runs, failed = _family_rounds(versions, spec, {hw: fams for hw in hws}, rounds, tmp, log)
 
-    def rates(tag: str, key: tuple):
-        vals = [r["rows"] / r["seconds"] for r in runs[tag][key] if r.get("status") == "ok"]
+    def rates(tag: str, key: tuple, got: dict | None = None, why: dict | None = None):
+        # rows/s of each ok run (of ``got``, the re-timing's runs, where given), else why none
+        got, why = (runs, failed) if got is None else (got, why)
+        vals = [r["rows"] / r["seconds"] for r in got[tag][key] if r.get("status") == "ok"]
         if vals:
             return vals
-        if tag in failed:
-            return failed[tag]
-        return next((r.get("error") for r in runs[tag][key] if r.get("error")), "not measured")
+        if tag in why:
+            return why[tag]
+        return next((r.get("error") for r in got[tag][key] if r.get("error")), "not measured")
 
-    def ratio(hw: str, fam: str):
-        return set_runs({"higher_better": True}, rates("ref", (hw, fam)), rates("new", (hw, fam)))["ratio"]
+    def ratio(key: tuple, got: dict | None = None, why: dict | None = None):
+        return set_runs({"higher_better": True}, rates("ref", key, got, why), rates("new", key, got, why))["ratio"]
 
     # a family that reads worse is timed again by both versions (confirm_figures' rule),
     # in new workers warmed up on those families only, and judged on all its runs
-    first = {(hw, fam): ratio(hw, fam) for hw in hws for fam in fams}
+    first = {(hw, fam): ratio((hw, fam)) for hw in hws for fam in fams}
     again: dict = {}
     flagged = {hw: [f for f in fams if judge_speed(first[hw, f], args.tol) == "worse"] for hw in hws}
     flagged = {hw: fl for hw, fl in flagged.items() if fl}
@@ -612,10 +614,7 @@ def family_phase(versions: dict[str, Path], args, tmp: Path, log, record) -> Non
         more, more_failed = _family_rounds(versions, sub, flagged, args.confirm, tmp, log, "re-timed ")
         for hw, fl in flagged.items():
             for fam in fl:
-                again[hw, fam] = set_runs(
-                    {"higher_better": True},
-                    *([r["rows"] / r["seconds"] for r in more[t][hw, fam] if r.get("status") == "ok"]
-                      or more_failed.get(t, "not measured") for t in ("ref", "new")))["ratio"]
+                again[hw, fam] = ratio((hw, fam), more, more_failed)
                 for t in versions:
                     runs[t][hw, fam] += more[t][hw, fam]
 
