@@ -102,3 +102,34 @@ def test_evaluate_sets_it_once_per_process():
             "print(before, _heap._state)")
     out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, check=True)
     assert out.stdout.split()[-2:] == ["None", "True"]
+
+
+# ---------------------------------------------------------------------------
+# bench/heap_faults.py: its processes differ in the trim threshold only
+# ---------------------------------------------------------------------------
+def _heap_faults():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "heap_faults.py"
+    spec = importlib.util.spec_from_file_location("heap_faults", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_heap_faults_children_set_glibc_and_nothing_else(monkeypatch):
+    hf = _heap_faults()
+    monkeypatch.setenv("MALLOC_TOP_PAD_", "1")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1")
+    monkeypatch.setenv("TSBATCH_KEEP_HEAP", "0")
+    env = hf._child_env(256)
+    assert env["MALLOC_TRIM_THRESHOLD_"] == str(256 << 20)
+    assert env["MALLOC_MMAP_THRESHOLD_"] == str(_heap.MMAP_THRESHOLD)
+    assert "MALLOC_TOP_PAD_" not in env and "GLIBC_TUNABLES" not in env and "TSBATCH_KEEP_HEAP" not in env
+    shipped = hf._child_env(None)  # tsbatch sets its own
+    assert not any(k.startswith("MALLOC_") for k in shipped)
+    assert hf._mib_list("64,256") == [64, 256]
+    for bad in ("x", "0", ""):
+        with pytest.raises(Exception):
+            hf._mib_list(bad)
