@@ -417,17 +417,13 @@ def format_stages(hw: str, rows: dict[str, int], st: dict[str, dict]) -> str:
         probs = r["cache_problems"]
         us = (f"{1e6 * r['cache_s'] / probs:>10.1f}" if probs and r["cache_s"] is not None
               else f"{'n/a':>10}")
-        ratios = []
-        for key in ("cache_s", None):
-            if g is None or r["cache_s"] is None:
-                ratios.append(f"{'n/a':>12}")
-                continue
-            if key is None:  # everything else of the family's wall time
-                mine = (r["seconds"] - r["cache_s"]) / rows[f]
-                base = (g["seconds"] - g["cache_s"]) / rows["gemm"]
-            else:
-                mine, base = r[key] / rows[f], g[key] / rows["gemm"]
-            ratios.append(f"{mine / base:>12.2f}" if base else f"{'n/a':>12}")
+        ratios = [f"{'n/a':>12}"] * 2
+        if g is not None and r["cache_s"] is not None:
+            # the cache model's seconds, and everything else of the wall time, per row over GEMM's
+            pairs = ((r["cache_s"], g["cache_s"]),
+                     (r["seconds"] - r["cache_s"], g["seconds"] - g["cache_s"]))
+            ratios = [f"{(mine / rows[f]) / (base / rows['gemm']):>12.2f}" if base else f"{'n/a':>12}"
+                      for mine, base in pairs]
         lines.append(f"{f:>17} {r['seconds']:>8.3f} {cells} "
                      f"{probs if probs is not None else 'n/a':>9} {us} {' '.join(ratios)}")
     return "\n".join(lines)
