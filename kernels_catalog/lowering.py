@@ -760,6 +760,63 @@ def power_clock(tiles, sms: int, tc_eff: float, clk_cap: float, cuda_cap: float)
     return sub, tc_f, np.minimum(tc_f, cuda_cap), np.minimum(tc_f, clk_cap)
 
 
+def _add_work(cols: dict, col: int, w: np.ndarray) -> None:
+    """Add ``w`` to the work column ``col`` of ``cols`` (column index -> array; a
+    column not there yet starts at 0.0, as a zeroed matrix's column does)."""
+    acc = cols.get(col)
+    if acc is None:
+        cols[col] = np.add(0.0, w)
+    else:
+        acc += w
+
+
+def _work_matrix(cols: dict, n: int) -> np.ndarray:
+    """The ``(n, N_RES)`` work matrix of the columns :func:`_add_work` summed (zero elsewhere)."""
+    out = np.zeros((n, N_RES), dtype=np.float64)
+    for col, v in cols.items():
+        out[:, col] = v
+    return out
+
+
+def _row_free(e) -> bool:
+    """Whether ``e`` reads no row's values (numbers and the GPU's): one value for every row."""
+    return e.names <= _HW_NAME_SET
+
+
+_HW_NAME_SET = frozenset(HW_NAMES)
+
+
+def _chain_rows(prog: TileProgram, env: dict, sh, varying: list, on_tc: np.ndarray, n: int):
+    """``(rows, spread)``: rows of the batch that between them hold every distinct set
+    of the chain's inputs, and per row of the batch the index of its set's row
+    (``rows[spread]`` has a row's inputs at every row); ``(None, None)`` where the
+    batch is not grouped (:class:`_Sharing`).
+
+    The inputs: the synchronous uses (``varying``: the values of those that are
+    neither shared nor the same on every row; the shared ones are functions of the
+    sharing's group), the tensor-core unit ``on_tc`` and the tensor-core rate (of
+    the dtype, on or off the warpgroup path). The rows are the sharing's
+    representatives where nothing varies within its groups, else the first row of
+    each distinct (group, varying values) key."""
+    if sh is None or sh.rep is None or not n:
+        return None, None
+    from tsbatch.kernels.rowhash import dedup_rows  # noqa: PLC0415
+
+    cols = [w.view(np.int64) if w.dtype == np.float64 else w.astype(np.int64) for w in varying]
+    code = env["_dtype_code"]
+    if "_dtype_code" not in sh.low and (code != code[0]).any():
+        cols.append(code.astype(np.int64, copy=False))
+    for e in (prog.wgmma, prog.tensor_cores):
+        if not (sh.shares(e) or _row_free(e)):  # the unit, and the rate's path
+            cols.append(np.broadcast_to(_val(e, env) > 0, (n,)).astype(np.int64))
+            cols.append(on_tc.astype(np.int64))
+            break
+    if not cols:
+        return sh.rep, sh.inv
+    spread, rows = dedup_rows(np.column_stack([sh.inv, *cols]))
+    return rows, spread
+
+
 def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     """Lower validated candidate columns of ``prog``'s family to a :class:`TilePlan`."""
     from tsbatch.kernels.dag import best_orders  # noqa: PLC0415
@@ -807,18 +864,21 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
             foot_done = True
         else:
             t_foot = np.zeros((n, max(T, 1)), dtype=np.float64)
-    work_iter = np.zeros((n, N_RES), dtype=np.float64)
-    work_epi = np.zeros((n, N_RES), dtype=np.float64)
+    # the work matrices' columns, summed as contiguous arrays (in the order of the
+    # terms, from 0.0, as sums into the matrices' columns would be) and written into
+    # the matrices once (:func:`_work_matrix`)
+    work_iter_c: dict[int, np.ndarray] = {}
+    work_epi_c: dict[int, np.ndarray] = {}
     for j, t in enumerate(prog.tensors):
         b = _arr(t.bytes, env, n)
         t_bytes[:, j] = b
         if t_foot is not None and not foot_done:
             t_foot[:, j] = b if t.foot is None else _arr(t.foot, env, n)
         if t.cadence == "tile":
-            work_epi[:, R_L2] += b
-            work_epi[:, R_DRAM] += b
+            _add_work(work_epi_c, R_L2, b)
+            _add_work(work_epi_c, R_DRAM, b)
         else:
-            work_iter[:, R_L2] += b  # split by the cache model later
+            _add_work(work_iter_c, R_L2, b)  # split by the cache model later
 
     # ---- work of the actions (and each synchronous body action's work per resource)
     on_tc = np.broadcast_to(np.asarray(_val(prog.tensor_cores, env), dtype=bool), (n,))
@@ -831,6 +891,10 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     body = prog.body
     bi = {a.name: k for k, a in enumerate(body)}
     sync_work: list[list[tuple[int, np.ndarray]]] = [[] for _ in body]
+    # the synchronous uses whose values vary within the sharing's groups (the chain
+    # below is made once per group and per distinct set of these)
+    sh = env.get(_SHARE_KEY)
+    sync_varying: list[np.ndarray] = []
     alu_col = R_ALU if hw.rate("alu_tops") > 0.0 else R_CUDA  # where ALU operations run on this GPU
     for a in prog.actions:
         for r, e in a.uses:
@@ -840,17 +904,22 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
                 # integer and FP32 share one pipe on this GPU: an ALU operation
                 # is one elementwise operation (2 FLOPs) on the CUDA cores
                 col, w = R_CUDA, 2.0 * w
-            target = work_iter if a.phase == "body" else work_epi
+            target = work_iter_c if a.phase == "body" else work_epi_c
             if col == R_TC:
                 if all_tc:  # (adding 0.0 to a work sum, +0.0 or more, changes no bit)
-                    target[:, R_TC] += w
+                    _add_work(target, R_TC, w)
                 else:
-                    target[:, R_TC] += np.where(on_tc, w, 0.0)
-                    target[:, R_CUDA] += np.where(on_tc, 0.0, w)
+                    _add_work(target, R_TC, np.where(on_tc, w, 0.0))
+                    _add_work(target, R_CUDA, np.where(on_tc, 0.0, w))
             else:
-                target[:, col] += w
+                _add_work(target, col, w)
             if a.phase == "body" and not a.is_async:
                 sync_work[bi[a.name]].append((col, w))
+                if sh is not None and not (sh.shares(e) or _row_free(e)):
+                    sync_varying.append(w)
+
+    work_iter = _work_matrix(work_iter_c, n)
+    work_epi = _work_matrix(work_epi_c, n)
 
     # ---- footprints
     smem = np.zeros(n, dtype=np.float64)
@@ -910,20 +979,33 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     # by its broadcast column, bit for bit
     n_use = sum(len(uses) for uses in sync_work)
     rate_gpu = _rates(hw, 1)[0]
-    buf = np.empty((n, n_use + 1), dtype=np.float64)
+    # The chain is a function of a row's uses, its tensor-core unit and rate (the
+    # dtype's rate, on or off the warpgroup path). A large batch's rows repeat these:
+    # the chain is made on the rows ``rows_c`` (one per distinct set) and spread to
+    # the batch by ``spread`` (:func:`_chain_rows`); every row gets the numbers of a
+    # row with the same inputs, which are its own (the same operations on the same
+    # values)
+    rows_c, spread = _chain_rows(prog, env, sh, sync_varying, on_tc, n)
+    if rows_c is None:
+        n_c, on_tc_c, rate_tc_c = n, on_tc, rate[:, R_TC]
+    else:
+        n_c, on_tc_c, rate_tc_c = rows_c.shape[0], on_tc[rows_c], rate[rows_c, R_TC]
+    buf = np.empty((n_c, n_use + 1), dtype=np.float64)
     tc_safe = None  # the tensor-core rate, 1.0 where zero (made once, on first use)
     for k, uses in enumerate(sync_work):
         for col, w in uses:
+            if rows_c is not None:
+                w = w[rows_c]
             dst = buf[:, len(use_res_l)]
             if col == R_TC:
                 # a dtype without tensor cores has a zero rate there: its rows take
                 # the CUDA-core quotient (the other one is not used)
                 if tc_safe is None:
-                    tc_safe = np.where(rate[:, R_TC] > 0, rate[:, R_TC], 1.0)
+                    tc_safe = np.where(rate_tc_c > 0, rate_tc_c, 1.0)
                 if all_tc:
                     np.divide(w, tc_safe, out=dst)
                 else:
-                    dst[:] = np.where(on_tc, w / tc_safe, w / rate_gpu[R_CUDA])
+                    dst[:] = np.where(on_tc_c, w / tc_safe, w / rate_gpu[R_CUDA])
             elif rate_gpu[col] > 0:
                 np.divide(w, rate_gpu[col], out=dst)
             else:
@@ -932,7 +1014,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         use_ptr[k + 1] = len(use_res_l)
     use_res = np.array(use_res_l, dtype=np.int64)
     udur = buf[:, :n_use]
-    if prog.has_chain() and n:
+    if prog.has_chain() and n_c:
         # tensor-core work of a dtype without tensor cores runs on CUDA cores
         use_res_fma = np.where(use_res == R_TC, R_CUDA, use_res)
         preds = prog.body_preds()
@@ -941,17 +1023,19 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         # the search runs once per distinct (durations, unit) row: a batch of tile
         # configurations over few shapes repeats them many times
         key = buf.view(np.int64)
-        key[:, n_use] = on_tc
+        key[:, n_use] = on_tc_c
         inv, rep = dedup_rows(key)
         chain_u = np.zeros(rep.shape[0])
         best_u = np.zeros(rep.shape[0], dtype=np.int64)
-        tc_u = on_tc[rep]
+        tc_u = on_tc_c[rep]
         for sel, ur in ((tc_u, use_res), (~tc_u, use_res_fma)):
             idx = np.flatnonzero(sel)
             if idx.size:
                 c, b = best_orders(udur[rep[idx]], use_ptr, ur, pred_mask, orders)
                 chain_u[idx] = c
                 best_u[idx] = b
+        if spread is not None:  # the chain rows' distinct keys, then the batch's rows
+            inv = inv[spread]
         chain = chain_u[inv]
         best = best_u[inv]
     else:
@@ -962,6 +1046,8 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
             chain = udur[:, 0].copy()
             for j in range(1, udur.shape[1]):
                 np.maximum(chain, udur[:, j], out=chain)
+            if spread is not None:
+                chain = chain[spread]
         else:
             chain = np.zeros(n)
         best = np.zeros(n, dtype=np.int64)

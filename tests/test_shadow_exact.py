@@ -250,7 +250,12 @@ def test_attention_defaults_are_proved(fixed):
 # ----------------------------------------------------------------------------- shared lets
 PROGRAM_SWEEPS = {"gemm_epilogue": "epilogue_llm", "moe_grouped_gemm": "moe_mixtral",
                   "rowwise": "norms_llm", "attention": "attention_llm",
-                  "flash_decoding": "decode_llm"}
+                  "flash_decoding": "decode_llm", "mla_decode": "mla_deepseek",
+                  "attention_fa3": "attention_fa3"}
+#: the column each sweep's second copy raises
+SWEEP_SIZE = {"gemm_epilogue": "m", "moe_grouped_gemm": "tokens", "rowwise": "rows",
+              "attention": "seq_len", "flash_decoding": "seq_len_kv", "mla_decode": "seq_len_kv",
+              "attention_fa3": "seq_len"}
 
 
 def _plan_arrays(plan):
@@ -287,8 +292,7 @@ def test_shared_expressions_equal_to_the_bit(name, monkeypatch):
     prog = fam.program
     frame = next(iter(candidate_chunks(load_sweep(PROGRAM_SWEEPS[name]))))
     keep = [c.name for c in prog.columns if c.name in frame.columns]
-    size = {"gemm_epilogue": "m", "moe_grouped_gemm": "tokens", "rowwise": "rows",
-            "attention": "seq_len", "flash_decoding": "seq_len_kv"}[name]
+    size = SWEEP_SIZE[name]
     frame = frame.select(keep)
     frame = pl.concat([frame, frame.with_columns(pl.col(size) + 3)])
     cols, _ = validate(frame, fam)
@@ -308,6 +312,50 @@ def test_shared_expressions_equal_to_the_bit(name, monkeypatch):
         _assert_bit_equal(plain, shared)
     if name in ("gemm_epilogue", "moe_grouped_gemm"):
         assert any(made)
+
+
+@pytest.mark.parametrize("name", ["attention", "mla_decode", "flash_decoding"])
+def test_chain_made_once_per_distinct_inputs(name, monkeypatch):
+    """On a grouped batch the chain is made on fewer rows than the batch (one per
+    distinct set of its inputs: ``_chain_rows``), and every row's chain and order are
+    those of the rows it was spread from: equal to the chain made on every row (the
+    plan with no grouping, bit for bit; ``test_shared_expressions_equal_to_the_bit``
+    checks every other array). attention's mask use varies within the sharing's groups
+    (its ``diag_frac`` reads the sequence length), mla_decode's uses are shared or
+    constant."""
+    fam = FAMILIES[name]
+    prog = fam.program
+    frame = next(iter(candidate_chunks(load_sweep(PROGRAM_SWEEPS[name]))))
+    frame = frame.select([c.name for c in prog.columns if c.name in frame.columns])
+    frame = pl.concat([frame, frame.with_columns(pl.col(SWEEP_SIZE[name]) + 3)])
+    cols, _ = validate(frame, fam)
+    seen = []
+    orig = lowering._chain_rows
+
+    def spy(*a, **k):
+        rows, spread = orig(*a, **k)
+        seen.append((rows, spread))
+        return rows, spread
+    monkeypatch.setattr(lowering, "_chain_rows", spy)
+    hw = get_hw("h100")
+    monkeypatch.setattr(lowering, "SHARE_MIN_ROWS", 16)
+    shared = lowering.lower_program(prog, cols, hw)
+    rows, spread = seen[-1]
+    assert rows is not None and rows.shape[0] < frame.height / 4
+    assert spread.shape == (frame.height,) and spread.max() < rows.shape[0]
+    monkeypatch.setattr(lowering, "SHARE_MIN_ROWS", 1 << 62)
+    plain = lowering.lower_program(prog, cols, hw)
+    assert seen[-1] == (None, None)
+    assert np.array_equal(plain.chain_us.view(np.int64), shared.chain_us.view(np.int64))
+    assert np.array_equal(plain.order_idx, shared.order_idx)
+    # a row's inputs are those of the row it was spread from
+    for a in prog.body:
+        if a.is_async:
+            continue
+        for _, e in a.uses:
+            v = np.broadcast_to(np.asarray(e(program_env(prog, cols, hw)), dtype=np.float64),
+                                (frame.height,))
+            assert np.array_equal(v, v[rows][spread]), e.text
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAM_SWEEPS))
@@ -394,8 +442,7 @@ def test_text_columns_never_share_fewer_operations(name, monkeypatch):
     fam = FAMILIES[name]
     prog = fam.program
     frame = next(iter(candidate_chunks(load_sweep(PROGRAM_SWEEPS[name]))))
-    size = {"gemm_epilogue": "m", "moe_grouped_gemm": "tokens", "rowwise": "rows",
-            "attention": "seq_len", "flash_decoding": "seq_len_kv"}[name]
+    size = SWEEP_SIZE[name]
     frame = frame.select([c.name for c in prog.columns if c.name in frame.columns])
     frame = pl.concat([frame, frame.with_columns(pl.col(size) + 3)])
     cols, _ = validate(frame, fam)
