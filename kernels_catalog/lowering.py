@@ -1066,6 +1066,8 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         streams = warps / float(hw.warp_schedulers)
     if prog.order in ORDER_NAMES:
         order = np.full(n, ORDER_NAMES[prog.order], dtype=np.int64)
+    elif sh is not None and prog.order in sh.low:  # the sharing's groups' names, spread
+        order = map_codes(np.asarray(env[prog.order], dtype=object)[sh.rep], ORDER_NAMES)[sh.inv]
     else:  # a text column of order names (validated against its choices)
         order = map_codes(np.asarray(env[prog.order], dtype=object), ORDER_NAMES)
     cyc = 1.0 / hw.rate("clock_mhz")

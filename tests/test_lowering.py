@@ -620,6 +620,37 @@ def test_map_codes_one_value_by_identity_or_equality():
     np.testing.assert_array_equal(gemm._is_library(odd), np.zeros(4, dtype=bool))
 
 
+def test_map_codes_of_long_columns_by_distinct_object():
+    """A column of at least MAP_CODES_GROUP_MIN rows is looked up once per distinct
+    object: the codes equal the per-row look-ups on columns of few objects, of equal
+    strings that are distinct objects (each its own group), of one object, and of more
+    objects than the grouping takes (the per-row path); a string not in the table is a
+    KeyError however many rows hold it."""
+    from kernels_catalog.base import MAP_CODES_GROUP_MIN, map_codes
+
+    table = {"row": 0, "col": 1, "persistent": 4}
+    n = MAP_CODES_GROUP_MIN * 3 + 5
+    rng = np.random.default_rng(0)
+    few = np.array(["row", "col", "persistent"], dtype=object)[rng.integers(0, 3, n)]
+    copies = np.array(["".join(list(x)) for x in few], dtype=object)
+    one = np.array(["col"], dtype=object)[np.zeros(n, dtype=np.int64)]
+    # a few hundred distinct objects of equal strings: more than an eighth of the rows
+    many = np.array(["".join(list(x)) for x in few[: n // 4]], dtype=object)[
+        rng.integers(0, n // 4, n)]
+    # a hundred objects of the three strings: grouped, equal strings looked up again
+    several = np.array(["".join(list(x)) for x in few[:100]], dtype=object)[
+        rng.integers(0, 100, n)]
+    for v in (few, copies, one, many, several, few[::2]):
+        want = np.array([table[x] for x in v], dtype=np.int64)
+        got = map_codes(v, table)
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, want)
+    bad = few.copy()
+    bad[n // 2] = "zorder?"
+    with pytest.raises(KeyError):
+        map_codes(bad, table)
+
+
 def test_power_limited_boost_capped_at_max_clock_by_hand():
     """A grid of fewer tiles than SMs boosts the tensor-core rate up to the
     measured peak (1 / tc_efficiency) and the CUDA-core and shared-memory rates,
