@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 __all__ = ["Column", "TilePlan", "Family", "map_codes", "same_object", "first_rule", "clamp_group",
-           "SIZE_LIMIT", "MAX_GRID_TILES", "MAX_CACHE_BLOCKS"]
+           "SIZE_LIMIT", "MAX_GRID_TILES", "MAX_CACHE_BLOCKS", "MMA_PATHS", "mma_path_extra"]
 
 
 @dataclass(frozen=True)
@@ -203,6 +203,19 @@ def map_codes(values: np.ndarray, table: dict) -> np.ndarray:
     if n and type(values[0]) is str and (values == values[0]).all():
         return np.full(n, table[values[0]], dtype=np.int64)  # one value
     return np.fromiter(map(table.__getitem__, values), dtype=np.int64, count=n)
+
+
+#: the tensor-core instruction paths a plan's rows take, indexed by their code
+MMA_PATHS = ("fma", "mma_sync", "wgmma")
+
+
+def mma_path_extra(code: np.ndarray) -> dict:
+    """A plan's ``extra`` entries for its rows' instruction paths (codes into
+    :data:`MMA_PATHS`): ``mma_path``, the names (an object array, which callers of
+    the plan read), and ``mma_path_code``, the codes (the evaluator makes its text
+    column from them by a gather, where polars would convert 100k Python strings in
+    ~5 ms)."""
+    return {"mma_path": np.array(MMA_PATHS, dtype=object)[code], "mma_path_code": code}
 
 
 #: the model's integer quantities (grid tiles, tile iterations, shared-memory

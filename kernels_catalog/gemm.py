@@ -31,7 +31,7 @@ from pathlib import Path
 
 from kernels_catalog.base import (
     MAX_CACHE_BLOCKS, MAX_GRID_TILES, SIZE_LIMIT, Column, Family, TilePlan, clamp_group,
-    map_codes, same_object,
+    map_codes, mma_path_extra, same_object,
 )
 from kernels_catalog.program import load_program
 from tsbatch.kernels._config import jit_exact
@@ -1435,9 +1435,7 @@ def lower(cols: dict, hw) -> TilePlan:
         rules=ADMIT_RULES if blocked.any() else (),
         unlowered=(blocked > 0) if blocked.any() else None,
         extra={
-            # an object array: polars takes Python strings ~8x faster than numpy's
-            # fixed-width unicode (24 against 3 ms for 60k rows)
-            "mma_path": np.array(["fma", "mma_sync", "wgmma"], dtype=object)[path_code],
+            **mma_path_extra(path_code),
             "register_spill": spill,
             "tiles": tiles,
             **({"post_us": post} if post is not None else {}),

@@ -34,7 +34,7 @@ import numpy as np
 
 from kernels_catalog.base import (
     MAX_CACHE_BLOCKS, MAX_GRID_TILES, SIZE_LIMIT, Family, TilePlan, clamp_group, first_rule,
-    map_codes,
+    map_codes, mma_path_extra,
 )
 from kernels_catalog.program import DTYPE_NAMES, HW_NAMES, TileProgram
 from tsbatch.kernels.envelope import (
@@ -1074,9 +1074,8 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     launches = _arr(prog.launches, env, n) if prog.launches is not None else np.ones(n)
     useful = (_arr(prog.useful_flops, env, n) if prog.useful_flops is not None
               else g[0] * g[1] * g[2] * (ksteps * work_iter[:, R_TC] + work_epi[:, R_TC]))
-    extra = {"mma_path": np.array(["fma", "mma_sync", "wgmma"], dtype=object)[
-        np.where(wg & on_tc, 2, on_tc.astype(np.int64))],
-        "register_spill": np.minimum(spill, SIZE_LIMIT).astype(np.int64), "tiles": g[0] * g[1] * g[2],
+    extra = {**mma_path_extra(np.where(wg & on_tc, 2, on_tc.astype(np.int64))),
+             "register_spill": np.minimum(spill, SIZE_LIMIT).astype(np.int64), "tiles": g[0] * g[1] * g[2],
         "program": prog}
     for name, e in prog.extra_outputs:
         extra[name] = _arr(e, env, n)

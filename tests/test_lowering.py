@@ -99,6 +99,33 @@ def test_lowering_covers_every_mma_path():
     assert list(plan.extra["mma_path"]) == ["wgmma", "mma_sync", "fma", "mma_sync"]
     assert plan.extra["register_spill"][3] > 0
     _check(rows, hw)
+    # the evaluator's text column is gathered from the plan's codes: the same names
+    from kernels_catalog.base import MMA_PATHS
+
+    assert [MMA_PATHS[c] for c in plan.extra["mma_path_code"]] == list(plan.extra["mma_path"])
+    out = evaluate(pl.DataFrame(rows), "h100_sxm")
+    assert out["mma_path"].dtype == pl.String
+    assert out["mma_path"].to_list() == ["wgmma", "mma_sync", "fma", "mma_sync"]
+
+
+def test_program_mma_paths_through_the_evaluator():
+    """A tile program's rows on Hopper's warpgroup MMA and on mma.sync (FlashAttention
+    tiles of 128 rows and 8 warps, of 32 rows and 4) name their path in the evaluator's
+    output as the plan does."""
+    from kernels_catalog.base import MMA_PATHS
+    from kernels_catalog.lowering import lower_program
+
+    fam = get_family("attention")
+    rows = [dict(batch=2, heads=8, seq_len=1024, head_dim=64, dtype="float16", block_m=128,
+                 block_n=64, num_stages=3, num_warps=8),
+            dict(batch=2, heads=8, seq_len=1024, head_dim=64, dtype="float16", block_m=32,
+                 block_n=64, num_stages=3, num_warps=4)]
+    cols, _ = validate(pl.DataFrame(rows), fam)
+    plan = lower_program(fam.program, cols, get_hw("h100_sxm"))
+    names = [MMA_PATHS[c] for c in plan.extra["mma_path_code"]]
+    assert names == list(plan.extra["mma_path"]) == ["wgmma", "mma_sync"]
+    out = evaluate(pl.DataFrame(rows), "h100_sxm", family="attention")
+    assert out["mma_path"].to_list() == names
 
 
 @settings(max_examples=200, deadline=None)

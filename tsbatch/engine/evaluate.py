@@ -20,7 +20,7 @@ import numpy as np
 import polars as pl
 
 from kernels_catalog import gemm as gemm_family
-from kernels_catalog.base import Family, TilePlan
+from kernels_catalog.base import MMA_PATHS, Family, TilePlan
 from kernels_catalog.registry import FAMILIES, detect_family, get_family, no_family_message
 from tsbatch.errors import InputError
 from tsbatch.hw import HwSpec, UnknownHardwareError, get_hw
@@ -350,7 +350,7 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
                                      where=np.isfinite(lat) & (lat > 0)),
         "util": env["util"],
     }
-    keep = ("mma_path", "register_spill") + tuple(plan.extra.get("outputs", ()))
+    keep = ("mma_path", "mma_path_code", "register_spill") + tuple(plan.extra.get("outputs", ()))
     out.update({k: v for k, v in plan.extra.items() if k in keep})
     if timings is not None:
         _tick_plan(timings, t0, t1, t2, t3, u, v)
@@ -607,7 +607,10 @@ def evaluate(candidates, hw: str | HwSpec, family: str = "gemm", *, k_samples: i
                  "t_steady_iter_us", "waves", "tail_tiles", "resident_tiles", "pipeline_depth",
                  "l15_hit", "l2_hit", "dram_bytes", "l2_bytes", "achieved_tflops", "mma_path",
                  "register_spill"):
-        data[name] = take(res[name])
+        if name == "mma_path" and "mma_path_code" in res:  # the names gathered by code
+            data[name] = _text(MMA_PATHS, take(res["mma_path_code"]))
+        else:
+            data[name] = take(res[name])
     # each resource's column contiguous (one transposed copy; polars would copy
     # every strided column of the row-major matrix on its own)
     util_t = np.ascontiguousarray(util.T)
