@@ -778,12 +778,12 @@ def _work_matrix(cols: dict, n: int) -> np.ndarray:
     return out
 
 
+_HW_NAME_SET = frozenset(HW_NAMES)
+
+
 def _row_free(e) -> bool:
     """Whether ``e`` reads no row's values (numbers and the GPU's): one value for every row."""
     return e.names <= _HW_NAME_SET
-
-
-_HW_NAME_SET = frozenset(HW_NAMES)
 
 
 def _chain_rows(prog: TileProgram, env: dict, sh, varying: list, on_tc: np.ndarray, n: int):
@@ -848,13 +848,13 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
                                  dtype=np.int64)
     # the cache model's block bytes: every block at its full tile size where the
     # program says so (``foot``), as GEMM's (None: the traffic bytes)
+    sh = env.get(_SHARE_KEY)  # the batch's grouping (:class:`_Sharing`), or None
     has_foot = any(t.foot is not None for t in prog.tensors)
     t_foot = None
     foot_done = False
     if has_foot:
         # every block's bytes shared (whole tiles: tile columns only): the matrix made
         # on the distinct rows and gathered by rows, once (the same converted values)
-        sh = env.get(_SHARE_KEY)
         feet = [t.bytes if t.foot is None else t.foot for t in prog.tensors]
         if sh is not None and feet and all(sh.shares(e) for e in feet):
             fs = np.zeros((sh.rep.shape[0], max(T, 1)), dtype=np.float64)
@@ -893,7 +893,6 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     sync_work: list[list[tuple[int, np.ndarray]]] = [[] for _ in body]
     # the synchronous uses whose values vary within the sharing's groups (the chain
     # below is made once per group and per distinct set of these)
-    sh = env.get(_SHARE_KEY)
     sync_varying: list[np.ndarray] = []
     alu_col = R_ALU if hw.rate("alu_tops") > 0.0 else R_CUDA  # where ALU operations run on this GPU
     for a in prog.actions:
@@ -1066,8 +1065,6 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         streams = warps / float(hw.warp_schedulers)
     if prog.order in ORDER_NAMES:
         order = np.full(n, ORDER_NAMES[prog.order], dtype=np.int64)
-    elif sh is not None and prog.order in sh.low:  # the sharing's groups' names, spread
-        order = map_codes(np.asarray(env[prog.order], dtype=object)[sh.rep], ORDER_NAMES)[sh.inv]
     else:  # a text column of order names (validated against its choices)
         order = map_codes(np.asarray(env[prog.order], dtype=object), ORDER_NAMES)
     cyc = 1.0 / hw.rate("clock_mhz")
