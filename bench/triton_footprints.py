@@ -23,6 +23,8 @@ Needs ``triton`` (not a tsbatch dependency): ``pip install triton==3.1.0``
 
     python bench/triton_footprints.py                 # compare, print a summary
     python bench/triton_footprints.py --write tests/data/triton31_attention_sm80.csv
+    python bench/triton_footprints.py --gemm          # GEMM tiles' accumulator spills
+    python bench/triton_footprints.py --loop-local    # local traffic a loop iteration
 """
 
 from __future__ import annotations
@@ -102,9 +104,95 @@ if triton is not None:
                  mask=offs_m < Q_LEN)
 
 
+if triton is not None:
+    @triton.jit
+    def _gemm(A, B, C, M, N, K, stride_am, stride_bk, stride_cm,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # a plain Triton GEMM (A row-major, B row-major, fp32 accumulator)
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        a_ptr = A + rm[:, None] * stride_am + rk[None, :]
+        b_ptr = B + rk[:, None] * stride_bk + rn[None, :]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for _k in range(0, K, BLOCK_K):
+            acc += tl.dot(tl.load(a_ptr), tl.load(b_ptr))
+            a_ptr += BLOCK_K
+            b_ptr += BLOCK_K * stride_bk
+        tl.store(C + rm[:, None] * stride_cm + rn[None, :], acc.to(tl.float16))
+
+
+#: GEMM tiles whose fp32 accumulator is 256 or 512 registers a thread (--gemm)
+GEMM_CONFIGS = [(128, 256, 32, 4), (256, 128, 32, 4), (128, 128, 32, 2), (64, 128, 32, 1),
+                (256, 256, 32, 8), (128, 256, 64, 4), (64, 256, 32, 2), (128, 128, 32, 1)]
+
+
+def _ptxas_footprint(k, arch: int) -> tuple[int, int]:
+    """Registers per thread and spill-store bytes of a compiled kernel (``ptxas -v``)."""
+    ptxas = Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "k.ptx"
+        ptx.write_text(k.asm["ptx"])
+        out = subprocess.run([str(ptxas), f"-arch=sm_{arch}", "-v", str(ptx), "-o", os.devnull],
+                             capture_output=True, text=True, check=True).stderr
+    kname = k.metadata.name
+    # the line block of this kernel (ptxas reports every entry it compiles)
+    block = out[out.find(kname):] if kname in out else out
+    regs = int(re.search(r"Used (\d+) registers", block).group(1))
+    spill = re.search(r"(\d+) bytes spill stores", block)
+    return regs, int(spill.group(1)) if spill else 0
+
+
+def compile_gemm(bm: int, bn: int, bk: int, warps: int, stages: int = 3, arch: int = 80) -> dict:
+    """A float16 Triton GEMM tile's registers and spill stores, against the
+    attention kernel's accumulator: where ptxas keeps a GEMM's accumulator of
+    more than the cap (it spills the excess) the attention programs' whole."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import AttrsDescriptor
+
+    sig = {0: "*fp16", 1: "*fp16", 2: "*fp16", **{i: "i32" for i in range(3, 9)}}
+    attrs = AttrsDescriptor(divisible_by_16=set(range(9)))
+    src = ASTSource(_gemm, sig, constants={9: bm, 10: bn, 11: bk}, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                       options={"num_warps": warps, "num_stages": stages})
+    regs, spill = _ptxas_footprint(k, arch)
+    return dict(block_m=bm, block_n=bn, block_k=bk, num_warps=warps,
+                acc_regs=bm * bn // (32 * warps), regs=regs, spill_bytes=spill)
+
+
+def _loop_local_bytes(k, arch: int) -> tuple[int, int]:
+    """Bytes of local-memory loads and stores a thread issues in one iteration of
+    the kernel's loop: the ``LDL`` / ``STL`` instructions (by width) between the
+    last backward branch and its target in the SASS (``cuobjdump``; the loop body
+    is straight-line code, every instruction runs once an iteration)."""
+    b = Path(triton.__file__).parent / "backends/nvidia/bin"
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
+        ptx.write_text(k.asm["ptx"])
+        subprocess.run([str(b / "ptxas"), f"-arch=sm_{arch}", str(ptx), "-o", str(cubin)],
+                       check=True)
+        sass = subprocess.run([str(b / "cuobjdump"), "-sass", str(cubin)], capture_output=True,
+                              text=True, check=True).stdout
+    ins = [(int(m.group(1), 16), m.group(2)) for m in
+           (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line) for line in sass.splitlines()) if m]
+    loops = [(int(t.group(1), 16), a) for a, t in
+             ((a, re.search(r"BRA .*?0x([0-9a-f]+)", s)) for a, s in ins) if t and int(t.group(1), 16) < a]
+    if not loops:
+        return 0, 0
+    lo, hi = loops[-1]
+    out = {"LDL": 0, "STL": 0}
+    for a, s in ins:
+        m = re.search(r"\b(LDL|STL)((?:\.\w+)*)", s)
+        if lo <= a <= hi and m:
+            out[m.group(1)] += 16 if ".128" in m.group(2) else 8 if ".64" in m.group(2) else 4
+    return out["LDL"], out["STL"]
+
+
 def compile_one(bm: int, bn: int, d: int, dtype: str, warps: int, stages: int = 3,
-                arch: int = 80) -> dict:
-    """Compile one configuration; the compiler's footprint figures."""
+                arch: int = 80, loop_local: bool = False) -> dict:
+    """Compile one configuration; the compiler's footprint figures (and with
+    ``loop_local`` the local-memory bytes a thread moves in one loop iteration)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.compiler.compiler import AttrsDescriptor
@@ -120,21 +208,13 @@ def compile_one(bm: int, bn: int, d: int, dtype: str, warps: int, stages: int = 
     ttgir = k.asm["ttgir"]
     lay = re.search(r"#mma = .*?warpsPerCTA = \[(\d+), (\d+)\]", ttgir)
     p_staged = bool(re.search(r"local_alloc %\w+ : \(tensor<\d+x\d+x\w+, #mma\d*>", ttgir))
-    ptxas = Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = Path(tmp) / "k.ptx"
-        ptx.write_text(k.asm["ptx"])
-        out = subprocess.run([str(ptxas), f"-arch=sm_{arch}", "-v", str(ptx), "-o", os.devnull],
-                             capture_output=True, text=True, check=True).stderr
-    kname = k.metadata.name
-    # the line block of this kernel (ptxas reports every entry it compiles)
-    block = out[out.find(kname):] if kname in out else out
-    regs = int(re.search(r"Used (\d+) registers", block).group(1))
-    spill = re.search(r"(\d+) bytes spill stores", block)
-    return dict(shared=int(k.metadata.shared), regs=regs,
-                spill_bytes=int(spill.group(1)) if spill else 0,
-                warps_m=int(lay.group(1)) if lay else 0, warps_n=int(lay.group(2)) if lay else 0,
-                p_staged=p_staged)
+    regs, spill = _ptxas_footprint(k, arch)
+    out = dict(shared=int(k.metadata.shared), regs=regs, spill_bytes=spill,
+               warps_m=int(lay.group(1)) if lay else 0, warps_n=int(lay.group(2)) if lay else 0,
+               p_staged=p_staged)
+    if loop_local:
+        out["loop_ldl_bytes"], out["loop_stl_bytes"] = _loop_local_bytes(k, arch)
+    return out
 
 
 def compiled_table(stages: int = 3, arch: int = 80) -> pl.DataFrame:
@@ -170,12 +250,69 @@ def model_footprints(table: pl.DataFrame, hw_name: str = "a100") -> pl.DataFrame
                               model_feasible=res["feasible"])
 
 
+def loop_local_report(table_csv: str, arch: int = 80) -> int:
+    """Per spilling configuration: ptxas's loop local traffic a thread, against the
+    model's spilled registers and their shared-memory charge a thread an iteration
+    (spill x 4 B x load and store x ``spill_passes``)."""
+    if triton is None:
+        print("triton is not installed: pip install triton==3.1.0", file=sys.stderr)
+        return 2
+    from tsbatch.engine.evaluate import FAMILIES
+    from tsbatch.hw import get_hw
+    from tsbatch.boundary.schema import validate
+
+    table = pl.read_csv(table_csv).filter(pl.col("spill_bytes") > 0)
+    rows = []
+    for i, r in enumerate(table.iter_rows(named=True)):
+        c = compile_one(r["block_m"], r["block_n"], r["head_dim"], r["dtype"], r["num_warps"],
+                        r["num_stages"], arch, loop_local=True)
+        rows.append(dict(loop_ldl_bytes=c["loop_ldl_bytes"], loop_stl_bytes=c["loop_stl_bytes"]))
+        print(f"\r  compiled {i + 1}/{table.height}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    fam = FAMILIES["attention"]
+    cand = table.select("head_dim", "dtype", "block_m", "block_n", "num_warps",
+                        "num_stages").with_columns(
+        batch=pl.lit(8), heads=pl.lit(8), seq_len=pl.lit(1024), score_mod_nodes=pl.lit(6),
+        seq_len_kv=pl.lit(128))
+    cols, _ = validate(cand, fam)
+    plan = fam.lower(cols, get_hw("a100"))
+    eb = (table["dtype"] == "float32").cast(pl.Int64) * 2 + 2
+    passes = ((table["block_n"] * eb + 31) // 32).cast(pl.Float64)  # the program's spill_passes
+    spill = pl.Series(plan.extra["register_spill"]).cast(pl.Float64)
+    out = table.select("head_dim", "dtype", "block_m", "block_n", "num_warps", "regs",
+                       "spill_bytes").with_columns(
+        model_spill_regs=spill, model_local_bytes=spill * 4 * 2 * passes,
+        **{k: pl.Series([r[k] for r in rows]) for k in ("loop_ldl_bytes", "loop_stl_bytes")})
+    with pl.Config(tbl_rows=100, tbl_cols=20, tbl_width_chars=200):
+        print(out.sort("spill_bytes", descending=True))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", metavar="CSV", help="write the compiler's table to CSV")
     ap.add_argument("--table", metavar="CSV", help="compare a table written before (no Triton needed)")
     ap.add_argument("--arch", type=int, default=80, help="sm_XX target (default 80: A100)")
+    ap.add_argument("--gemm", action="store_true",
+                    help="instead: ptxas's registers and spills of Triton GEMM tiles whose "
+                         "accumulator exceeds the register cap")
+    ap.add_argument("--loop-local", action="store_true",
+                    help="instead: the local-memory bytes a thread moves in one loop iteration "
+                         "(SASS) for the configurations ptxas spills on (from --table, default "
+                         "tests/data/triton31_attention_sm80.csv), beside the model's spill")
     args = ap.parse_args(argv)
+    if args.loop_local:
+        return loop_local_report(args.table or str(ROOT / "tests/data/triton31_attention_sm80.csv"),
+                                 args.arch)
+    if args.gemm:
+        if triton is None:
+            print("triton is not installed: pip install triton==3.1.0", file=sys.stderr)
+            return 2
+        print(f"Triton {triton.__version__}, sm_{args.arch}", file=sys.stderr)
+        rows = [compile_gemm(*c, arch=args.arch) for c in GEMM_CONFIGS]
+        with pl.Config(tbl_rows=50, tbl_cols=20):
+            print(pl.DataFrame(rows))
+        return 0
     if args.table:
         table = pl.read_csv(args.table)
     else:

@@ -132,6 +132,12 @@ class TilePlan:
     #: placeholder values; its numbers mean nothing and results leave them null
     #: (None: no such row)
     unlowered: np.ndarray | None = None
+    #: per-row local-memory bytes a loop iteration moves between L1 and L2: the
+    #: registers of footprints spilled whole that do not fit the L1 the
+    #: shared-memory carve-out leaves, read and written back each iteration; added
+    #: to the L2 traffic after the cache split (their L1 traffic is in
+    #: ``work_iter``'s shared-memory column; None: none)
+    local_l2: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.g0.shape[0])

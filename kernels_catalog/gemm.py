@@ -36,7 +36,7 @@ from kernels_catalog.base import (
 from kernels_catalog.program import load_program
 from tsbatch.kernels._config import jit_exact
 from tsbatch.kernels._threads import even_bounds, run_shares
-from tsbatch.kernels.occupancy import resident_tiles
+from tsbatch.kernels.occupancy import l1_left, resident_tiles
 from tsbatch.kernels.envelope import (
     N_RES, R_CUDA, R_DRAM, R_L15, R_L2, R_SMEM, R_TC, clock_factor,
 )
@@ -1602,16 +1602,11 @@ def _fma_chain(hw, mma, spill, smem_block, regs, threads, warps, flops_iter, fp3
     bank-conflicting operand.
 
     Spilled registers add their reloads, each an iteration, each a wait on the
-    chain: L1 and shared memory share the SM's SRAM (``l1_smem_bytes``), split by
-    the shared-memory carve-out, which the driver sets so that shared memory does
-    not limit occupancy where it can (CUDA Volta/Ampere/Hopper tuning guides: "the
-    driver automatically configures the shared memory capacity for each kernel to
-    avoid shared memory occupancy bottlenecks"): the blocks that every other
-    limit allows times their shared memory and reservation, at most the SM's
-    shared memory; the rest is L1. Local memory goes through it like any global
-    access, so spilled registers of ``spill x 4 x threads`` bytes a resident block
+    chain: spilled registers of ``spill x 4 x threads`` bytes a resident block
     are reloaded from L1 (``l1_latency_cycles``) while the resident blocks' spills
-    fit, and from L2 (``l2_latency_cycles``) when they do not. (ptxas on Triton
+    fit the L1 that the shared-memory carve-out leaves, and from L2
+    (``l2_latency_cycles``) when they do not
+    (:func:`tsbatch.kernels.occupancy.l1_left`). (ptxas on Triton
     3.0 for sm_80: 128x128x64 on 4 warps spills 776-1,488 bytes a thread, 97-186
     KB a block, where 28 KB of L1 are left, and reloads 190-340 words an
     iteration; those tiles run 3x (A100) and 5x (H100) slower than their FFMAs;
@@ -1635,12 +1630,8 @@ def _fma_chain(hw, mma, spill, smem_block, regs, threads, warps, flops_iter, fp3
                   + smem_loads[idx] / 128.0 / warps[idx] / clock)
     sp = idx[spill[idx] > 0]
     if sp.size:
-        p, _why = resident_tiles(smem_block[sp], regs[sp], threads[sp], hw)
-        p = np.maximum(p, 1)
-        p_other, _why = resident_tiles(np.zeros(sp.size, dtype=np.int64), regs[sp], threads[sp], hw)
-        carve = np.minimum(np.maximum(p_other, p) * (smem_block[sp] + hw.smem_reserved_per_block_bytes),
-                           hw.sm_smem_bytes)
-        miss = spill[sp] * 4.0 * threads[sp] * p > hw.l1_smem_bytes - carve
+        p, left = l1_left(smem_block[sp], regs[sp], threads[sp], hw)
+        miss = spill[sp] * 4.0 * threads[sp] * p > left
         wait = spill[sp] * np.where(miss, hw.cal("l2_latency_cycles"),
                                     hw.cal("l1_latency_cycles")) / clock
         chain[sp] += wait

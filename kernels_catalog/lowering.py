@@ -40,6 +40,7 @@ from kernels_catalog.program import DTYPE_NAMES, HW_NAMES, TileProgram
 from tsbatch.kernels.envelope import (
     N_RES, R_ALU, R_CUDA, R_DRAM, R_L15, R_L2, R_NAMES, R_SFU, R_SMEM, R_TC,
 )
+from tsbatch.kernels.occupancy import spill_l2_bytes
 from tsbatch.kernels.order import ORDER_NAMES, ORDER_PERSISTENT
 
 __all__ = ["lower_program", "family_from_program", "program_env", "admit_program", "ADMIT_RULES",
@@ -923,8 +924,12 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     # ---- footprints
     smem = np.zeros(n, dtype=np.float64)
     regb = np.zeros(n, dtype=np.float64)
+    whole = None  # bytes of register footprints each larger than the cap on its own
     elastic = np.zeros(n, dtype=np.float64)
     tmem = np.zeros(n, dtype=np.float64)
+    cap = np.minimum(float(hw.max_registers_per_thread),
+                     np.floor(hw.sm_registers / threads / 8) * 8)
+    cap_bytes = None  # the cap's bytes a block (cap an integer: ceil(b / 4t) > cap iff b > cap 4t)
     for f in prog.footprints:
         b = _arr(f.bytes, env, n)
         if f.placement == "smem":
@@ -932,18 +937,44 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         elif f.placement == "registers":
             if f.elastic:
                 elastic += b
-            else:
-                regb += b
+                continue
+            # spill_whole: a footprint that alone needs more registers than the cap
+            # is kept in local memory whole (Footprint.spill_whole)
+            if f.spill_whole:
+                if cap_bytes is None:
+                    cap_bytes = cap * (4.0 * threads)
+                big = b > cap_bytes
+                if big.any():
+                    part = np.where(big, b, 0.0)
+                    whole = part if whole is None else whole + part
+                    b = np.where(big, 0.0, b)
+            regb += b
         elif f.placement == "tmem":
             tmem += b
     want = np.ceil(regb / (4.0 * threads)) + _arr(prog.base_registers, env, n)
-    cap = np.minimum(float(hw.max_registers_per_thread),
-                     np.floor(hw.sm_registers / threads / 8) * 8)
     # elastic fragments take registers up to the cap and are streamed beyond it
     regs = np.minimum(want + np.ceil(elastic / (4.0 * threads)), cap).astype(np.int64)
     spill = np.maximum(want - cap, 0.0)
+    if whole is not None:
+        spill = spill + np.ceil(whole / (4.0 * threads))
     passes = _arr(prog.spill_passes, env, n)
     work_iter[:, R_SMEM] += spill * 4.0 * threads * 2.0 * passes
+    # local memory goes through L1. A footprint spilled whole is read and written
+    # in full every iteration, and the share of the resident blocks' copies beyond
+    # the L1 the shared-memory carve-out leaves streams from L2
+    # (tsbatch.kernels.occupancy.spill_l2_bytes). A partial spill stays in the L1
+    # traffic: ptxas spills the values it uses least, and the model's partial counts
+    # are not the compiler's everywhere (a Triton GEMM's 128x128x64 tile on 4 warps:
+    # 73-137 registers over the cap by gemm.py's count, 0-4 bytes of spill by ptxas)
+    local_l2 = None
+    if whole is not None:
+        sp_rows = np.flatnonzero(whole > 0)
+        l2b = spill_l2_bytes(np.ceil(whole[sp_rows] / (4.0 * threads[sp_rows])) * 4.0
+                             * threads[sp_rows], np.minimum(np.ceil(smem[sp_rows]), SIZE_LIMIT),
+                             regs[sp_rows], threads[sp_rows], hw)
+        if (l2b > 0).any():
+            local_l2 = np.zeros(n)
+            local_l2[sp_rows] = l2b
 
     # ---- rates
     rate = _rates(hw, n)
@@ -1095,7 +1126,7 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
         share_eff=np.where(wg, hw.cal("wgmma_share_efficiency"), 1.0),
         sync_us=np.full(n, hw.cal("iter_sync_cycles") * cyc),
         chain_us=chain, streams=streams, order_idx=best, blocked=blocked, rules=tuple(rules),
-        unlowered=(admitted > 0) if admitted.any() else None, extra=extra)
+        unlowered=(admitted > 0) if admitted.any() else None, local_l2=local_l2, extra=extra)
 
 
 def family_from_program(prog: TileProgram) -> Family:

@@ -244,6 +244,10 @@ class Footprint:
     #: allow and otherwise streams (reloads per MMA step) instead of spilling:
     #: they count toward the registers allocated, up to the cap, never toward spills
     elastic: bool = False
+    #: registers only: where this footprint alone needs more registers per thread
+    #: than the cap, the compiler keeps it in local memory whole (all of it spills,
+    #: the rest of the registers stay for the others), not just the excess
+    spill_whole: bool = False
 
 
 @dataclass(frozen=True)
@@ -530,7 +534,14 @@ def program_from_dict(data: dict, source: str = "<program>") -> TileProgram:
             raise ProgramError(f"{w}: elastic must be true or false, not {elastic!r}")
         if elastic and pl_ != "registers":
             raise ProgramError(f"{w}: elastic applies to placement 'registers' only, not {pl_!r}")
-        footprints.append(Footprint(fn, pl_, expr(_need(f, "bytes", w), f"{w} bytes"), elastic))
+        whole = f.get("spill_whole", False)
+        if not isinstance(whole, bool):
+            raise ProgramError(f"{w}: spill_whole must be true or false, not {whole!r}")
+        if whole and (pl_ != "registers" or elastic):
+            raise ProgramError(f"{w}: spill_whole applies to placement 'registers' without "
+                               f"elastic only")
+        footprints.append(Footprint(fn, pl_, expr(_need(f, "bytes", w), f"{w} bytes"), elastic,
+                                    whole))
 
     actions = []
     seen = set()

@@ -24,6 +24,7 @@ from tsbatch.engine.evaluate import FAMILIES, evaluate, get_family
 from tsbatch.hw import get_hw
 from tsbatch.kernels.dag import best_orders
 from tsbatch.kernels.envelope import R_CUDA, R_SMEM, R_TC
+from tsbatch.kernels.occupancy import l1_left
 from tsbatch.boundary.schema import validate
 
 CATALOG = sorted(PROGRAM_DIR.glob("*.toml"))
@@ -172,6 +173,9 @@ def _mini(tmp_path, text=_MINI, name="mini.toml") -> Path:
     (("2 * block * 64 * 64", "__import__('os')"), "not allowed"),
     (("placement = \"smem\"", "placement = \"smem\"\nelastic = true"), "placement 'registers' only"),
     (("placement = \"smem\"", "placement = \"smem\"\nelastic = 1"), "true or false"),
+    (("placement = \"smem\"", "placement = \"smem\"\nspill_whole = true"),
+     "placement 'registers' without elastic only"),
+    (("placement = \"smem\"", "placement = \"smem\"\nspill_whole = 1"), "true or false"),
 ])
 def test_bad_program_names_action_and_file(tmp_path, edit, what):
     path = _mini(tmp_path, _MINI.replace(*edit))
@@ -255,7 +259,8 @@ def test_program_cache_blocks_whole_tiles(name, size, shared):
 
 
 def test_elastic_registers_take_the_cap_never_spill(tmp_path):
-    # 4 warps x 32 threads: per thread 256 B (64 registers) held + 2048 B (512) elastic
+    # 4 warps x 32 threads: per thread 256 B (64 registers) held + 2048 B (512) or
+    # 800 B (200) of fragments, elastic or held
     regs = """
 [[footprint]]
 name = "held"
@@ -265,21 +270,103 @@ bytes = "128 * 256"
 name = "frag"
 placement = "registers"
 {flag}
-bytes = "128 * 2048"
+bytes = "128 * {per_thread}"
 """
     hw = get_hw("a100")
     df = pl.DataFrame({"n": [4096], "dtype": ["float16"], "block": [128]})
     plans = {}
-    for flag in ("elastic = true", ""):
-        fam = get_family(str(_mini(tmp_path, _MINI + regs.format(flag=flag), f"r{len(flag)}.toml")))
+    whole = "spill_whole = true"
+    for flag, per_thread in (("elastic = true", 2048), ("", 2048), (whole, 2048), (whole, 800)):
+        text = _MINI + regs.format(flag=flag, per_thread=per_thread)
+        fam = get_family(str(_mini(tmp_path, text, f"r{len(flag)}_{per_thread}.toml")))
         cols, _ = validate(df, fam)
-        plans[flag] = (fam.lower(cols, hw), evaluate(df, hw, fam))
-    p, res = plans["elastic = true"]
+        plans[flag, per_thread] = (fam.lower(cols, hw), evaluate(df, hw, fam))
+    p, res = plans["elastic = true", 2048]
     assert p.regs_thread[0] == hw.max_registers_per_thread
     assert res["register_spill"][0] == 0
-    p, res = plans[""]
+    assert p.local_l2 is None
     base = 32  # the grid's default base_registers
+    assert 64 + base < hw.max_registers_per_thread < 512
+    # held footprints spill their sum's excess over the cap, through L1 only
+    p, res = plans["", 2048]
     assert res["register_spill"][0] == 64 + 512 + base - hw.max_registers_per_thread
+    assert p.local_l2 is None
+    # spill_whole: a footprint of more registers than the cap on its own spills
+    # whole (ptxas keeps the array in local memory) and the rest fits
+    p, res = plans[whole, 2048]
+    assert res["register_spill"][0] == 512
+    assert p.regs_thread[0] == 64 + base
+    # ... and one that fits the cap on its own spills only the sum's excess
+    p, res = plans[whole, 800]
+    assert res["register_spill"][0] == 64 + 200 + base - hw.max_registers_per_thread
+
+
+def test_spilled_registers_beyond_the_l1_left_stream_from_l2(tmp_path):
+    # the share of the resident blocks' spilled bytes that the L1 left by the
+    # shared-memory carve-out does not hold is read from L2 and written back
+    # each iteration (TilePlan.local_l2), and the L2 traffic grows by it
+    acc = """
+[[footprint]]
+name = "acc"
+placement = "registers"
+spill_whole = true
+bytes = "128 * {per_thread}"
+"""
+    hw = get_hw("a100")
+    df = pl.DataFrame({"n": [4096], "dtype": ["float16"], "block": [128]})
+    out = {}
+    for per_thread in (0, 1024, 2048):  # no spill; 256 and 512 registers, each spilled whole
+        text = _MINI + (acc.format(per_thread=per_thread) if per_thread else "")
+        fam = get_family(str(_mini(tmp_path, text, f"a{per_thread}.toml")))
+        cols, _ = validate(df, fam)
+        out[per_thread] = (fam.lower(cols, hw), evaluate(df, hw, fam))
+    plan0, res0 = out[0]
+    assert plan0.local_l2 is None
+    tiles, steps = 32, 4  # the mini program's grid
+    for per_thread in (1024, 2048):
+        plan, res = out[per_thread]
+        spill_block = per_thread * 128.0
+        assert res["register_spill"][0] == per_thread // 4
+        p, left = l1_left(plan.smem_block, plan.regs_thread, plan.threads, hw)
+        share = 1.0 - left[0] / (spill_block * p[0])
+        assert 0.0 < share < 1.0
+        assert plan.local_l2[0] == pytest.approx(2.0 * spill_block * share, rel=1e-12)
+        assert res["l2_bytes"][0] - res0["l2_bytes"][0] == pytest.approx(
+            tiles * steps * plan.local_l2[0], rel=1e-9)
+        assert res["latency_us"][0] > res0["latency_us"][0]
+    assert out[2048][0].local_l2[0] > out[1024][0].local_l2[0]
+
+
+def test_l1_left_by_the_carve_out():
+    # A100: 192 KiB of SRAM, at most 164 KiB of shared memory, 1 KiB reserved a block.
+    # 136 KiB blocks at 255 registers: one resident, two by the registers, so the
+    # driver carves out all 164 KiB and leaves 28 KiB of L1; 16 KiB blocks at 64
+    # registers: eight resident (by the registers), 8 x 17 KiB carved out
+    hw = get_hw("a100")
+    p, left = l1_left(np.array([136 * 1024, 16 * 1024]), np.array([255, 64]),
+                      np.array([128, 128]), hw)
+    assert p.tolist() == [1, 8]
+    assert left.tolist() == [hw.l1_smem_bytes - hw.sm_smem_bytes,
+                             hw.l1_smem_bytes - 8 * (16 + 1) * 1024]
+    assert hw.l1_smem_bytes - hw.sm_smem_bytes == 28 * 1024
+
+
+def test_l1_left_of_a_long_batch_by_distinct_inputs():
+    # a batch of L1_LEFT_GROUP_MIN rows or more is solved once per distinct input
+    # and spread: the same values as row by row
+    from tsbatch.kernels import occupancy
+
+    hw = get_hw("h100")
+    rng = np.random.default_rng(3)
+    n = occupancy.L1_LEFT_GROUP_MIN * 3
+    smem = rng.choice([0, 16384, 73728, 139264, 232448], n)
+    regs = rng.choice([32, 96, 168, 255], n)
+    threads = rng.choice([64, 128, 256], n)
+    p, left = l1_left(smem, regs, threads, hw)
+    p1, left1 = occupancy._l1_left(smem, regs, threads, hw)
+    assert np.array_equal(p, p1) and np.array_equal(left, left1)
+    p2, left2 = l1_left(smem[:10], regs[:10], threads[:10], hw)  # short: row by row
+    assert np.array_equal(p2, p1[:10]) and np.array_equal(left2, left1[:10])
 
 
 def test_attention_registers_against_ptxas():
@@ -300,6 +387,30 @@ def test_attention_registers_against_ptxas():
     assert agree >= 0.85, agree  # 0.887 (the footprint before: 0.66)
     spills = res["register_spill"].to_numpy() > 0
     assert not np.any(spills & (launch["spill_bytes"].to_numpy() == 0))
+
+
+def test_attention_whole_accumulator_spill_against_ptxas():
+    # the accumulator's spill_whole against the compiler table (every configuration,
+    # launchable or not): where the model's accumulator alone exceeds the register
+    # cap ptxas spills more than 4 KB a thread, and where ptxas compiles the kernel
+    # to 32 registers the model spills at least the whole accumulator
+    table = pl.read_csv(TRITON_TABLE)
+    hw = get_hw("a100")
+    fam = FAMILIES["attention"]
+    cols, _ = validate(_table_candidates(table), fam)
+    plan = fam.lower(cols, hw)
+    d = table["head_dim"].to_numpy()
+    bm, w = table["block_m"].to_numpy(), table["num_warps"].to_numpy()
+    lay_m = np.where(bm >= d, w, 1)
+    lay_n = np.where(bm >= d, 1, w)
+    acc = np.maximum(bm / lay_m, 16) * np.maximum(d / lay_n, 8) / 32  # registers a thread
+    spill = plan.extra["register_spill"]
+    over = acc > hw.max_registers_per_thread
+    assert over.sum() == 12
+    assert (table["spill_bytes"].to_numpy()[over] > 4096).all()
+    assert (spill[over] >= acc[over]).all()
+    whole = table["regs"].to_numpy() == 32
+    assert whole.sum() == 10 and (spill[whole] >= acc[whole]).all()
 
 
 def test_user_program_alu_work_by_hand(tmp_path):

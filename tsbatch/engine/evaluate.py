@@ -303,6 +303,14 @@ def evaluate_plan(plan: TilePlan, hw: HwSpec, k_samples: int = 4,
         work_epi = work_epi.copy()
         work_epi[:, R_L2] += plan.epi_crit[:, 0]
         work_epi[:, R_DRAM] += plan.epi_crit[:, 1]
+    if plan.local_l2 is not None:
+        # spilled registers streamed between L1 and L2 each iteration (TilePlan.local_l2),
+        # into the split's work matrices (arrays of their own, the plan's untouched)
+        work_iter[:, R_L2] += plan.local_l2
+        if work_avg is not work_iter:
+            work_avg[:, R_L2] += plan.local_l2
+        if l2_bytes is not None:
+            l2_bytes += (tiles * plan.ksteps) * plan.local_l2
     env = evaluate_envelopes(work_iter, work_epi, plan.rate, tiles,
                              sms, p, plan.ksteps, plan.stages, plan.warps, plan.warps_full,
                              plan.lat_us, plan.ovh_iter_us, plan.ovh_tile_us, plan.persistent,

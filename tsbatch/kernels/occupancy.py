@@ -13,6 +13,7 @@ import numpy as np
 
 from tsbatch.kernels._config import jit_scalar, jit_serial
 from tsbatch.kernels._threads import even_bounds, run_shares
+from tsbatch.kernels.rowhash import dedup_rows
 
 __all__ = [
     "REASON_OK",
@@ -23,6 +24,8 @@ __all__ = [
     "REASON_TEXT",
     "resident_one",
     "resident_tiles",
+    "l1_left",
+    "spill_l2_bytes",
 ]
 
 REASON_OK = 0
@@ -102,3 +105,55 @@ def resident_tiles(smem_block, regs_thread, threads, hw, warp_size=32):
             hw.sm_max_blocks, hw.max_threads_per_block, out_r, out_reason)
     run_shares(_resident_batch, args, even_bounds(n))
     return out_r, out_reason
+
+
+def l1_left(smem_block, regs_thread, threads, hw):
+    """The resident blocks per SM and the L1 bytes the shared-memory carve-out
+    leaves them, per row.
+
+    L1 and shared memory share the SM's SRAM (``hw.l1_smem_bytes``), split by
+    the shared-memory carve-out, which the driver sets so that shared memory
+    does not limit occupancy where it can (CUDA Volta/Ampere/Hopper tuning
+    guides: "the driver automatically configures the shared memory capacity
+    for each kernel to avoid shared memory occupancy bottlenecks"): the blocks
+    that every other limit allows times their shared memory and reservation,
+    at most the SM's shared memory; the rest is L1. Local memory (spilled
+    registers) goes through it like any global access.
+
+    Returns ``(resident, l1_bytes)``: resident blocks (at least 1) and the L1
+    bytes left (float64). A long batch is solved once per distinct
+    ``(smem_block, regs_thread, threads)`` and spread (a tile sweep has few)."""
+    smem_block = np.asarray(smem_block, dtype=np.int64)
+    if smem_block.shape[0] >= L1_LEFT_GROUP_MIN:
+        regs_thread = np.asarray(regs_thread, dtype=np.int64)
+        threads = np.asarray(threads, dtype=np.int64)
+        inv, rep = dedup_rows(np.column_stack([smem_block, regs_thread, threads]))
+        p, left = _l1_left(smem_block[rep], regs_thread[rep], threads[rep], hw)
+        return p[inv], left[inv]
+    return _l1_left(smem_block, regs_thread, threads, hw)
+
+
+#: rows from which :func:`l1_left` groups a batch by its distinct inputs
+L1_LEFT_GROUP_MIN = 1024
+
+
+def _l1_left(smem_block, regs_thread, threads, hw):
+    p, _why = resident_tiles(smem_block, regs_thread, threads, hw)
+    p = np.maximum(p, 1)
+    p_other, _why = resident_tiles(np.zeros(smem_block.shape[0], dtype=np.int64), regs_thread,
+                                   threads, hw)
+    carve = np.minimum(np.maximum(p_other, p) * (smem_block + hw.smem_reserved_per_block_bytes),
+                       hw.sm_smem_bytes)
+    return p, (hw.l1_smem_bytes - carve).astype(np.float64)
+
+
+def spill_l2_bytes(spill_bytes, smem_block, regs_thread, threads, hw):
+    """Per row, the local-memory bytes a loop iteration moves between L1 and
+    L2: the share of the resident blocks' spilled registers (``spill_bytes`` a
+    block, > 0) that the L1 left by the shared-memory carve-out
+    (:func:`l1_left`) does not hold, read from L2 and written back once an
+    iteration. Their traffic through L1 is the caller's (shared-memory work)."""
+    spill_bytes = np.asarray(spill_bytes, dtype=np.float64)
+    p, left = l1_left(smem_block, regs_thread, threads, hw)
+    share = np.clip(1.0 - np.maximum(left, 0.0) / (spill_bytes * p), 0.0, 1.0)
+    return 2.0 * spill_bytes * share
