@@ -48,13 +48,14 @@ Programs load from TOML (:func:`load_program`), which is how a user
 describes a fused kernel of their own; ``kernels_catalog/programs/*.toml``
 hold the catalog's. A bad program (a cycle, an unknown resource, a
 dependency on a missing action, a footprint without a known placement, an
-expression naming an unknown column) raises :class:`ProgramError` naming the
-file and the action.
+expression naming an unknown column, a key the format does not have) raises
+:class:`ProgramError` naming the file and the action.
 """
 
 from __future__ import annotations
 
 import ast
+import difflib
 import functools
 import math
 import tomllib
@@ -447,6 +448,36 @@ def _need(d: dict, key: str, where: str):
     return d[key]
 
 
+#: the keys each part of a program may have (docs/families.md, "The file format")
+PROGRAM_KEYS = {
+    "": ("family", "columns", "dtypes", "let", "grid", "tensor", "footprint", "action", "rule",
+         "output"),
+    "[family]": ("name", "doc", "workload", "useful_flops"),
+    "column": ("kind", "doc", "required", "default", "positive", "choices"),
+    "dtype": DTYPE_NAMES,
+    "[grid]": ("dims", "order", "group", "steps", "stages", "warps", "streams", "wgmma",
+               "tensor_cores", "base_registers", "spill_passes", "launches"),
+    "[[tensor]]": ("name", "bytes", "reuse", "cadence", "store", "foot"),
+    "[[footprint]]": ("name", "placement", "bytes", "elastic", "spill_whole"),
+    "[[action]]": ("name", "phase", "uses", "deps", "tensor", "async", "doc"),
+    "[[rule]]": ("when", "reason"),
+}
+
+
+def _known_keys(d, part: str, where: str) -> None:
+    """A key the format does not have (a misspelt ``spill_whole`` would otherwise be
+    ignored without a word): one error naming it, the nearest known key, and all of them."""
+    if not isinstance(d, dict):
+        return
+    allowed = PROGRAM_KEYS[part]
+    for k in d:
+        if k not in allowed:
+            near = difflib.get_close_matches(str(k), allowed, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ProgramError(f"{where}: unknown key {k!r}{hint}; {part or 'a program'} takes "
+                               f"{', '.join(allowed)}")
+
+
 def program_from_dict(data: dict, source: str = "<program>") -> TileProgram:
     """Build and check a :class:`TileProgram` from its TOML document (a dict)."""
     from kernels_catalog.base import Column  # noqa: PLC0415 (base imports nothing of ours)
@@ -454,6 +485,8 @@ def program_from_dict(data: dict, source: str = "<program>") -> TileProgram:
     fam = data.get("family", {})
     name = str(_need(fam, "name", f"{source}: [family]"))
     where = f"{source}: program {name!r}"
+    _known_keys(data, "", where)
+    _known_keys(fam, "[family]", f"{where}: [family]")
 
     # ---- columns
     cols_d = _need(data, "columns", where)
@@ -462,6 +495,7 @@ def program_from_dict(data: dict, source: str = "<program>") -> TileProgram:
         w = f"{where}: column {cname!r}"
         if not isinstance(spec, dict):
             raise ProgramError(f"{w}: expected a table {{ kind = ..., doc = ... }}")
+        _known_keys(spec, "column", w)
         kind = spec.get("kind", "int")
         if kind not in ("int", "str", "bool", "float"):
             raise ProgramError(f"{w}: kind {kind!r} is not int, str, bool or float")
@@ -475,6 +509,7 @@ def program_from_dict(data: dict, source: str = "<program>") -> TileProgram:
 
     dtypes = _need(data, "dtypes", where)
     for dn, dv in dtypes.items():
+        _known_keys(dv, "dtype", f"{where}: dtype {dn!r}")
         for k in ("eb", "tc"):
             if k not in dv:
                 raise ProgramError(f"{where}: dtype {dn!r} needs '{k}'")
@@ -494,6 +529,7 @@ def program_from_dict(data: dict, source: str = "<program>") -> TileProgram:
         known.add(lname)
 
     grid = _need(data, "grid", where)
+    _known_keys(grid, "[grid]", f"{where}: [grid]")
     dims = _need(grid, "dims", f"{where}: [grid]")
     if len(dims) != 3:
         raise ProgramError(f"{where}: [grid] dims must list 3 expressions (use \"1\" for unused)")
@@ -511,6 +547,7 @@ def program_from_dict(data: dict, source: str = "<program>") -> TileProgram:
     for t in data.get("tensor", []):
         tn = str(_need(t, "name", f"{where}: [[tensor]]"))
         w = f"{where}: tensor {tn!r}"
+        _known_keys(t, "[[tensor]]", w)
         reuse = tuple(int(r) for r in t.get("reuse", ()))
         if any(r not in (0, 1, 2) for r in reuse):
             raise ProgramError(f"{w}: reuse dimensions must be grid dimensions 0, 1 or 2")
@@ -526,6 +563,7 @@ def program_from_dict(data: dict, source: str = "<program>") -> TileProgram:
     for f in data.get("footprint", []):
         fn = str(_need(f, "name", f"{where}: [[footprint]]"))
         w = f"{where}: footprint {fn!r}"
+        _known_keys(f, "[[footprint]]", w)
         pl_ = f.get("placement")
         if pl_ not in PLACEMENTS:
             raise ProgramError(f"{w}: placement {pl_!r} is not one of {', '.join(PLACEMENTS)}")
@@ -548,6 +586,7 @@ def program_from_dict(data: dict, source: str = "<program>") -> TileProgram:
     for a in data.get("action", []):
         an = str(_need(a, "name", f"{where}: [[action]]"))
         w = f"{where}: action {an!r}"
+        _known_keys(a, "[[action]]", w)
         if an in seen:
             raise ProgramError(f"{w}: defined twice")
         seen.add(an)
@@ -585,6 +624,8 @@ def program_from_dict(data: dict, source: str = "<program>") -> TileProgram:
         raise ProgramError(f"{where}: action {cyc[0]!r} is on a dependency cycle: "
                            f"{' -> '.join(cyc)}")
 
+    for r in data.get("rule", []):
+        _known_keys(r, "[[rule]]", f"{where}: [[rule]]")
     rules = tuple(Rule(expr(_need(r, "when", f"{where}: [[rule]]"), f"{where}: rule"),
                        str(_need(r, "reason", f"{where}: [[rule]]")))
                   for r in data.get("rule", []))
