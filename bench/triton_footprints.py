@@ -144,9 +144,10 @@ def _ptxas_footprint(k, arch: int) -> tuple[int, int]:
 
 
 def compile_gemm(bm: int, bn: int, bk: int, warps: int, stages: int = 3, arch: int = 80) -> dict:
-    """A float16 Triton GEMM tile's registers and spill stores, against the
-    attention kernel's accumulator: where ptxas keeps a GEMM's accumulator of
-    more than the cap (it spills the excess) the attention programs' whole."""
+    """A float16 Triton GEMM tile's registers and spill stores. ptxas keeps a GEMM
+    accumulator of more registers than the cap at the cap and spills the excess,
+    where it spills the FlexAttention kernel's whole (the attention program's
+    ``spill_whole``)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.compiler.compiler import AttrsDescriptor
@@ -174,10 +175,16 @@ def _loop_local_bytes(k, arch: int) -> tuple[int, int]:
                        check=True)
         sass = subprocess.run([str(b / "cuobjdump"), "-sass", str(cubin)], capture_output=True,
                               text=True, check=True).stdout
-    ins = [(int(m.group(1), 16), m.group(2)) for m in
-           (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line) for line in sass.splitlines()) if m]
-    loops = [(int(t.group(1), 16), a) for a, t in
-             ((a, re.search(r"BRA .*?0x([0-9a-f]+)", s)) for a, s in ins) if t and int(t.group(1), 16) < a]
+    ins = []  # (address, instruction)
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2)))
+    loops = []  # (target, branch) of each backward branch
+    for a, s in ins:
+        t = re.search(r"BRA .*?0x([0-9a-f]+)", s)
+        if t and int(t.group(1), 16) < a:
+            loops.append((int(t.group(1), 16), a))
     if not loops:
         return 0, 0
     lo, hi = loops[-1]
@@ -231,6 +238,15 @@ def compiled_table(stages: int = 3, arch: int = 80) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
+def _candidates(table: pl.DataFrame) -> pl.DataFrame:
+    """The table's tile configurations as attention candidates of one shape (the
+    footprints do not depend on it)."""
+    return table.select("head_dim", "dtype", "block_m", "block_n", "num_warps",
+                        "num_stages").with_columns(
+        batch=pl.lit(8), heads=pl.lit(8), seq_len=pl.lit(1024), score_mod_nodes=pl.lit(6),
+        seq_len_kv=pl.lit(128))
+
+
 def model_footprints(table: pl.DataFrame, hw_name: str = "a100") -> pl.DataFrame:
     """The attention family's shared memory and resident blocks for the table's rows."""
     from tsbatch.engine.evaluate import FAMILIES, evaluate
@@ -239,9 +255,7 @@ def model_footprints(table: pl.DataFrame, hw_name: str = "a100") -> pl.DataFrame
 
     fam = FAMILIES["attention"]
     hw = get_hw(hw_name)
-    cand = table.select("head_dim", "dtype", "block_m", "block_n", "num_warps", "num_stages").with_columns(
-        batch=pl.lit(8), heads=pl.lit(8), seq_len=pl.lit(1024), score_mod_nodes=pl.lit(6),
-        seq_len_kv=pl.lit(128))
+    cand = _candidates(table)
     cols, _ = validate(cand, fam)
     plan = fam.lower(cols, hw)
     res = evaluate(cand, hw, "attention")
@@ -270,10 +284,7 @@ def loop_local_report(table_csv: str, arch: int = 80) -> int:
         print(f"\r  compiled {i + 1}/{table.height}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     fam = FAMILIES["attention"]
-    cand = table.select("head_dim", "dtype", "block_m", "block_n", "num_warps",
-                        "num_stages").with_columns(
-        batch=pl.lit(8), heads=pl.lit(8), seq_len=pl.lit(1024), score_mod_nodes=pl.lit(6),
-        seq_len_kv=pl.lit(128))
+    cand = _candidates(table)
     cols, _ = validate(cand, fam)
     plan = fam.lower(cols, get_hw("a100"))
     eb = (table["dtype"] == "float32").cast(pl.Int64) * 2 + 2
