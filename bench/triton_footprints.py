@@ -127,13 +127,19 @@ GEMM_CONFIGS = [(128, 256, 32, 4), (256, 128, 32, 4), (128, 128, 32, 2), (64, 12
                 (256, 256, 32, 8), (128, 256, 64, 4), (64, 256, 32, 2), (128, 128, 32, 1)]
 
 
+def _sm(arch: int) -> str:
+    """ptxas's target for Triton's PTX: Hopper's wgmma and setmaxnreg need the
+    architecture-specific sm_90a (plain sm_90 rejects the PTX)."""
+    return f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+
+
 def _ptxas_footprint(k, arch: int) -> tuple[int, int]:
     """Registers per thread and spill-store bytes of a compiled kernel (``ptxas -v``)."""
     ptxas = Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / "k.ptx"
         ptx.write_text(k.asm["ptx"])
-        out = subprocess.run([str(ptxas), f"-arch=sm_{arch}", "-v", str(ptx), "-o", os.devnull],
+        out = subprocess.run([str(ptxas), f"-arch={_sm(arch)}", "-v", str(ptx), "-o", os.devnull],
                              capture_output=True, text=True, check=True).stderr
     kname = k.metadata.name
     # the line block of this kernel (ptxas reports every entry it compiles)
@@ -171,7 +177,7 @@ def _loop_local_bytes(k, arch: int) -> tuple[int, int]:
     with tempfile.TemporaryDirectory() as tmp:
         ptx, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
         ptx.write_text(k.asm["ptx"])
-        subprocess.run([str(b / "ptxas"), f"-arch=sm_{arch}", str(ptx), "-o", str(cubin)],
+        subprocess.run([str(b / "ptxas"), f"-arch={_sm(arch)}", str(ptx), "-o", str(cubin)],
                        check=True)
         sass = subprocess.run([str(b / "cuobjdump"), "-sass", str(cubin)], capture_output=True,
                               text=True, check=True).stdout

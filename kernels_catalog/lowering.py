@@ -939,11 +939,14 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
                 elastic += b
                 continue
             # spill_whole: a footprint that alone needs more registers than the cap
-            # is kept in local memory whole (Footprint.spill_whole)
-            if f.spill_whole:
+            # is kept in local memory whole (Footprint.spill_whole: everywhere, or
+            # on the rows its expression selects)
+            if f.spill_whole is not False:
                 if cap_bytes is None:
                     cap_bytes = cap * (4.0 * threads)
                 big = b > cap_bytes
+                if f.spill_whole is not True:
+                    big &= _arr(f.spill_whole, env, n) != 0
                 if big.any():
                     part = np.where(big, b, 0.0)
                     whole = part if whole is None else whole + part

@@ -247,8 +247,9 @@ class Footprint:
     elastic: bool = False
     #: registers only: where this footprint alone needs more registers per thread
     #: than the cap, the compiler keeps it in local memory whole (all of it spills,
-    #: the rest of the registers stay for the others), not just the excess
-    spill_whole: bool = False
+    #: the rest of the registers stay for the others), not just the excess; true,
+    #: false, or an expression: the rows where the compiler does so
+    spill_whole: "bool | Expr" = False
 
 
 @dataclass(frozen=True)
@@ -573,11 +574,14 @@ def program_from_dict(data: dict, source: str = "<program>") -> TileProgram:
         if elastic and pl_ != "registers":
             raise ProgramError(f"{w}: elastic applies to placement 'registers' only, not {pl_!r}")
         whole = f.get("spill_whole", False)
-        if not isinstance(whole, bool):
-            raise ProgramError(f"{w}: spill_whole must be true or false, not {whole!r}")
-        if whole and (pl_ != "registers" or elastic):
+        if not isinstance(whole, (bool, str)):
+            raise ProgramError(f"{w}: spill_whole must be true, false or an expression, "
+                               f"not {whole!r}")
+        if whole is not False and (pl_ != "registers" or elastic):
             raise ProgramError(f"{w}: spill_whole applies to placement 'registers' without "
                                f"elastic only")
+        if isinstance(whole, str):
+            whole = expr(whole, f"{w} spill_whole")
         footprints.append(Footprint(fn, pl_, expr(_need(f, "bytes", w), f"{w} bytes"), elastic,
                                     whole))
 

@@ -176,7 +176,10 @@ def _mini(tmp_path, text=_MINI, name="mini.toml") -> Path:
     (("placement = \"smem\"", "placement = \"smem\"\nelastic = 1"), "true or false"),
     (("placement = \"smem\"", "placement = \"smem\"\nspill_whole = true"),
      "placement 'registers' without elastic only"),
-    (("placement = \"smem\"", "placement = \"smem\"\nspill_whole = 1"), "true or false"),
+    (("placement = \"smem\"", "placement = \"smem\"\nspill_whole = 1"),
+     "spill_whole must be true, false or an expression, not 1"),
+    (("placement = \"smem\"", "placement = \"registers\"\nspill_whole = \"blok > 1\""),
+     "footprint 'ring' spill_whole: unknown name 'blok'"),
     (("placement = \"smem\"", "placement = \"smem\"\nspill_hole = true"),
      "unknown key 'spill_hole' (did you mean 'spill_whole'?)"),
     (("[[footprint]]", "[[footprnt]]"), "unknown key 'footprnt' (did you mean 'footprint'?)"),
@@ -307,6 +310,12 @@ bytes = "128 * {per_thread}"
     # ... and one that fits the cap on its own spills only the sum's excess
     p, res = plans[whole, 800]
     assert res["register_spill"][0] == 64 + 200 + base - hw.max_registers_per_thread
+    # an expression: whole on the rows it selects, the sum's excess on the others
+    text = _MINI + regs.format(flag='spill_whole = "block >= 128"', per_thread=2048)
+    fam = get_family(str(_mini(tmp_path, text, "rexpr.toml")))
+    two = pl.DataFrame({"n": [4096, 4096], "dtype": ["float16"] * 2, "block": [128, 64]})
+    res = evaluate(two, hw, fam)
+    assert res["register_spill"].to_list() == [512, 64 + 512 + base - hw.max_registers_per_thread]
 
 
 def test_spilled_registers_beyond_the_l1_left_stream_from_l2(tmp_path):
@@ -419,6 +428,22 @@ def test_attention_whole_accumulator_spill_against_ptxas():
     assert (spill[over] >= acc[over]).all()
     whole = table["regs"].to_numpy() == 32
     assert whole.sum() == 10 and (spill[whole] >= acc[whole]).all()
+
+
+def test_attention_whole_accumulator_spill_on_the_mma_sync_path_only():
+    # ptxas spills the 256-register accumulator of the 128x32 head_dim-256 tile whole
+    # for sm_80 (32 registers, 13,928 bytes) but not for sm_90a on the warpgroup-MMA
+    # path (255 registers, 2,304 bytes): the program's spill_whole is "not wg_path"
+    row = dict(batch=8, heads=8, seq_len=2048, head_dim=256, dtype="float16", score_mod_nodes=6,
+               block_m=128, block_n=32, num_stages=3, num_warps=4)
+    df = pl.DataFrame([row])
+    fam = FAMILIES["attention"]
+    cols, _ = validate(df, fam)
+    a100 = fam.lower(cols, get_hw("a100"))
+    h100 = fam.lower(cols, get_hw("h100"))
+    assert a100.extra["mma_path"][0] != h100.extra["mma_path"][0]
+    assert a100.extra["register_spill"][0] >= 256 and a100.local_l2 is not None
+    assert 0 < h100.extra["register_spill"][0] < 256 and h100.local_l2 is None
 
 
 def test_user_program_alu_work_by_hand(tmp_path):
