@@ -273,7 +273,8 @@ def model_footprints(table: pl.DataFrame, hw_name: str = "a100") -> pl.DataFrame
 def loop_local_report(table_csv: str, arch: int = 80) -> int:
     """Per spilling configuration: ptxas's loop local traffic a thread, against the
     model's spilled registers and their shared-memory charge a thread an iteration
-    (spill x 4 B x load and store x ``spill_passes``)."""
+    (spill x 4 B x load and store x ``spill_passes``), on A100's model for sm_80 and
+    H100's for sm_90a."""
     if triton is None:
         print("triton is not installed: pip install triton==3.1.0", file=sys.stderr)
         return 2
@@ -292,7 +293,9 @@ def loop_local_report(table_csv: str, arch: int = 80) -> int:
     fam = FAMILIES["attention"]
     cand = _candidates(table)
     cols, _ = validate(cand, fam)
-    plan = fam.lower(cols, get_hw("a100"))
+    # the model of the GPU the kernels were compiled for (its register cap, the
+    # warpgroup path on Hopper)
+    plan = fam.lower(cols, get_hw("h100" if arch >= 90 else "a100"))
     eb = (table["dtype"] == "float32").cast(pl.Int64) * 2 + 2
     passes = ((table["block_n"] * eb + 31) // 32).cast(pl.Float64)  # the program's spill_passes
     spill = pl.Series(plan.extra["register_spill"]).cast(pl.Float64)
@@ -343,8 +346,11 @@ def main(argv=None) -> int:
         Path(args.write).parent.mkdir(parents=True, exist_ok=True)
         table.write_csv(args.write)
         print(f"wrote {args.write} ({table.height} configurations)")
-    limit = 166912  # A100: 163 KiB opt-in per block
-    cmp = model_footprints(table)
+    from tsbatch.hw import get_hw
+
+    hw_name = "h100" if args.arch >= 90 else "a100"  # the model of the compiled-for GPU
+    limit = get_hw(hw_name).smem_per_block_bytes  # opt-in shared memory per block
+    cmp = model_footprints(table, hw_name)
     cmp = cmp.with_columns(diff=pl.col("model_smem") - pl.col("shared"),
                            launches=pl.col("shared") <= limit)
     print(f"shared memory, model - Triton (bytes): min {cmp['diff'].min()}, max {cmp['diff'].max()}, "
