@@ -30,11 +30,14 @@ Needs ``triton`` (not a tsbatch dependency): ``pip install triton==3.1.0``
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import re
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import polars as pl
@@ -230,13 +233,32 @@ def compile_one(bm: int, bn: int, d: int, dtype: str, warps: int, stages: int = 
     return out
 
 
+def compile_guarded(bm: int, bn: int, d: int, dtype: str, warps: int, stages: int = 3,
+                    arch: int = 80, loop_local: bool = False) -> dict | None:
+    """:func:`compile_one`, or None where Triton cannot compile the configuration.
+    For sm_90a Triton 3.1 aborts the whole process on some (an assertion in its
+    layout conversion: "mma -> mma layout conversion is only supported on
+    Ampere"), so there each configuration compiles in a child process of its own."""
+    if arch < 90:
+        return compile_one(bm, bn, d, dtype, warps, stages, arch, loop_local)
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        try:
+            return pool.submit(compile_one, bm, bn, d, dtype, warps, stages, arch,
+                               loop_local).result()
+        except BrokenProcessPool:
+            return None
+
+
 def compiled_table(stages: int = 3, arch: int = 80) -> pl.DataFrame:
     rows = []
     total = len(HEAD_DIMS) * len(DTYPES) * len(CONFIGS)
     for d in HEAD_DIMS:
         for dtype in DTYPES:
             for bm, bn, w in CONFIGS:
-                r = compile_one(bm, bn, d, dtype, w, stages, arch)
+                r = compile_guarded(bm, bn, d, dtype, w, stages, arch)
+                if r is None:  # (Triton aborted: the row keeps its configuration, no figures)
+                    r = {}
                 rows.append(dict(head_dim=d, dtype=dtype, block_m=bm, block_n=bn, num_warps=w,
                                  num_stages=stages, **r))
                 print(f"\r  compiled {len(rows)}/{total}", end="", file=sys.stderr, flush=True)
@@ -271,7 +293,8 @@ def model_footprints(table: pl.DataFrame, hw_name: str = "a100") -> pl.DataFrame
 
 
 def loop_local_report(table_csv: str, arch: int = 80) -> int:
-    """Per spilling configuration: ptxas's loop local traffic a thread, against the
+    """Per configuration ptxas spills on for sm_80 (the table's), compiled for ``arch``:
+    ptxas's registers, spill stores and loop local traffic a thread, against the
     model's spilled registers and their shared-memory charge a thread an iteration
     (spill x 4 B x load and store x ``spill_passes``), on A100's model for sm_80 and
     H100's for sm_90a."""
@@ -285,9 +308,10 @@ def loop_local_report(table_csv: str, arch: int = 80) -> int:
     table = pl.read_csv(table_csv).filter(pl.col("spill_bytes") > 0)
     rows = []
     for i, r in enumerate(table.iter_rows(named=True)):
-        c = compile_one(r["block_m"], r["block_n"], r["head_dim"], r["dtype"], r["num_warps"],
-                        r["num_stages"], arch, loop_local=True)
-        rows.append(dict(loop_ldl_bytes=c["loop_ldl_bytes"], loop_stl_bytes=c["loop_stl_bytes"]))
+        c = compile_guarded(r["block_m"], r["block_n"], r["head_dim"], r["dtype"],
+                            r["num_warps"], r["num_stages"], arch, loop_local=True) or {}
+        rows.append({k: c.get(k) for k in ("regs", "spill_bytes", "loop_ldl_bytes",
+                                             "loop_stl_bytes")})
         print(f"\r  compiled {i + 1}/{table.height}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     fam = FAMILIES["attention"]
@@ -299,10 +323,12 @@ def loop_local_report(table_csv: str, arch: int = 80) -> int:
     eb = (table["dtype"] == "float32").cast(pl.Int64) * 2 + 2
     passes = ((table["block_n"] * eb + 31) // 32).cast(pl.Float64)  # the program's spill_passes
     spill = pl.Series(plan.extra["register_spill"]).cast(pl.Float64)
-    out = table.select("head_dim", "dtype", "block_m", "block_n", "num_warps", "regs",
-                       "spill_bytes").with_columns(
+    # the compiler's figures for the target compiled (the table's are sm_80's)
+    out = table.select("head_dim", "dtype", "block_m", "block_n", "num_warps").with_columns(
+        **{k: pl.Series(k, [r[k] for r in rows], dtype=pl.Int64) for k in ("regs", "spill_bytes")},
         model_spill_regs=spill, model_local_bytes=spill * 4 * 2 * passes,
-        **{k: pl.Series([r[k] for r in rows]) for k in ("loop_ldl_bytes", "loop_stl_bytes")})
+        **{k: pl.Series(k, [r[k] for r in rows], dtype=pl.Int64)
+           for k in ("loop_ldl_bytes", "loop_stl_bytes")})
     with pl.Config(tbl_rows=100, tbl_cols=20, tbl_width_chars=200):
         print(out.sort("spill_bytes", descending=True))
     return 0
