@@ -959,7 +959,8 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     regs = np.minimum(want + np.ceil(elastic / (4.0 * threads)), cap).astype(np.int64)
     spill = np.maximum(want - cap, 0.0)
     if whole is not None:
-        spill = spill + np.ceil(whole / (4.0 * threads))
+        whole_regs = np.ceil(whole / (4.0 * threads))
+        spill = spill + whole_regs
     passes = _arr(prog.spill_passes, env, n)
     work_iter[:, R_SMEM] += spill * 4.0 * threads * 2.0 * passes
     # local memory goes through L1. A footprint spilled whole is read and written
@@ -972,8 +973,8 @@ def lower_program(prog: TileProgram, cols: dict, hw) -> TilePlan:
     local_l2 = None
     if whole is not None:
         sp_rows = np.flatnonzero(whole > 0)
-        l2b = spill_l2_bytes(np.ceil(whole[sp_rows] / (4.0 * threads[sp_rows])) * 4.0
-                             * threads[sp_rows], np.minimum(np.ceil(smem[sp_rows]), SIZE_LIMIT),
+        l2b = spill_l2_bytes(whole_regs[sp_rows] * 4.0 * threads[sp_rows],
+                             np.minimum(np.ceil(smem[sp_rows]), SIZE_LIMIT),
                              regs[sp_rows], threads[sp_rows], hw)
         if (l2b > 0).any():
             local_l2 = np.zeros(n)

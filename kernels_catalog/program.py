@@ -249,7 +249,7 @@ class Footprint:
     #: than the cap, the compiler keeps it in local memory whole (all of it spills,
     #: the rest of the registers stay for the others), not just the excess; true,
     #: false, or an expression: the rows where the compiler does so
-    spill_whole: "bool | Expr" = False
+    spill_whole: bool | Expr = False
 
 
 @dataclass(frozen=True)
@@ -628,11 +628,12 @@ def program_from_dict(data: dict, source: str = "<program>") -> TileProgram:
         raise ProgramError(f"{where}: action {cyc[0]!r} is on a dependency cycle: "
                            f"{' -> '.join(cyc)}")
 
+    rules = []
     for r in data.get("rule", []):
         _known_keys(r, "[[rule]]", f"{where}: [[rule]]")
-    rules = tuple(Rule(expr(_need(r, "when", f"{where}: [[rule]]"), f"{where}: rule"),
-                       str(_need(r, "reason", f"{where}: [[rule]]")))
-                  for r in data.get("rule", []))
+        rules.append(Rule(expr(_need(r, "when", f"{where}: [[rule]]"), f"{where}: rule"),
+                          str(_need(r, "reason", f"{where}: [[rule]]"))))
+    rules = tuple(rules)
     outputs = tuple((k, expr(v, f"{where}: output {k!r}")) for k, v in data.get("output", {}).items())
     workload = tuple(fam.get("workload", ()))
     for c in workload:
