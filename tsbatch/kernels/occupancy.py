@@ -107,6 +107,10 @@ def resident_tiles(smem_block, regs_thread, threads, hw, warp_size=32):
     return out_r, out_reason
 
 
+#: rows from which :func:`l1_left` groups a batch by its distinct inputs
+L1_LEFT_GROUP_MIN = 1024
+
+
 def l1_left(smem_block, regs_thread, threads, hw):
     """The resident blocks per SM and the L1 bytes the shared-memory carve-out
     leaves them, per row.
@@ -131,10 +135,6 @@ def l1_left(smem_block, regs_thread, threads, hw):
         p, left = _l1_left(smem_block[rep], regs_thread[rep], threads[rep], hw)
         return p[inv], left[inv]
     return _l1_left(smem_block, regs_thread, threads, hw)
-
-
-#: rows from which :func:`l1_left` groups a batch by its distinct inputs
-L1_LEFT_GROUP_MIN = 1024
 
 
 def _l1_left(smem_block, regs_thread, threads, hw):
