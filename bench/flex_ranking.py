@@ -20,6 +20,10 @@ Printed:
    one head as a share of the SMs (log2 bins). Every query tile of a head reads the
    same K/V block (the data's one 128-key block); the share is how many of the CTAs
    running at once read the same lines.
+4. Per dtype and bucket, the median measured / predicted by ``score_mod_nodes`` (the
+   program charges ``score_mod_nodes - 6`` ALU operations a score) and its ratio to
+   the fewest nodes' median: a problem's configurations share the count, so this is
+   a bias (and MAPE), not a ranking, lead (docs/gemm_accuracy.md, "Issue 35, session 21").
 
 ``--kv-bound`` repeats table 1 with K's and V's bytes scaled by
 ``min(block_m / 128, 1)`` (a program copy in a temporary directory): the model's
@@ -117,6 +121,23 @@ def by_head_share(df: pl.DataFrame, sms: int) -> pl.DataFrame:
             .sort("block_m", "launch", "share_log2"))
 
 
+def by_score_mod(df: pl.DataFrame) -> pl.DataFrame:
+    """Table 4: median measured / predicted per dtype, time bucket and ``score_mod_nodes``
+    (the program charges ``score_mod_nodes - 6`` ALU operations a score), with the
+    ratio of each count's median to that of the fewest nodes in the same dtype and bucket
+    (``vs_fewest``: below 1 where the extra operations cost less than the model charges).
+    A problem's configurations share its node count, so this moves MAPE and the
+    bias, not the ranking within a problem."""
+    d = with_residual(df)
+    t = (d.group_by("dtype", "bucket", "score_mod_nodes")
+         .agg(rows=pl.len(), meas_pred=pl.col("ratio").median()))
+    base = (t.sort("score_mod_nodes").group_by("dtype", "bucket", maintain_order=True)
+            .agg(pl.col("meas_pred").first().alias("_first")))
+    return (t.join(base, on=["dtype", "bucket"])
+            .with_columns(vs_fewest=pl.col("meas_pred") / pl.col("_first")).drop("_first")
+            .sort("dtype", "bucket", "score_mod_nodes"))
+
+
 def kv_bound_family(tmp: Path):
     """The attention program with K's and V's bytes scaled (module docstring), loaded."""
     from kernels_catalog.catalog import PROGRAM_DIR
@@ -158,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     if sms:
         _print(f"3. 16-bit, head_dim >= 64: residual by query tiles of a head over the {sms} SMs "
                "(log2)", by_head_share(df, sms))
+    _print("4. median measured/predicted by score_mod_nodes (operations a score: nodes - 6) "
+           "and bucket", by_score_mod(df))
     if args.kv_bound:
         with tempfile.TemporaryDirectory() as tmp:
             bound = scored(args.file, kv_bound_family(Path(tmp)))

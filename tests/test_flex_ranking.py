@@ -60,3 +60,19 @@ def test_kv_bound_program_scales_only_k_and_v(tmp_path):
     out = (tmp_path / "attention_kv_bound.toml").read_text()
     assert src.count(fr.KV_BYTES) == 2 and out.count(fr.KV_BOUND) == 2
     assert out.replace(fr.KV_BOUND, fr.KV_BYTES) == src
+
+
+def test_score_mod_table_is_the_median_ratio_per_node_count_over_the_fewest():
+    rows = []
+    for nodes, ratios in ((6, (1.0, 1.2, 1.1)), (9, (0.9, 1.0, 0.95))):
+        for i, r in enumerate(ratios):
+            rows.append({**_row(10 * nodes + i, 64, r * 10.0, 10.0), "score_mod_nodes": nodes,
+                         "bucket": "<20us"})
+    rows.append({**_row(99, 64, 20.0, 10.0), "score_mod_nodes": 8, "bucket": ">1ms"})
+    t = fr.by_score_mod(pl.DataFrame(rows))
+    got = {(r["bucket"], r["score_mod_nodes"]): (r["rows"], r["meas_pred"], r["vs_fewest"])
+           for r in t.iter_rows(named=True)}
+    assert got[("<20us", 6)] == (3, pytest.approx(1.1), pytest.approx(1.0))
+    assert got[("<20us", 9)] == (3, pytest.approx(0.95), pytest.approx(0.95 / 1.1))
+    # a bucket with one node count is its own baseline
+    assert got[(">1ms", 8)] == (1, pytest.approx(2.0), pytest.approx(1.0))
